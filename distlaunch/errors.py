@@ -1,0 +1,48 @@
+"""The one error type distlaunch raises for user-facing problems, and the exit codes they map to.
+
+Every user error carries what is wrong (with the offending value) and a hint that says how to fix
+it. Exactly one place (``distlaunch.cli.app.main``) turns these into a printed line and an exit code.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes of the contract in docs/cli.md."""
+
+    OK = 0
+    CHECK_FAILED = 1  # doctor: at least one check failed; also an internal error
+    USAGE = 2  # bad hostfile, bad spec, bad option
+    HOST = 3  # a host could not be reached or prepared
+    SIGINT = 130
+    SIGTERM = 143
+
+
+class DistlaunchError(Exception):
+    """A problem the user can fix: a message with the offending value, and a hint."""
+
+    exit_code: int = ExitCode.USAGE
+
+    def __init__(self, message: str, hint: str = "", *, exit_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class UsageError(DistlaunchError):
+    """Bad input: hostfile, parallel spec, option or config (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class HostError(DistlaunchError):
+    """A host could not be reached or prepared (exit 3)."""
+
+    exit_code = ExitCode.HOST
