@@ -1,0 +1,78 @@
+"""Rendering of library results: rich tables for people, JSON for programs."""
+
+from __future__ import annotations
+
+import shlex
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.launcher.report import RunReport
+
+
+def print_json(model: BaseModel) -> None:
+    """Plain JSON on stdout (no rich markup or wrapping)."""
+    print(model.model_dump_json(indent=2))
+
+
+def _ranges(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1 else ",".join(map(str, ranks))
+
+
+def _fmt_groups(groups: list[list[int]], limit: int = 8) -> str:
+    shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:limit])
+    return shown + (f" … ({len(groups)} groups)" if len(groups) > limit else "")
+
+
+def render_plan(plan: LaunchPlan, console: Console) -> None:
+    """The dry-run view: one row per host, then the process groups."""
+    plan = plan.masked()
+    p = plan.parallel
+    console.print(f"[bold]Plan[/bold] job [cyan]{plan.job_id}[/cyan]: world size [bold]{plan.world_size}[/bold] on "
+                  f"{plan.nnodes} host(s), master {plan.master_addr}:{plan.master_port}, backend {plan.backend}, "
+                  f"dp={p.dp} tp={p.tp} pp={p.pp} zero={p.zero}")
+    table = Table(show_lines=False)
+    for col in ("host", "node", "ranks", "devices", "command"):
+        table.add_column(col, overflow="fold")
+    for node in plan.nodes:
+        ranks = [r.rank for r in node.ranks]
+        devices = sorted({r.device for r in node.ranks})
+        cvd = node.ranks[0].env.get("CUDA_VISIBLE_DEVICES")
+        dev = ", ".join(devices) + (f" (CUDA_VISIBLE_DEVICES={cvd})" if cvd else "")
+        table.add_row(node.host if node.address == node.host else f"{node.host} ({node.address})", str(node.node_rank),
+                      _ranges(ranks), dev, shlex.join(node.ranks[0].argv))
+    console.print(table)
+    for axis in ("tp", "dp", "pp"):
+        console.print(f"  {axis} groups: {_fmt_groups(plan.groups[axis])}")
+    user_env = {k: v for k, v in plan.nodes[0].ranks[0].env.items()
+                if not k.startswith("DISTLAUNCH_") and k not in _CONTRACT}
+    if user_env:
+        console.print("  env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in user_env.items()))
+
+
+_CONTRACT = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+             "GROUP_RANK", "NNODES", "CUDA_VISIBLE_DEVICES"}
+
+
+def render_report(report: RunReport, console: Console) -> None:
+    """After the job: the root-cause table (earliest failure first) or a one-line success."""
+    if report.interrupted:
+        console.print(f"[yellow]interrupted by {report.interrupted}[/yellow]: every rank was stopped "
+                      f"(exit {report.exit_code})")
+    if report.failures:
+        table = Table(title=f"[red]job {report.job_id} failed[/red] (root cause first)", show_lines=True)
+        for col in ("rank", "host", "exit", "time", "last output"):
+            table.add_column(col, overflow="fold")
+        for i, f in enumerate(report.failures):
+            exit_text = f"{f.exit_code} ({f.signal})" if f.signal else str(f.exit_code)
+            style = "bold red" if i == 0 else ""
+            table.add_row(str(f.rank), f.host, exit_text, f"{f.time_s:.1f}s", "\n".join(f.tail[-5:]) or "(no output)", style=style)
+        console.print(table)
+        if report.restarts:
+            console.print(f"gave up after {report.restarts} restart(s)")
+    elif not report.interrupted:
+        extra = f" after {report.restarts} restart(s)" if report.restarts else ""
+        console.print(f"[green]job {report.job_id} finished[/green]: {report.world_size} ranks exited 0 in "
+                      f"{report.wall_s:.1f}s{extra}")

@@ -1,0 +1,49 @@
+"""``distlaunch run``: start a script on every rank (torchrun-compatible environment)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from distlaunch.cli import options as o
+from distlaunch.cli.output import RankPrinter
+from distlaunch.cli.render import print_json, render_plan, render_report
+from distlaunch.launcher.job import ExecOptions
+from distlaunch.launcher.launch import launch, plan_for
+from distlaunch.launcher.spec import LaunchOptions
+
+
+def run(
+    program: Annotated[list[str], typer.Argument(help="SCRIPT [ARGS]... (or MODULE [ARGS]... with -m). Everything after SCRIPT goes to the script.", show_default=False)],
+    module: Annotated[bool, typer.Option("-m", "--module", help="Run PROGRAM as a module, like python -m.")] = False,
+    no_python: Annotated[bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.")] = False,
+    hostfile: o.Hostfile = None, nproc_per_node: o.NprocPerNode = None, parallel: o.ParallelOpt = None,
+    include: o.Include = None, exclude: o.Exclude = None, master_addr: o.MasterAddr = None,
+    master_port: o.MasterPort = "auto", backend: o.Backend = "auto", max_restarts: o.MaxRestarts = 0,
+    log_dir: o.LogDir = None, env: o.Env = None, ssh_config: o.SshConfig = None, python: o.Python = None,
+    grace_period: o.GracePeriod = 10.0, dry_run: o.DryRun = False, json_output: o.Json = False,
+) -> int:
+    """Start SCRIPT on every rank of every host, stream their output, stop them all if one fails.
+
+    Each rank gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES and DISTLAUNCH_JOB_ID, so a script written for torchrun runs unchanged.
+
+    Exit code: 0 on success, 2 for bad input, 3 when a host cannot be reached, the first failing rank's code otherwise (128+N if killed by signal N), 130/143 after Ctrl-C / SIGTERM.
+    """
+    opts = LaunchOptions(program=program, module=module, no_python=no_python, hostfile=hostfile,
+                         nproc_per_node=nproc_per_node, parallel=parallel, include=include, exclude=exclude,
+                         master_addr=master_addr, master_port=master_port, backend=backend, env=env or [],
+                         ssh_config=ssh_config, **({"python": python} if python else {}))
+    plan = plan_for(opts)
+    console = Console(stderr=json_output)
+    if dry_run:
+        print_json(plan.masked()) if json_output else render_plan(plan, console)
+        return 0
+    exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir)
+    sink = RankPrinter(multi_host=plan.nnodes > 1, out=console.file if json_output else None)
+    report = launch(plan, opts, exec_opts, sink)
+    render_report(report, Console(stderr=True))
+    if json_output:
+        print_json(report)
+    return report.exit_code

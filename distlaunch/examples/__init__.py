@@ -1,0 +1,1 @@
+"""Small example scripts that ship with distlaunch (run them with ``distlaunch run -m ...``)."""

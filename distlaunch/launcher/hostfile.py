@@ -1,0 +1,163 @@
+"""Hostfile parsing (DeepSpeed/OpenMPI ``node1 slots=8``, MPICH/Horovod ``node1:8``, bare ``node1``)
+and DeepSpeed-style ``--include`` / ``--exclude`` filters (``node1:0,1@node2``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from distlaunch.errors import UsageError
+
+# A host name as OpenSSH and DNS accept it: letters, digits, and . - _ (plus user@ is not allowed here:
+# users belong in ssh_config). IPv6 literals are written in brackets: [fe80::1].
+_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.%\w]+\]|[A-Za-z0-9_][A-Za-z0-9_.\-]*)$")
+
+
+class HostSlots(BaseModel):
+    """One host of the job and the slots (process or GPU indices) it runs."""
+
+    host: str
+    slots: list[int]
+    explicit: bool = True  # False for a bare ``node1`` line: its count may come from --nproc-per-node
+    line: int | None = None
+
+    @property
+    def nslots(self) -> int:
+        return len(self.slots)
+
+
+def _err(where: str, lineno: int, line: str, what: str, hint: str) -> UsageError:
+    return UsageError(f"hostfile {where} line {lineno} {line.strip()!r}: {what}", hint)
+
+
+def _parse_count(text: str, where: str, lineno: int, line: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise _err(where, lineno, line, f"slots {text!r} is not a whole number", "write slots as a positive integer, e.g. slots=8") from None
+    if count <= 0:
+        raise _err(where, lineno, line, f"slots={count} must be at least 1", "give every host at least one slot, or remove the line")
+    return count
+
+
+def _check_host(name: str, where: str, lineno: int, line: str) -> str:
+    if not _HOST_RE.match(name):
+        raise _err(where, lineno, line, f"{name!r} is not a valid host name", "use a host name, an IP address or an ssh_config alias")
+    return name
+
+
+def _parse_line(line: str, where: str, lineno: int) -> HostSlots:
+    fields = line.split()
+    host_field, rest = fields[0], fields[1:]
+    if ":" in host_field and not host_field.startswith("["):
+        if rest:
+            raise _err(where, lineno, line, "unexpected text after host:count", "use either 'node1:8' or 'node1 slots=8', not both")
+        name, _, count = host_field.rpartition(":")
+        return HostSlots(host=_check_host(name, where, lineno, line), slots=list(range(_parse_count(count, where, lineno, line))), line=lineno)
+    name = _check_host(host_field, where, lineno, line)
+    if not rest:
+        return HostSlots(host=name, slots=[0], explicit=False, line=lineno)
+    count = None
+    for field in rest:
+        key, eq, value = field.partition("=")
+        if key == "slots" and eq:
+            count = _parse_count(value, where, lineno, line)
+        elif key in ("max_slots", "max-slots") and eq:
+            continue  # OpenMPI's upper bound: accepted for compatibility, slots decides
+        elif key in ("slot", "slot_count", "gpus", "ngpus", "procs", "np") or key.isdigit():
+            guess = value if eq else key
+            raise _err(where, lineno, line, f"unknown field {field!r}", f"did you mean slots={guess}?")
+        else:
+            raise _err(where, lineno, line, f"unknown field {field!r}", "write 'host slots=N', 'host:N' or a bare 'host'")
+    if count is None:
+        raise _err(where, lineno, line, "no slots=N given", "write 'host slots=N'")
+    return HostSlots(host=name, slots=list(range(count)), line=lineno)
+
+
+def parse_hostfile_text(text: str, where: str = "<hostfile>") -> list[HostSlots]:
+    """Parse hostfile text into hosts in file order; raise UsageError naming file, line and fix."""
+    hosts: list[HostSlots] = []
+    seen: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        entry = _parse_line(line, where, lineno)
+        if entry.host in seen:
+            raise _err(where, lineno, raw, f"host {entry.host!r} is already listed on line {seen[entry.host]}",
+                       "list each host once and give it all its slots (slots=N)")
+        seen[entry.host] = lineno
+        hosts.append(entry)
+    if not hosts:
+        raise UsageError(f"hostfile {where} lists no hosts", "add one line per host, e.g. 'node1 slots=8'")
+    return hosts
+
+
+def read_hostfile(path: str | Path) -> list[HostSlots]:
+    """Read and parse a hostfile from disk."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"hostfile {str(p)!r} does not exist", "check the path given to -H/--hostfile") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"hostfile {str(p)!r} cannot be read: {exc}", "pass a readable UTF-8 text file") from None
+    return parse_hostfile_text(text, str(p))
+
+
+def _parse_filter(spec: str, option: str) -> dict[str, list[int] | None]:
+    """Parse ``node1:0,1@node2`` into {host: slots or None for all}."""
+    out: dict[str, list[int] | None] = {}
+    for part in spec.split("@"):
+        part = part.strip()
+        if not part:
+            raise UsageError(f"{option} {spec!r} has an empty entry", "separate hosts with a single '@', e.g. node1:0,1@node2")
+        name, colon, slots = part.partition(":")
+        if not colon:
+            out[name] = None
+            continue
+        try:
+            out[name] = sorted({int(s) for s in slots.split(",")})
+        except ValueError:
+            raise UsageError(f"{option} {spec!r}: slots {slots!r} of {name!r} are not integers",
+                             "list slot indices separated by commas, e.g. node1:0,1") from None
+    return out
+
+
+def _check_known(filt: dict[str, list[int] | None], hosts: list[HostSlots], option: str) -> None:
+    by_name = {h.host: h for h in hosts}
+    for name, slots in filt.items():
+        if name not in by_name:
+            raise UsageError(f"{option}: host {name!r} is not in the hostfile", f"known hosts: {', '.join(by_name)}")
+        bad = [s for s in slots or [] if s not in by_name[name].slots]
+        if bad:
+            raise UsageError(f"{option}: host {name!r} has no slot {bad[0]}",
+                             f"{name} has slots {by_name[name].slots[0]}..{by_name[name].slots[-1]}")
+
+
+def apply_filters(hosts: list[HostSlots], include: str | None = None, exclude: str | None = None) -> list[HostSlots]:
+    """Keep only the hosts/slots named by --include, then drop those named by --exclude."""
+    if include and exclude:
+        raise UsageError("--include and --exclude were both given", "use one of them")
+    if include:
+        filt = _parse_filter(include, "--include")
+        _check_known(filt, hosts, "--include")
+        return [h.model_copy(update={"slots": filt[h.host] or h.slots}) for h in hosts if h.host in filt]
+    if exclude:
+        filt = _parse_filter(exclude, "--exclude")
+        _check_known(filt, hosts, "--exclude")
+        kept = []
+        for h in hosts:
+            if h.host in filt:
+                if filt[h.host] is None:
+                    continue
+                h = h.model_copy(update={"slots": [s for s in h.slots if s not in filt[h.host]]})
+                if not h.slots:
+                    continue
+            kept.append(h)
+        if not kept:
+            raise UsageError(f"--exclude {exclude!r} removes every host", "leave at least one host or slot")
+        return kept
+    return hosts

@@ -1,0 +1,143 @@
+"""From command-line options to a ``LaunchSpec``: read the hostfile, apply filters, pick the port and
+the backend, draw a job id. Everything impure happens here so that ``build_plan`` can stay pure."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from distlaunch.errors import UsageError
+from distlaunch.launcher.hostfile import HostSlots, apply_filters, read_hostfile
+from distlaunch.launcher.parallel import parse_parallel
+from distlaunch.launcher.plan import LaunchSpec
+
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class LaunchOptions(BaseModel):
+    """The launch options shared by ``run``, ``train`` and ``slurm``, as the user typed them."""
+
+    program: list[str]  # SCRIPT [ARGS...] (or MODULE [ARGS...] with module=True)
+    module: bool = False
+    no_python: bool = False
+    hostfile: Path | None = None
+    nproc_per_node: int | None = None
+    parallel: str | None = None
+    include: str | None = None
+    exclude: str | None = None
+    master_addr: str | None = None
+    master_port: str = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    env: list[str] = Field(default_factory=list)
+    python: str = sys.executable
+    ssh_config: Path | None = None
+
+
+def is_local_host(name: str) -> bool:
+    """True for names that mean this machine (no SSH needed)."""
+    return name in LOCAL_NAMES or name in (socket.gethostname(), socket.getfqdn())
+
+
+def local_gpu_count() -> int:
+    """GPUs the NVIDIA driver exposes here, without importing torch or running nvidia-smi."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def new_job_id() -> str:
+    """A job id unique per launch; it marks every process of the job."""
+    return f"dl-{secrets.token_hex(6)}"
+
+
+def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
+    """Hosts and their slot lists after the hostfile, --nproc-per-node and --include/--exclude."""
+    n = opts.nproc_per_node
+    if n is not None and n < 1:
+        raise UsageError(f"--nproc-per-node {n} must be at least 1", "give the number of processes per host, e.g. -n 4")
+    if opts.hostfile is None:
+        if opts.include or opts.exclude:
+            raise UsageError("--include/--exclude need a hostfile", "pass -H HOSTFILE")
+        count = n or local_gpu_count() or 1
+        return [HostSlots(host="localhost", slots=list(range(count)))]
+    hosts = read_hostfile(opts.hostfile)
+    if n is not None:
+        for h in hosts:
+            if h.explicit and n > h.nslots:
+                raise UsageError(f"--nproc-per-node {n} is more than the {h.nslots} slots of {h.host} in {opts.hostfile}",
+                                 f"use -n {h.nslots} or less, or raise slots of {h.host}")
+        hosts = [h.model_copy(update={"slots": h.slots[:n] if h.explicit else list(range(n))}) for h in hosts]
+    return apply_filters(hosts, opts.include, opts.exclude)
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` options into a dict, values kept byte for byte."""
+    env = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UsageError(f"--env {pair!r} is not KEY=VALUE", "write --env NAME=value (NAME: letters, digits, _)")
+        env[key] = value
+    return env
+
+
+def build_command(opts: LaunchOptions) -> list[str]:
+    """The argv every rank runs."""
+    if not opts.program:
+        raise UsageError("no script given", "write: distlaunch run [OPTIONS] script.py [ARGS] (or -m module)")
+    if opts.no_python:
+        return list(opts.program)
+    if opts.module:
+        return [opts.python, "-m", *opts.program]
+    return [opts.python, *opts.program]
+
+
+def resolve_port(opts: LaunchOptions, master_is_local: bool) -> int:
+    """``--master-port``: an integer, or ``auto`` (a free port here; for a remote master, one in 29500-29599)."""
+    if opts.master_port == "auto":
+        return free_port() if master_is_local else 29500 + secrets.randbelow(100)
+    try:
+        port = int(opts.master_port)
+    except ValueError:
+        raise UsageError(f"--master-port {opts.master_port!r} is not a port", "give an integer 1024-65535, or auto") from None
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--master-port {port} is out of range", "give an integer 1024-65535, or auto")
+    return port
+
+
+def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> LaunchSpec:
+    """Resolve options into a LaunchSpec; ``addresses`` maps host aliases to what other hosts can reach."""
+    hosts = resolve_hosts(opts)
+    addresses = dict(addresses or {})
+    all_local = all(is_local_host(h.host) for h in hosts)
+    if all_local:
+        addresses = {h.host: "127.0.0.1" for h in hosts}
+    first = hosts[0].host
+    master_addr = opts.master_addr or addresses.get(first, first)
+    command = build_command(opts)
+    if all_local and not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
+        raise UsageError(f"script {opts.program[0]!r} does not exist", "check the path, or use -m MODULE to run a module")
+    backend = opts.backend
+    if backend == "auto":
+        backend = "nccl" if local_gpu_count() else "gloo"
+    env = parse_env(opts.env)
+    if "OMP_NUM_THREADS" not in os.environ and max(h.nslots for h in hosts) > 1:
+        # As torchrun: N ranks each starting one thread per core oversubscribe the machine badly.
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return LaunchSpec(hosts=hosts, command=command, parallel=parse_parallel(opts.parallel), master_addr=master_addr,
+                      master_port=resolve_port(opts, is_local_host(first)), backend=backend, env=env,
+                      job_id=new_job_id(), addresses=addresses)
