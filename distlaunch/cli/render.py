@@ -30,9 +30,10 @@ def render_plan(plan: LaunchPlan, console: Console) -> None:
     """The dry-run view: one row per host, then the process groups."""
     plan = plan.masked()
     p = plan.parallel
-    console.print(f"[bold]Plan[/bold] job [cyan]{plan.job_id}[/cyan]: world size [bold]{plan.world_size}[/bold] on "
-                  f"{plan.nnodes} host(s), master {plan.master_addr}:{plan.master_port}, backend {plan.backend}, "
-                  f"dp={p.dp} tp={p.tp} pp={p.pp} zero={p.zero}")
+    hosts = f"{plan.nnodes} host" + ("s" if plan.nnodes > 1 else "")
+    console.print(f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
+                  f"master {plan.master_addr}:{plan.master_port}, backend {plan.backend}")
+    console.print(f"  parallel dp={p.dp} tp={p.tp} pp={p.pp} zero={p.zero}")
     table = Table(show_lines=False)
     for col in ("host", "node", "ranks", "devices", "command"):
         table.add_column(col, overflow="fold")

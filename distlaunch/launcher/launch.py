@@ -6,7 +6,7 @@ from distlaunch.errors import HostError
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.report import RunReport
-from distlaunch.launcher.spec import LaunchOptions, is_local_host, make_spec
+from distlaunch.launcher.spec import LaunchOptions, check_script, is_local_host, make_spec
 from distlaunch.launcher.transport import LocalAgent
 
 
@@ -29,4 +29,5 @@ def make_connect(opts: LaunchOptions) -> Connect:
 
 def launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:
     """Execute a plan built from ``opts`` and report how it ended."""
+    check_script(opts, all(is_local_host(node.host) for node in plan.nodes))
     return execute(plan, exec_opts, sink, make_connect(opts))

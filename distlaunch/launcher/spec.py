@@ -119,6 +119,12 @@ def resolve_port(opts: LaunchOptions, master_is_local: bool) -> int:
     return port
 
 
+def check_script(opts: LaunchOptions, hosts_local: bool) -> None:
+    """Before starting ranks here: a missing script is one clear error, not N identical rank failures."""
+    if hosts_local and not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
+        raise UsageError(f"script {opts.program[0]!r} does not exist", "check the path, or use -m MODULE to run a module")
+
+
 def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> LaunchSpec:
     """Resolve options into a LaunchSpec; ``addresses`` maps host aliases to what other hosts can reach."""
     hosts = resolve_hosts(opts)
@@ -129,8 +135,6 @@ def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> L
     first = hosts[0].host
     master_addr = opts.master_addr or addresses.get(first, first)
     command = build_command(opts)
-    if all_local and not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
-        raise UsageError(f"script {opts.program[0]!r} does not exist", "check the path, or use -m MODULE to run a module")
     backend = opts.backend
     if backend == "auto":
         backend = "nccl" if local_gpu_count() else "gloo"

@@ -1,0 +1,72 @@
+"""The CLI as a user drives it: dry-run output, JSON, errors and exit codes (in-process, 100 columns)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import invoke
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTFILE = str(ROOT / "hostfiles" / "deepspeed.txt")
+
+
+def test_dry_run_json_is_the_plan():
+    r = invoke(["run", "-H", HOSTFILE, "--parallel", "dp=2,tp=2,pp=2", "--dry-run", "--json", "train.py", "--lr", "1"])
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["world_size"] == 8 and plan["nnodes"] == 2
+    assert plan["groups"]["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert plan["nodes"][1]["ranks"][0]["argv"][-3:] == ["train.py", "--lr", "1"]
+    assert plan["nodes"][0]["ranks"][0]["env"]["MASTER_ADDR"] == "node1"
+
+
+def test_dry_run_table_shows_hosts_groups_and_masks_secrets():
+    r = invoke(["run", "-H", HOSTFILE, "--parallel", "tp=2,pp=2", "--env", "HF_TOKEN=hush", "--dry-run", "train.py"])
+    assert r.exit_code == 0, r.stderr
+    out = r.stdout
+    assert "world size 8 on 2 hosts" in out and "dp=2 tp=2 pp=2 zero=0" in out
+    assert "node1" in out and "node2" in out and "4-7" in out
+    assert "tp groups: [0,1] [2,3] [4,5] [6,7]" in out
+    assert "HF_TOKEN='***'" in out and "hush" not in out
+
+
+def test_options_after_the_script_belong_to_the_script():
+    r = invoke(["run", "-n", "2", "--dry-run", "--json", "-m", "pkg.mod", "-n", "5", "--json"])
+    plan = json.loads(r.stdout)
+    assert plan["world_size"] == 2
+    assert plan["nodes"][0]["ranks"][0]["argv"][1:] == ["-m", "pkg.mod", "-n", "5", "--json"]
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (["run", "-H", "{bad}", "x.py"], 2, "line 2 'node2 slot=4': unknown field 'slot=4' (hint: did you mean slots=4?)"),
+    (["run", "-H", "/nonexistent/hosts", "x.py"], 2, "does not exist"),
+    (["run", "-n", "4", "--parallel", "dp=3", "--dry-run", "x.py"], 2, "dp(3)*tp(1)*pp(1) = 3 != world size 4"),
+    (["run", "-n", "2", "--master-port", "http", "x.py"], 2, "--master-port 'http' is not a port"),
+    (["run", "-n", "2", "--env", "NOEQUALS", "x.py"], 2, "--env 'NOEQUALS' is not KEY=VALUE"),
+    (["run", "--frobnicate", "x.py"], 2, "No such option: --frobnicate"),
+    (["run", "-n", "2", "missing_script.py"], 2, "script 'missing_script.py' does not exist"),
+    (["run", "-H", HOSTFILE, "-n", "8", "--dry-run", "x.py"], 2, "more than the 4 slots of node1"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, code, fragment, tmp_path):
+    bad = tmp_path / "hosts"
+    bad.write_text("node1 slots=4\nnode2 slot=4\n")
+    r = invoke([a.replace("{bad}", str(bad)) for a in args])
+    assert r.exit_code == code
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_help_lists_the_launch_options():
+    r = invoke(["run", "--help"])
+    assert r.exit_code == 0
+    for option in ("--hostfile", "--nproc-per-node", "--parallel", "--include", "--exclude", "--master-addr",
+                   "--master-port", "--backend", "--max-restarts", "--log-dir", "--env", "--dry-run", "--json"):
+        assert option in r.stdout
+
+
+def test_version():
+    r = invoke(["--version"])
+    assert r.exit_code == 0 and r.stdout.startswith("distlaunch ")

@@ -1,0 +1,130 @@
+"""Real processes on this machine: the env contract, failure and signal handling, logs, restarts."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return {**env, "NO_COLOR": "1", "COLUMNS": "120", **extra}
+
+
+def start(*args, **env) -> tuple[subprocess.Popen, str]:
+    """Start the launcher in the background with a unique marker in every rank's environment."""
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(distlaunch_cmd(*args[:-1], "--env", f"DLTEST_MARK={mark}", args[-1]), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean_env(**env))
+    return proc, mark
+
+
+def wait_for_lines(proc: subprocess.Popen, needle: str, count: int, timeout: float = 60) -> list[str]:
+    lines, deadline = [], time.monotonic() + timeout
+    while sum(needle in line for line in lines) < count:
+        assert time.monotonic() < deadline, f"timed out waiting for {needle!r}: {lines}"
+        line = proc.stdout.readline()
+        assert line, f"launcher ended early: {lines} {proc.stderr.read()}"
+        lines.append(line)
+    return lines
+
+
+def test_every_rank_gets_the_torchrun_environment():
+    r = run_cli("run", "-n", "4", "--env", "EXTRA=a b $(x) ;ü", script("env_dump.py"), "x", "y z", "--flag", env=clean_env())
+    assert r.returncode == 0, r.stderr
+    envs = sorted((json.loads(line.split("ENV ", 1)[1]) for line in r.stdout.splitlines() if "ENV " in line),
+                  key=lambda e: int(e["RANK"]))
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
+    for e in envs:
+        assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["NODE_RANK"], e["NNODES"]) == ("4", "4", "0", "1")
+        assert e["MASTER_ADDR"] == "127.0.0.1" and e["MASTER_PORT"] == envs[0]["MASTER_PORT"]
+        assert e["DISTLAUNCH_JOB_ID"] == envs[0]["DISTLAUNCH_JOB_ID"] and e["DISTLAUNCH_JOB_ID"].startswith("dl-")
+        assert e["DISTLAUNCH_PARALLEL"] == "dp=4,tp=1,pp=1,zero=0" and e["DISTLAUNCH_RESTART_COUNT"] == "0"
+        assert e["OMP_NUM_THREADS"] == "1"
+        assert e["EXTRA"] == "a b $(x) ;ü" and e["argv"] == ["x", "y z", "--flag"]
+    assert "4 ranks exited 0" in r.stderr
+
+
+def test_failing_rank_stops_the_others_and_sets_the_exit_code():
+    proc, mark = start("run", "-n", "4", "--grace-period", "2", script("fail_one.py"), FAIL_RANK="2", FAIL_CODE="7")
+    began = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7, err
+    assert time.monotonic() - began < 2 + 10
+    assert "rank 2 on localhost exited with code 7" in err
+    assert "rank 2 failing now" in err  # the root-cause table shows its last output
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
+
+
+def test_rank_killed_by_a_signal_reports_128_plus_n():
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    r = run_cli("run", "-n", "2", "--grace-period", "1", "--no-python", "python", "-c", code, env=clean_env())
+    assert r.returncode == 128 + 9, r.stderr
+    assert "was killed by SIGKILL" in r.stderr and "137 (SIGKILL)" in r.stderr
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_stops_every_rank_even_stubborn_ones(sig, code):
+    proc, mark = start("run", "-n", "2", "--grace-period", "1", script("stubborn.py"))
+    wait_for_lines(proc, "ready", 2)
+    assert len(pids_with_env("DLTEST_MARK", mark)) >= 4  # two ranks, each with a child
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert proc.returncode == code
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "a rank or its child survived"
+
+
+def test_ranks_die_when_the_launcher_is_killed():
+    proc, mark = start("run", "-n", "3", "--grace-period", "1", script("stubborn.py"))
+    wait_for_lines(proc, "ready", 3)
+    proc.kill()  # SIGKILL: the launcher gets no chance to clean up; the agent must
+    proc.wait()
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "ranks outlived a SIGKILLed launcher"
+
+
+def test_lines_are_whole_and_never_mixed(tmp_path):
+    r = run_cli("run", "-n", "4", "--log-dir", str(tmp_path), script("chatty.py"), "1500", env=clean_env())
+    assert r.returncode == 0, r.stderr
+    pattern = re.compile(r"^\[rank (\d)\] R\1-(\d{5}-\1{300}|tail-without-newline)$")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 4 * 1501
+    assert all(pattern.match(line) for line in lines), next(line for line in lines if not pattern.match(line))
+    for rank in range(4):
+        logged = (tmp_path / f"rank{rank}.log").read_text().splitlines()
+        assert len(logged) == 1501 and logged[0] == f"R{rank}-00000-" + str(rank) * 300
+
+
+def test_max_restarts_restarts_the_group_with_the_count():
+    r = run_cli("run", "-n", "2", "--max-restarts", "1", script("restart.py"), env=clean_env())
+    assert r.returncode == 0, r.stderr
+    assert "restarting the job (1/1)" in r.stderr and "try 1" in r.stdout and "after 1 restart(s)" in r.stderr
+    r = run_cli("run", "-n", "2", script("restart.py"), env=clean_env())
+    assert r.returncode == 3
+
+
+def test_torchrun_script_runs_unchanged_with_real_gloo_allreduce():
+    r = run_cli("run", "-n", "4", "-m", "distlaunch.examples.allreduce", env=clean_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("all_reduce(sum of rank+1) = 10 (ok)") == 4
+
+
+def test_help_and_dry_run_never_import_torch(tmp_path):
+    code = ("import sys; from distlaunch.cli.app import main; main(['--help']); "
+            "main(['run', '-n', '2', '--dry-run', '--json', 'x.py']); print('TORCH', 'torch' in sys.modules)")
+    r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "TORCH False" in r.stdout
