@@ -1,0 +1,79 @@
+"""Run one command on a connected host and collect its exit code and output (used by preflight and doctor)."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import threading
+import time
+
+import paramiko
+from pydantic import BaseModel
+
+from distlaunch.remote.ssh import SshError
+
+READ_CHUNK = 65536
+
+
+class CommandResult(BaseModel):
+    """How a remote command ended."""
+
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def host_name(client: paramiko.SSHClient) -> str:
+    """The alias of a distlaunch SshClient, else the peer address."""
+    alias = getattr(client, "alias", None)
+    if alias:
+        return alias
+    transport = client.get_transport()
+    return str(transport.getpeername()[0]) if transport and transport.sock else "?"
+
+
+def _drain(read, chunks: list[bytes]) -> None:
+    while True:
+        data = read(READ_CHUNK)
+        if not data:
+            return
+        chunks.append(data)
+
+
+def run_command(client: paramiko.SSHClient, argv: list[str], timeout: float = 30.0, stdin: str | bytes | None = None) -> CommandResult:
+    """Run ``argv`` on the host (every word shlex-quoted, so the remote shell interprets nothing)."""
+    command = shlex.join(argv)
+    host = host_name(client)
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise SshError(host, "other", f"the SSH connection is closed; cannot run {command!r}", "connect again")
+    deadline = time.monotonic() + timeout
+    try:
+        channel = transport.open_session(timeout=timeout)
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise SshError(host, "other", f"cannot open an SSH session to run {command!r}: {exc}",
+                       "check MaxSessions in the host's sshd_config") from None
+    try:
+        channel.settimeout(max(deadline - time.monotonic(), 0.001))
+        channel.exec_command(command)
+        if stdin:
+            channel.sendall(stdin.encode("utf-8") if isinstance(stdin, str) else stdin)
+        channel.shutdown_write()
+        err: list[bytes] = []
+        # stderr in a thread: a command that fills one pipe while we wait on the other must not stall
+        err_reader = threading.Thread(target=_drain, args=(channel.recv_stderr, err), daemon=True)
+        err_reader.start()
+        out: list[bytes] = []
+        _drain(channel.recv, out)
+        err_reader.join(max(deadline - time.monotonic(), 0.001))
+        if err_reader.is_alive() or not channel.status_event.wait(max(deadline - time.monotonic(), 0.001)):
+            raise socket.timeout()
+        rc = channel.recv_exit_status()
+    except (socket.timeout, TimeoutError):
+        raise SshError(host, "timeout", f"{command!r} did not finish within {timeout:g}s",
+                       "check that the host is not overloaded, or give the command more time") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise SshError(host, "other", f"running {command!r} failed: {exc}", "check the SSH connection (ssh -v HOST)") from None
+    finally:
+        channel.close()
+    return CommandResult(rc=rc, stdout=b"".join(out).decode("utf-8", "replace"), stderr=b"".join(err).decode("utf-8", "replace"))

@@ -1,0 +1,150 @@
+"""OpenSSH client configuration → ``SshTarget``: what to connect to for a hostfile name, resolved the
+way ``ssh`` itself would (Host aliases, HostName, Port, User, IdentityFile, IdentitiesOnly,
+UserKnownHostsFile, StrictHostKeyChecking, HostKeyAlias, ConnectTimeout, ProxyJump, ProxyCommand)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from pathlib import Path
+from typing import Iterable, Literal, Optional
+
+import paramiko
+from pydantic import BaseModel, Field
+
+from distlaunch.errors import UsageError
+
+DEFAULT_CONFIG = "~/.ssh/config"
+# As OpenSSH: without an IdentityFile, these are tried (the ones that exist).
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+MAX_JUMPS = 8  # a ProxyJump chain longer than this is a loop in the config
+
+
+class SshTarget(BaseModel):
+    """One host as SSH reaches it, after ssh_config."""
+
+    alias: str  # the name in the hostfile (maybe an ssh_config Host alias)
+    hostname: str  # the real name or address (HostName); what other hosts use to reach it
+    port: int = 22
+    user: str
+    identity_files: list[str] = Field(default_factory=list)  # existing private key files, in order
+    identities_only: bool = False  # True: only identity_files, not the keys of a running ssh-agent
+    known_hosts_files: list[str] = Field(default_factory=list)  # the first one receives accepted new keys
+    global_known_hosts_files: list[str] = Field(default_factory=list)
+    strict_host_key_checking: Literal["yes", "accept-new", "no"] = "yes"  # "ask" counts as yes: nobody to ask
+    host_key_alias: Optional[str] = None
+    connect_timeout: Optional[float] = None
+    proxy_command: Optional[str] = None
+    jumps: list["SshTarget"] = Field(default_factory=list)  # ProxyJump hops, first hop first
+    config_file: Optional[str] = None  # where these settings came from, for hints
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` as it appears in messages."""
+        return f"{self.hostname}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name this host's key is filed under in known_hosts (``[host]:port`` off port 22)."""
+        name = self.host_key_alias or self.hostname
+        return name if self.port == 22 else f"[{name}]:{self.port}"
+
+
+def load_ssh_config(path: Path | str | None = None) -> tuple[paramiko.SSHConfig, str | None]:
+    """Parse ``path`` (or ``~/.ssh/config`` if it exists); returns the config and the file it came from."""
+    explicit = path is not None
+    file = Path(os.path.expanduser(str(path if explicit else DEFAULT_CONFIG)))
+    if not file.exists():
+        if explicit:
+            raise UsageError(f"ssh config {str(path)!r} does not exist", "check the path given to --ssh-config")
+        return paramiko.SSHConfig(), None
+    try:
+        return paramiko.SSHConfig.from_path(str(file)), str(file)
+    except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
+        raise UsageError(f"ssh config {str(file)!r} cannot be read: {exc}",
+                         "fix the file (ssh -G HOST -F FILE shows how OpenSSH reads it)") from None
+
+
+def _expand(value: str, target: SshTarget) -> str:
+    """OpenSSH's %-tokens and ~ for file names paramiko leaves unexpanded (UserKnownHostsFile)."""
+    tokens = {"%%": "%", "%d": os.path.expanduser("~"), "%h": target.hostname, "%n": target.alias,
+              "%p": str(target.port), "%r": target.user, "%u": getpass.getuser()}
+    for token, replacement in tokens.items():
+        value = value.replace(token, replacement)
+    return os.path.expanduser(value)
+
+
+def _files(value: str | list[str] | None, defaults: Iterable[str], target: SshTarget) -> list[str]:
+    if value is None:
+        return [os.path.expanduser(f) for f in defaults]
+    words = value if isinstance(value, list) else value.split()
+    if [w.lower() for w in words] == ["none"]:
+        return []
+    return [_expand(w, target) for w in words]
+
+
+def _strictness(value: str | None) -> Literal["yes", "accept-new", "no"]:
+    value = (value or "yes").lower()
+    if value in ("no", "off"):
+        return "no"
+    return "accept-new" if value == "accept-new" else "yes"
+
+
+def _split_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` or ``ssh://[user@]host[:port]`` → (user, host, port)."""
+    spec = spec.removeprefix("ssh://")
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):  # [v6addr]:port
+        host, _, tail = rest[1:].partition("]")
+        port = tail.removeprefix(":") or None
+    elif rest.count(":") == 1:
+        host, port = rest.split(":")
+    try:
+        return user or None, host, int(port) if port else None
+    except ValueError:
+        raise UsageError(f"ProxyJump {spec!r} has a bad port", "write ProxyJump [user@]host[:port]") from None
+
+
+def resolve_target(alias: str, config: paramiko.SSHConfig, config_file: str | None = None, depth: int = 0) -> SshTarget:
+    """Resolve one hostfile name through ssh_config into an SshTarget."""
+    found = config.lookup(alias)
+    try:
+        port = int(found.get("port", 22))
+        timeout = float(found["connecttimeout"]) if "connecttimeout" in found else None
+    except ValueError as exc:
+        raise UsageError(f"ssh config for {alias!r} has a bad number: {exc}", f"fix Port/ConnectTimeout for {alias} in {config_file}") from None
+    target = SshTarget(alias=alias, hostname=found.get("hostname", alias), port=port, user=found.get("user") or getpass.getuser(),
+                       identities_only=found.get("identitiesonly", "no").lower() == "yes",
+                       strict_host_key_checking=_strictness(found.get("stricthostkeychecking")),
+                       host_key_alias=found.get("hostkeyalias"), connect_timeout=timeout, config_file=config_file)
+    target.identity_files = [f for f in _files(found.get("identityfile"), DEFAULT_IDENTITIES, target) if os.path.isfile(f)]
+    target.known_hosts_files = _files(found.get("userknownhostsfile"), DEFAULT_KNOWN_HOSTS, target)
+    target.global_known_hosts_files = _files(found.get("globalknownhostsfile"), GLOBAL_KNOWN_HOSTS, target)
+    proxy_command = found.get("proxycommand")
+    target.proxy_command = None if proxy_command is None or proxy_command.lower() == "none" else proxy_command
+    jump = found.get("proxyjump", "none")
+    if jump.lower() != "none" and target.proxy_command is None:
+        target.jumps = _resolve_jumps(alias, jump, config, config_file, depth)
+    return target
+
+
+def _resolve_jumps(alias: str, jump: str, config: paramiko.SSHConfig, config_file: str | None, depth: int) -> list[SshTarget]:
+    if depth >= MAX_JUMPS:
+        raise UsageError(f"ProxyJump chain for {alias!r} is longer than {MAX_JUMPS} hops", f"look for a ProxyJump loop in {config_file}")
+    hops = []
+    for spec in jump.split(","):
+        user, host, port = _split_jump(spec.strip())
+        hop = resolve_target(host, config, config_file, depth + 1)
+        # A hop's own ProxyJump comes first (OpenSSH does the same), then the hop itself.
+        hops += hop.jumps
+        hops.append(hop.model_copy(update={"jumps": [], **({"user": user} if user else {}), **({"port": port} if port else {})}))
+    return hops
+
+
+def resolve_targets(aliases: Iterable[str], ssh_config: Path | str | None = None) -> dict[str, SshTarget]:
+    """Resolve every hostfile name through ``ssh_config`` (default ``~/.ssh/config``), in order."""
+    config, config_file = load_ssh_config(ssh_config)
+    return {alias: resolve_target(alias, config, config_file) for alias in aliases}
