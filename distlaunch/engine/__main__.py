@@ -1,0 +1,57 @@
+"""Train the bundled GPT: ``python -m distlaunch.engine [CONFIG.toml] [--set KEY=VALUE]...``
+
+Single process (no RANK/WORLD_SIZE in the environment)::
+
+    python -m distlaunch.engine --set train.steps=50
+
+Eight CPU processes in 3D (the launcher sets the torchrun environment and DISTLAUNCH_PARALLEL)::
+
+    distlaunch run -n 8 --parallel dp=2,tp=2,pp=2,zero=1 -m distlaunch.engine --set train.steps=20
+
+or with torchrun: ``torchrun --nproc-per-node 8 -m distlaunch.engine --set parallel.tp=2
+--set parallel.pp=2 --set parallel.zero=1``. A configuration mistake prints one line,
+``error: ... (hint: ...)``, and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from distlaunch.errors import DistlaunchError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The engine's command line."""
+    parser = argparse.ArgumentParser(prog="python -m distlaunch.engine", description=__doc__.split("\n")[0])
+    parser.add_argument("config", nargs="?", help="TOML training config (optional)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one config key, e.g. --set train.steps=50 (repeatable)")
+    parser.add_argument("--metrics-file", default=None,
+                        help="rank 0's metrics.jsonl (default: $DISTLAUNCH_METRICS_FILE, "
+                             "else $DISTLAUNCH_LOG_DIR/metrics.jsonl)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = parse_args(argv)
+    try:
+        # imported here so that --help answers without loading torch
+        from distlaunch.engine.config import load_config
+        from distlaunch.engine.loop import run
+        from distlaunch.engine.metrics import metrics_path
+        from distlaunch.engine.parallel.mesh import read_env
+
+        env = read_env()
+        cfg = load_config(args.config, args.set, os.environ.get("DISTLAUNCH_PARALLEL"))
+        run(cfg, env, metrics_path(args.metrics_file))
+    except DistlaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return int(err.exit_code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Training config: a TOML file plus ``--set section.key=value`` overrides, validated by pydantic.
+
+Every problem becomes a ``UsageError`` naming the key, the value and what is allowed. Keys that
+the engine declares but does not act on yet (``checkpoint.*``, ``fault.*``) are validated all
+the same, so a config written today stays valid when they start to matter.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from distlaunch.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+Preset = Literal["tiny", "small", "125m", "350m", "1.3b"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+ZeroStage = Literal[0, 1, 2, 3]
+FaultKind = Literal["crash", "hang", "crash-in-save"]
+PARALLEL_KEYS = ("dp", "tp", "pp", "zero", "schedule", "microbatches", "virtual_stages")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Section):
+    preset: Preset = "tiny"
+
+
+class TrainSection(_Section):
+    steps: int = Field(100, ge=1)
+    global_batch_size: int = Field(16, ge=1)
+    # None: the whole per-dp-rank batch at once (pp=1) or split into parallel.microbatches (pp>1)
+    micro_batch_size: Optional[int] = Field(None, ge=1)
+    seq_len: int = Field(128, ge=2)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    seed: int = Field(1337, ge=0)
+    precision: Precision = "fp32"
+    activation_checkpointing: bool = False
+    log_every: int = Field(1, ge=1)
+
+
+class ParallelSection(_Section):
+    dp: Optional[int] = Field(None, ge=1)  # None: WORLD_SIZE / (tp * pp)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    zero: ZeroStage = 0
+    schedule: Schedule = "1f1b"
+    microbatches: Optional[int] = Field(None, ge=1)  # None: from micro_batch_size, else pp
+    virtual_stages: int = Field(2, ge=1)  # stages per pp rank, interleaved schedule only
+
+
+class DataSection(_Section):
+    path: Optional[str] = None  # None: the corpus bundled in distlaunch/data
+
+
+class CheckpointSection(_Section):
+    dir: Optional[str] = None
+    every: int = Field(0, ge=0)
+    keep: int = Field(2, ge=1)
+
+
+class FaultSection(_Section):
+    rank: Optional[int] = Field(None, ge=0)
+    step: Optional[int] = Field(None, ge=1)
+    kind: FaultKind = "crash"
+
+
+class TrainingConfig(_Section):
+    """The whole training config; sections mirror the TOML tables."""
+
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    parallel: ParallelSection = ParallelSection()
+    data: DataSection = DataSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    fault: FaultSection = FaultSection()
+
+
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value as TOML (numbers, booleans, quoted strings); anything else is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one ``section.key=value`` to the raw config dict."""
+    key, sep, value = assignment.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or not section or not name:
+        raise UsageError(
+            f"bad --set {assignment!r}: expected section.key=value",
+            "for example --set train.steps=50",
+        )
+    table = raw.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise UsageError(f"bad --set {assignment!r}: {section} is not a table", "use section.key=value")
+    table[name] = _parse_value(value.strip())
+
+
+def parse_parallel_spec(spec: str) -> dict[str, Any]:
+    """``dp=2,tp=2,pp=2,zero=1`` (the launcher's DISTLAUNCH_PARALLEL) as a dict."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in PARALLEL_KEYS:
+            raise UsageError(
+                f"bad parallel spec item {item!r} in {spec!r}",
+                f"use key=value with keys {', '.join(PARALLEL_KEYS)}",
+            )
+        out[key] = _parse_value(value)
+    return out
+
+
+def merge_parallel_env(raw: dict, spec: str) -> None:
+    """Fold DISTLAUNCH_PARALLEL into ``raw['parallel']``; a different explicit value is an error."""
+    table = raw.setdefault("parallel", {})
+    for key, value in parse_parallel_spec(spec).items():
+        if value == "auto":
+            continue
+        if key in table and table[key] != value:
+            raise UsageError(
+                f"parallel.{key}={table[key]!r} in the config conflicts with "
+                f"{key}={value!r} from --parallel (DISTLAUNCH_PARALLEL={spec!r})",
+                "set it in one place only",
+            )
+        table[key] = value
+
+
+def _error_from_validation(err: ValidationError) -> UsageError:
+    first = err.errors()[0]
+    key = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        section = str(first["loc"][0])
+        owner = TrainingConfig.model_fields.get(section)
+        if owner is None or len(first["loc"]) == 1:
+            allowed = ", ".join(TrainingConfig.model_fields)
+            return UsageError(f"unknown config section {key!r}", f"sections are: {allowed}")
+        allowed = ", ".join(f"{section}.{k}" for k in owner.annotation.model_fields)
+        return UsageError(f"unknown config key {key!r}", f"keys in [{section}] are: {allowed}")
+    value = first.get("input")
+    expected = first.get("ctx", {}).get("expected")
+    hint = f"allowed values: {expected}" if expected else first["msg"]
+    return UsageError(f"bad value for {key}: {value!r}", hint)
+
+
+def validate_config(raw: dict) -> TrainingConfig:
+    """Validate a raw dict into a TrainingConfig, or raise a one-line UsageError."""
+    try:
+        return TrainingConfig.model_validate(raw)
+    except ValidationError as err:
+        raise _error_from_validation(err) from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    parallel_env: str | None = None,
+) -> TrainingConfig:
+    """Read the TOML file (optional), apply ``--set`` overrides and the launcher's parallel spec."""
+    raw: dict = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"config file not found: {path}", "check the path") from None
+        except tomllib.TOMLDecodeError as err:
+            raise UsageError(f"config file {path} is not valid TOML: {err}", "fix the line named") from None
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    if parallel_env:
+        merge_parallel_env(raw, parallel_env)
+    return validate_config(raw)

@@ -1,0 +1,145 @@
+"""A GPT (pre-norm transformer) in plain PyTorch.
+
+The model knows nothing about distribution. Parallelism is applied from outside
+(``distlaunch.engine.parallel``): tensor parallel swaps weights for DTensor shards, which is why
+attention reshapes with ``-1`` heads (a rank holds ``n_head / tp`` of them); pipeline parallel
+deletes modules (sets them to ``None`` or drops blocks from the ``ModuleDict``), which is why
+``forward`` passes its input through every missing part.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT; presets below."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    vocab_size: int = 256  # byte-level tokens; divisible by every power-of-two tp up to 256
+    max_seq_len: int = 256
+    mlp_ratio: int = 4
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+# GPT-3 paper shapes for 125m/350m/1.3b. With a 256-token byte vocabulary the embeddings are tiny,
+# so the real counts are ~85M, ~302M and ~1.2B (see ``num_params``).
+PRESETS: dict[str, GPTConfig] = {
+    "tiny": GPTConfig(n_layer=4, n_head=4, d_model=128, max_seq_len=256),  # ~0.9M, CPU tests
+    "small": GPTConfig(n_layer=10, n_head=8, d_model=512, max_seq_len=512),  # ~32M
+    "125m": GPTConfig(n_layer=12, n_head=12, d_model=768, max_seq_len=2048),
+    "350m": GPTConfig(n_layer=24, n_head=16, d_model=1024, max_seq_len=2048),
+    "1.3b": GPTConfig(n_layer=24, n_head=16, d_model=2048, max_seq_len=2048),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention; q, k, v are separate so tp can split them by heads."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape  # (B, T, C)
+        # -1 heads: the full n_head in one process, n_head / tp on a tensor-parallel rank
+        q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh*hs)
+        return self.wo(y)  # (B, T, C)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: up-projection, GELU, down-projection."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))  # (B, T, 4C) inside, (B, T, C) out
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp_norm = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))  # (B, T, C)
+        return x + self.mlp(self.mlp_norm(x))  # (B, T, C)
+
+
+class GPT(nn.Module):
+    """Token + position embedding, blocks, final norm, LM head (not tied: stages may differ)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb: nn.Embedding | None = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        # a ModuleDict keyed "0".."n-1" keeps parameter names stable when a pipeline stage drops
+        # blocks, so a stage's state dict is a slice of the full model's
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.d_model)
+        self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) on the first stage, hidden states (B, T, C) after; logits at the end."""
+        if self.tok_emb is not None:
+            positions = torch.arange(x.shape[1], device=x.device)  # (T,)
+            x = self.tok_emb(x) + self.pos_emb(positions)  # (B, T, C)
+        for block in self.blocks.values():
+            x = block(x)  # (B, T, C)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.head is not None:
+            x = self.head(x)  # (B, T, vocab)
+        return x
+
+
+def num_params(cfg: GPTConfig) -> int:
+    """Parameter count of the full model, from the shapes (no model is built)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(cfg).parameters())
+
+
+def init_weights(model: GPT, seed: int) -> None:
+    """Initialise every parameter from (seed, its name) alone, so any subset of the model
+    (a pipeline stage) gets exactly the values the full model would have."""
+    residual_std = 0.02 / math.sqrt(2 * model.cfg.n_layer)  # GPT-2: scale residual projections
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith("norm.bias"):
+                param.zero_()
+            else:
+                gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                std = residual_std if name.endswith(("wo.weight", "proj.weight")) else 0.02
+                full = torch.empty(param.shape).normal_(0.0, std, generator=gen)
+                param.copy_(full.to(param.dtype))

@@ -1,0 +1,166 @@
+"""Data parallelism and ZeRO stages 0 and 3, plus what every stage shares.
+
+Each ZeRO stage is a small strategy object with one interface the trainer drives:
+``sync_grads`` after the last micro-batch's backward, ``step`` (optimizer step and whatever
+must follow it), ``zero_grad``, and read-only views for the gradient norm, memory and tests.
+
+- zero=0 (``ReplicatedDP``): full parameters, gradients and Adam state on every dp rank; the
+  gradients are averaged with bucketed all-reduces once per step (what DDP does with
+  ``no_sync`` on all but the last micro-batch). Not DDP itself: DDP cannot hold DTensor (tp)
+  parameters and its reducer expects one backward per forward, which pipeline schedules break.
+- zero=1/2: ``distlaunch.engine.parallel.zero.ShardedDP``.
+- zero=3 (``FullyShardedDP``): PyTorch's ``fully_shard`` (FSDP2) per block and per stage.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard
+
+BUCKET_NUMEL = 1 << 24  # 64 MiB of fp32 per all-reduce: few collectives, bounded extra memory
+
+OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], torch.optim.Optimizer]
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor, or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def tp_sharded(param: torch.Tensor) -> bool:
+    """Whether ``param`` is split over the tp mesh dim (else every tp rank holds all of it)."""
+    if not isinstance(param, DTensor):
+        return False
+    names = param.device_mesh.mesh_dim_names or ()
+    return any(n == "tp" and isinstance(pl, Shard) for n, pl in zip(names, param.placements))
+
+
+def align_grad(param: torch.Tensor) -> None:
+    """Give a DTensor parameter's gradient the parameter's own placements.
+
+    DTensor's embedding backward returns a *replicated* gradient for the vocab-sharded
+    embedding; keeping it would store the whole table's gradient on every tp rank and break the
+    one-shard-per-rank view ZeRO and the gradient norm rely on. Replicate -> Shard is a local
+    slice, no communication.
+    """
+    grad = param.grad
+    if isinstance(grad, DTensor) and grad.placements != param.placements:
+        param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: gathers a DTensor over its mesh (a collective), else returns it."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class DataParallelBase:
+    """What every ZeRO stage shares: parameters by name, the dp group, the optimizer."""
+
+    zero: int = 0
+
+    def __init__(self, named_params: list[tuple[str, nn.Parameter]], dp_mesh: DeviceMesh, tp: int):
+        self.named_params = named_params
+        self.dp_mesh = dp_mesh
+        self.dp = dp_mesh.size()
+        self.tp = tp
+        self.optimizer: torch.optim.Optimizer
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for _, p in self.named_params]
+
+    def sync_grads(self) -> None:
+        """Make the gradients the dp average (after the last micro-batch's backward)."""
+
+    def step(self) -> None:
+        """Apply the optimizer."""
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        """Drop the gradients (called at the start of a step, so they stay measurable after it)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
+
+    def grad_pieces(self) -> Iterable[tuple[torch.Tensor, float]]:
+        """(local gradient, weight) pairs: weight 1/copies, so summing weighted squares over the
+        whole world counts every gradient element exactly once."""
+        for p in self.params:
+            if p.grad is not None:
+                copies = (1 if tp_sharded(p) else self.tp) * self._dp_copies()
+                yield local(p.grad), 1.0 / copies
+
+    def _dp_copies(self) -> int:
+        return self.dp
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Local tensors of parameters, gradients and optimizer state (for memory accounting)."""
+        opt = [local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        return {"params": [local(p) for p in self.params], "grads": grads, "optimizer": opt}
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Name -> whole gradient of every parameter this rank holds (collective over tp/dp)."""
+        return {name: full_tensor(p.grad) for name, p in self.named_params if p.grad is not None}
+
+
+class ReplicatedDP(DataParallelBase):
+    """zero=0: replicated state, gradients averaged by bucketed all-reduce."""
+
+    zero = 0
+
+    def __init__(self, named_params, dp_mesh, tp, make_optimizer: OptimizerFactory):
+        super().__init__(named_params, dp_mesh, tp)
+        self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])
+
+    def sync_grads(self) -> None:
+        for p in self.params:
+            align_grad(p)
+        if self.dp == 1:
+            return
+        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        for bucket in _buckets(grads, BUCKET_NUMEL):
+            flat = _flatten_dense_tensors(bucket)
+            dist.all_reduce(flat, group=self.dp_mesh.get_group())
+            flat.div_(self.dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
+            for grad, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                grad.copy_(reduced)
+
+
+def _buckets(tensors: list[torch.Tensor], max_numel: int) -> Iterable[list[torch.Tensor]]:
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        if bucket and size + t.numel() > max_numel:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(t)
+        size += t.numel()
+    if bucket:
+        yield bucket
+
+
+class FullyShardedDP(DataParallelBase):
+    """zero=3: ``fully_shard`` shards parameters, gradients (reduce-scatter) and Adam state."""
+
+    zero = 3
+
+    def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory):
+        for chunk in chunks:
+            # one FSDP unit per block: only one block's parameters are unsharded at a time
+            for block in chunk.blocks.values():
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(chunk, mesh=dp_mesh)  # embeddings, norm and head form the root unit
+        named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
+        super().__init__(named, dp_mesh, tp)
+        self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])
+
+    def _dp_copies(self) -> int:
+        return 1  # each dp rank holds a distinct shard (zero padding adds nothing to the norm)

@@ -1,0 +1,142 @@
+"""Parallel degrees resolved against the world size, the model and the batch, checked before start.
+
+Pure Python (no process group, no mesh), so every refusal is unit-tested on its own. Each
+message names the values and how to fix them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distlaunch.engine.config import TrainingConfig
+from distlaunch.engine.model import GPTConfig
+from distlaunch.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The layout of one job: degrees, ZeRO stage, pipeline schedule and micro-batching."""
+
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    schedule: str  # gpipe, 1f1b, interleaved; only used when pp > 1
+    virtual_stages: int  # model chunks per pp rank (interleaved), else 1
+    microbatches: int  # micro-batches per step on each dp rank
+    micro_batch_size: int  # sequences per micro-batch
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def n_stages(self) -> int:
+        return self.pp * self.virtual_stages
+
+    def describe(self) -> str:
+        """``dp=2,tp=2,pp=2,zero=1`` (the launcher's spelling)."""
+        return f"dp={self.dp},tp={self.tp},pp={self.pp},zero={self.zero}"
+
+
+def _resolve_degrees(cfg: TrainingConfig, world_size: int) -> tuple[int, int, int]:
+    tp, pp = cfg.parallel.tp, cfg.parallel.pp
+    dp = cfg.parallel.dp
+    if dp is None:
+        if world_size % (tp * pp):
+            raise UsageError(
+                f"tp({tp})*pp({pp})={tp * pp} does not divide WORLD_SIZE({world_size})",
+                "choose tp and pp whose product divides the number of processes",
+            )
+        dp = world_size // (tp * pp)
+    if dp * tp * pp != world_size:
+        raise UsageError(
+            f"dp({dp})*tp({tp})*pp({pp})={dp * tp * pp} != WORLD_SIZE({world_size})",
+            f"start {dp * tp * pp} processes, or change parallel.dp/tp/pp",
+        )
+    return dp, tp, pp
+
+
+def _check_model(model: GPTConfig, tp: int, seq_len: int) -> None:
+    if model.n_head % tp:
+        raise UsageError(
+            f"tp={tp} does not divide the model's {model.n_head} attention heads",
+            "tensor parallel splits attention by heads: pick tp dividing n_head",
+        )
+    if model.vocab_size % tp:
+        raise UsageError(
+            f"tp={tp} does not divide the vocabulary size {model.vocab_size}",
+            "the embedding and LM head are split by vocabulary: pick tp dividing it",
+        )
+    if seq_len > model.max_seq_len:
+        raise UsageError(
+            f"train.seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}",
+            f"use train.seq_len <= {model.max_seq_len}",
+        )
+
+
+def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, int]:
+    global_batch = cfg.train.global_batch_size
+    if global_batch % dp:
+        raise UsageError(
+            f"train.global_batch_size={global_batch} is not divisible by dp={dp}",
+            f"use a multiple of {dp}",
+        )
+    local = global_batch // dp
+    mbs, n_micro = cfg.train.micro_batch_size, cfg.parallel.microbatches
+    if mbs is not None and n_micro is not None and mbs * n_micro != local:
+        raise UsageError(
+            f"train.micro_batch_size({mbs})*parallel.microbatches({n_micro}) != "
+            f"global_batch_size/dp = {local}",
+            "set only one of them, the other is derived",
+        )
+    if n_micro is None:
+        n_micro = local // mbs if mbs is not None else pp
+    if n_micro > local or local % n_micro:
+        raise UsageError(
+            f"the per-dp-rank batch of {local} sequences cannot be split into "
+            f"{n_micro} equal micro-batches",
+            "make global_batch_size/dp a multiple of the micro-batch count "
+            "(train.micro_batch_size or parallel.microbatches)",
+        )
+    return n_micro, local // n_micro
+
+
+def _check_pipeline(model: GPTConfig, pp: int, schedule: str, v: int, n_micro: int) -> None:
+    if pp * v > model.n_layer:
+        raise UsageError(
+            f"{pp * v} pipeline stages (pp={pp} x virtual_stages={v}) but the model has only "
+            f"{model.n_layer} layers",
+            "every stage needs at least one layer: lower pp (or virtual_stages)",
+        )
+    if pp > 1 and n_micro < pp:
+        raise UsageError(
+            f"{n_micro} micro-batches for {pp} pipeline stages",
+            f"use at least {pp} micro-batches (parallel.microbatches) or the pipeline idles",
+        )
+    if schedule == "interleaved" and n_micro % pp:
+        raise UsageError(
+            f"interleaved schedule needs the micro-batch count ({n_micro}) to be a multiple of pp={pp}",
+            f"set parallel.microbatches to a multiple of {pp}",
+        )
+
+
+def resolve_parallel_dims(cfg: TrainingConfig, model: GPTConfig, world_size: int) -> ParallelDims:
+    """Turn the config into checked degrees for ``world_size`` processes, or raise UsageError."""
+    dp, tp, pp = _resolve_degrees(cfg, world_size)
+    _check_model(model, tp, cfg.train.seq_len)
+    if cfg.train.precision != "fp32":
+        raise UsageError(
+            f"train.precision={cfg.train.precision!r} is not implemented by this engine yet",
+            "use train.precision=fp32",
+        )
+    schedule = cfg.parallel.schedule
+    if schedule == "interleaved" and cfg.parallel.virtual_stages < 2:
+        raise UsageError(
+            f"interleaved schedule with parallel.virtual_stages={cfg.parallel.virtual_stages}",
+            "interleaving needs at least 2 virtual stages per rank, or use schedule 1f1b",
+        )
+    v = cfg.parallel.virtual_stages if schedule == "interleaved" and pp > 1 else 1
+    n_micro, mbs = _resolve_microbatches(cfg, dp, pp)
+    _check_pipeline(model, pp, schedule, v, n_micro)
+    return ParallelDims(dp, tp, pp, cfg.parallel.zero, schedule, v, n_micro, mbs)

@@ -1,0 +1,90 @@
+"""Process group start-up from the torchrun env contract, and the one (pp, dp, tp) DeviceMesh.
+
+Ranks are laid out tp fastest, then dp, then pp: ``rank = pp_i*(dp*tp) + dp_i*tp + tp_i``. Tensor
+parallel groups (the chattiest: two all-reduces per block) are consecutive ranks, so they land
+on one node; the launcher's ``--dry-run`` plan prints these same groups.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from distlaunch.engine.parallel.dims import ParallelDims
+from distlaunch.errors import UsageError
+
+MESH_DIMS = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, read from the torchrun-compatible environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    launched: bool  # False: no RANK/WORLD_SIZE, a plain single-process run
+
+
+def read_env(environ: dict[str, str] | None = None) -> DistEnv:
+    """RANK, WORLD_SIZE, LOCAL_RANK (and MASTER_ADDR/PORT when launched), or a single process."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env and "WORLD_SIZE" not in env:
+        return DistEnv(rank=0, world_size=1, local_rank=0, launched=False)
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise UsageError(
+            f"incomplete launch environment: {', '.join(missing)} not set",
+            "start the engine with `distlaunch run` or torchrun, or set none of RANK/WORLD_SIZE",
+        )
+    try:
+        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = int(env.get("LOCAL_RANK", env["RANK"]))
+    except ValueError:
+        raise UsageError(
+            f"RANK/WORLD_SIZE/LOCAL_RANK must be integers, got RANK={env['RANK']!r} "
+            f"WORLD_SIZE={env['WORLD_SIZE']!r}",
+            "check the launcher's environment",
+        ) from None
+    if not 0 <= rank < world_size:
+        raise UsageError(f"RANK={rank} outside WORLD_SIZE={world_size}", "RANK must be in [0, WORLD_SIZE)")
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, launched=True)
+
+
+def pick_device(local_rank: int) -> torch.device:
+    """``cuda:LOCAL_RANK`` when GPUs exist, else the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_process_group(env: DistEnv, device: torch.device) -> None:
+    """nccl on GPUs, gloo on CPUs; a one-rank in-memory group for a plain single-process run."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if env.launched:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size)
+    else:
+        # the same code path as a launched job, without needing MASTER_ADDR/PORT
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
+    """The job's DeviceMesh, shape (pp, dp, tp), dims named so groups are ``mesh['tp']`` etc."""
+    return init_device_mesh(device.type, (dims.pp, dims.dp, dims.tp), mesh_dim_names=MESH_DIMS)
+
+
+def rank_groups(dims: ParallelDims) -> dict[str, list[list[int]]]:
+    """Global ranks of every tp, dp and pp group (the same grid the mesh uses; no process group)."""
+    grid = torch.arange(dims.world_size).view(dims.pp, dims.dp, dims.tp)
+    return {
+        "tp": grid.reshape(-1, dims.tp).tolist(),
+        "dp": grid.permute(0, 2, 1).reshape(-1, dims.dp).tolist(),
+        "pp": grid.permute(1, 2, 0).reshape(-1, dims.pp).tolist(),
+    }

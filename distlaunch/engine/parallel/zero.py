@@ -1,0 +1,145 @@
+"""ZeRO stages 1 and 2: the optimizer updates a 1/dp slice of every parameter.
+
+Every parameter's local tensor (its tp shard, if any) is flattened and cut into dp equal slices
+(the last one shorter when dp does not divide it). dp rank r keeps Adam state only for slice r;
+the slice it optimises is a view into the parameter's own storage, so no extra fp32 copy of the
+weights exists. After the step each slice is all-gathered back into the parameter.
+
+- zero=1: gradients stay full-size on every rank; after the last micro-batch one reduce-scatter
+  per parameter leaves each rank the dp average of its slice (written into its part of the full
+  gradient buffer).
+- zero=2: a post-accumulate-grad hook reduce-scatters each parameter's gradient as soon as the
+  backward produced it, adds it to a slice-sized buffer and frees the full gradient (DeepSpeed
+  stage 2 also reduces on every micro-batch; the full gradient of one parameter lives only
+  between its accumulation and its hook).
+
+Why not ``ZeroRedundancyOptimizer``: it assigns whole parameters to ranks (uneven memory when
+a few tensors are large), it cannot hold DTensor (tp) parameters, and it has no gradient sharding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from distlaunch.engine.parallel.data import DataParallelBase, OptimizerFactory, align_grad, local, tp_sharded
+
+# torch 2.13 renamed the single-tensor collectives; older releases only have the old names
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _ParamShard:
+    """One parameter's slice on this dp rank, and the buffers to move it around."""
+
+    def __init__(self, param: nn.Parameter, dp_rank: int, dp: int):
+        self.param = param
+        flat = local(param).detach().view(-1)  # a view: the parameter's own storage
+        self.numel = flat.numel()
+        self.size = math.ceil(self.numel / dp)  # every rank's slot in the collectives
+        start = min(dp_rank * self.size, self.numel)
+        stop = min(start + self.size, self.numel)
+        self.start, self.stop = start, stop
+        # the optimizer's parameter aliases this rank's slice of the weights
+        self.master = nn.Parameter(flat[start:stop], requires_grad=True)
+
+    def padded(self, flat: torch.Tensor, dp: int) -> torch.Tensor:
+        """``flat`` zero-padded to dp equal slots (itself when dp divides it)."""
+        if self.size * dp == self.numel:
+            return flat
+        return torch.cat([flat, flat.new_zeros(self.size * dp - self.numel)])
+
+    def reduce_scatter(self, grad: torch.Tensor, dp: int, group) -> torch.Tensor:
+        """This rank's slice of the dp average of ``grad`` (length stop - start)."""
+        out = grad.new_empty(self.size)
+        _reduce_scatter(out, self.padded(grad.reshape(-1), dp), group=group)
+        return out[: self.stop - self.start].div_(dp)
+
+    def all_gather(self, dp: int, group) -> None:
+        """Copy every rank's updated slice back into the full local parameter."""
+        slot = self.master.detach().new_zeros(self.size)
+        slot[: self.stop - self.start] = self.master.detach()
+        gathered = slot.new_empty(self.size * dp)
+        _all_gather(gathered, slot, group=group)
+        local(self.param).detach().view(-1).copy_(gathered[: self.numel])
+
+
+class ShardedDP(DataParallelBase):
+    """zero=1 (optimizer state sharded) or zero=2 (+ gradients sharded) over the dp group."""
+
+    def __init__(self, named_params, dp_mesh, tp, make_optimizer: OptimizerFactory, zero: int):
+        super().__init__(named_params, dp_mesh, tp)
+        self.zero = zero
+        self.group = dp_mesh.get_group()
+        rank = dp_mesh.get_local_rank()
+        self.shards = [_ParamShard(p, rank, self.dp) for p in self.params]
+        self.optimizer = make_optimizer([(s.master, s.param.ndim >= 2) for s in self.shards])
+        if zero == 2:
+            for shard in self.shards:
+                shard.param.register_post_accumulate_grad_hook(self._hook_for(shard))
+
+    def _hook_for(self, shard: _ParamShard):
+        def reduce_and_free(param: torch.Tensor) -> None:
+            align_grad(param)
+            part = shard.reduce_scatter(local(param.grad), self.dp, self.group)
+            if shard.master.grad is None:
+                shard.master.grad = part
+            else:
+                shard.master.grad.add_(part)
+            param.grad = None  # the point of stage 2: no full-size gradient survives
+
+        return reduce_and_free
+
+    def sync_grads(self) -> None:
+        if self.zero == 2:
+            return  # the hooks already reduced every micro-batch
+        for shard in self.shards:
+            align_grad(shard.param)
+            full = local(shard.param.grad).view(-1)
+            part = shard.reduce_scatter(full, self.dp, self.group)
+            # keep the slice inside the full gradient buffer: stage 1 stores no extra bytes
+            own = full[shard.start : shard.stop]
+            own.copy_(part)
+            shard.master.grad = own
+
+    def step(self) -> None:
+        self.optimizer.step()
+        with torch.no_grad():
+            for shard in self.shards:
+                shard.all_gather(self.dp, self.group)
+
+    def zero_grad(self) -> None:
+        for shard in self.shards:
+            shard.master.grad = None
+        super().zero_grad()
+
+    def grad_pieces(self):
+        for shard in self.shards:
+            if shard.master.grad is not None:
+                copies = 1 if tp_sharded(shard.param) else self.tp
+                yield shard.master.grad, 1.0 / copies
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        state = super().state_tensors()
+        state["grads"] += [s.master.grad for s in self.shards if s.master.grad is not None]
+        return state
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for (name, param), shard in zip(self.named_params, self.shards):
+            if shard.master.grad is None:
+                continue
+            slot = shard.master.grad.new_zeros(shard.size)
+            slot[: shard.stop - shard.start] = shard.master.grad
+            gathered = slot.new_empty(shard.size * self.dp)
+            _all_gather(gathered, slot, group=self.group)
+            grad = gathered[: shard.numel].view(local(param).shape)
+            if isinstance(param, DTensor):
+                grad = DTensor.from_local(grad, param.device_mesh, param.placements).full_tensor()
+            out[name] = grad
+        return out
+
