@@ -10,8 +10,8 @@ its own process group, and reports on stdout, one JSON object per line:
     {"ev": "done"}
 
 Further stdin lines are commands: {"cmd": "stop"} (SIGTERM, grace period, SIGKILL) or {"cmd": "kill"}.
-When stdin closes (the launcher died, the SSH connection dropped) the agent stops its ranks by itself:
-that is what keeps a SIGKILLed launcher from leaving ranks behind. Only the process groups this agent
+When stdin closes (the launcher died, the SSH connection dropped) the agent stops its ranks by itself,
+with the grace period capped at 3 s: that is what keeps a SIGKILLed launcher from leaving ranks behind. Only the process groups this agent
 created are ever signalled.
 
 Standard library only: it runs on remote hosts with whatever Python they have (3.8+), and it must
@@ -30,6 +30,9 @@ import time
 
 _PR_SET_PDEATHSIG = 1
 _DRAIN_AFTER_EXIT_S = 1.0  # a rank's grandchild may hold its pipes open: stop waiting for EOF after this
+# With the launcher gone nobody waits for a graceful end, and its ranks must be gone within 5 s
+# (a dead launcher must not leave a GPU job running): cap the grace period then.
+_ORPHAN_GRACE_S = 3.0
 
 
 def _die_with_parent() -> None:
@@ -58,17 +61,24 @@ class Rank:
 
 
 class Agent:
-    def __init__(self, node: dict, out=sys.stdout):
+    def __init__(self, node: dict, out=sys.stdout, commands: "_Lines | None" = None):
         self.node = node
         self.out = out
         self.sel = selectors.DefaultSelector()
         self.ranks: list[Rank] = []
         self.stop_deadline: float | None = None
         self.stdin_open = True
+        self.out_open = True
+        self.commands = commands or _Lines(0)
 
     def emit(self, **event) -> None:
-        self.out.write(json.dumps(event, ensure_ascii=False) + "\n")
-        self.out.flush()
+        if not self.out_open:
+            return
+        try:
+            self.out.write(json.dumps(event, ensure_ascii=False) + "\n")
+            self.out.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.out_open = False  # the launcher is gone (SSH channel closed): keep going, stop the ranks
 
     def rank_env(self, spec: dict) -> dict:
         env = dict(os.environ) if self.node.get("inherit_env", True) else _minimal_env()
@@ -116,18 +126,22 @@ class Agent:
         pipe.close()
         rank.open_pipes -= 1
 
-    def read_command(self) -> None:
-        line = sys.stdin.readline()
-        if not line:  # the launcher is gone: nobody will ever tell us to stop, so stop now
+    def read_commands(self) -> None:
+        lines = self.commands.read()
+        if lines is None:  # the launcher is gone: nobody will ever tell us to stop, so stop now
             self.stdin_open = False
-            self.sel.unregister(sys.stdin)
-            self.begin_stop()
+            self.sel.unregister(self.commands.fd)
+            self.begin_stop(_ORPHAN_GRACE_S)
             return
-        cmd = json.loads(line).get("cmd")
-        if cmd == "stop":
-            self.begin_stop()
-        elif cmd == "kill":
-            self.signal_all(signal.SIGKILL)
+        self.handle(lines)
+
+    def handle(self, lines: list[str]) -> None:
+        for line in lines:
+            cmd = json.loads(line).get("cmd")
+            if cmd == "stop":
+                self.begin_stop()
+            elif cmd == "kill":
+                self.signal_all(signal.SIGKILL)
 
     def signal_all(self, sig: int) -> None:
         for rank in self.ranks:
@@ -136,10 +150,13 @@ class Agent:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def begin_stop(self) -> None:
+    def begin_stop(self, max_grace: float | None = None) -> None:
+        grace = float(self.node.get("grace_period", 10.0))
+        deadline = time.monotonic() + (grace if max_grace is None else min(grace, max_grace))
         if self.stop_deadline is None:
-            self.stop_deadline = time.monotonic() + float(self.node.get("grace_period", 10.0))
             self.signal_all(signal.SIGTERM)
+        if self.stop_deadline is None or deadline < self.stop_deadline:
+            self.stop_deadline = deadline
 
     def reap(self) -> None:
         now = time.monotonic()
@@ -158,12 +175,13 @@ class Agent:
                 self.emit(ev="exit", rank=rank.rank, code=rank.returncode)
 
     def run(self) -> int:
-        self.sel.register(sys.stdin, selectors.EVENT_READ, None)
+        self.sel.register(self.commands.fd, selectors.EVENT_READ, None)
         self.start()
+        self.handle(self.commands.split())  # commands that arrived together with the node plan
         while not all(r.reported for r in self.ranks):
             for key, _ in self.sel.select(timeout=0.05):
                 if key.data is None:
-                    self.read_command()
+                    self.read_commands()
                 else:
                     self.read_pipe(key.fileobj, *key.data)
             self.reap()
@@ -175,6 +193,38 @@ class Agent:
         return 0
 
 
+class _Lines:
+    """Whole lines from a raw fd. Unbuffered reads, so that a line that arrived together with another
+    is never left in a Python buffer the selector cannot see (a "stop" must never wait for more input)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buffer = b""
+
+    def first(self) -> str:
+        """The first line (blocking until it is complete); empty at end of input."""
+        while b"\n" not in self.buffer:
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return ""
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode("utf-8")
+
+    def read(self) -> list[str] | None:
+        """Read once what is available; the complete lines, or None at end of input."""
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            return None
+        self.buffer += chunk
+        return self.split()
+
+    def split(self) -> list[str]:
+        """The complete lines in the buffer, taken out of it."""
+        *complete, self.buffer = self.buffer.split(b"\n")
+        return [c.decode("utf-8") for c in complete if c.strip()]
+
+
 def _minimal_env() -> dict:
     """What a remote rank inherits from the agent's own login environment when env is not inherited."""
     keep = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH")
@@ -183,11 +233,14 @@ def _minimal_env() -> dict:
 
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; a terminal ^C reaches it, not us
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    line = sys.stdin.readline()
+    # A closed stdout (the launcher or its SSH channel is gone) must not kill the agent before it has
+    # stopped its ranks: writes then fail with EPIPE, which emit() absorbs. Ranks get SIGPIPE back by default.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    commands = _Lines(sys.stdin.fileno())
+    line = commands.first()
     if not line:
         return 2
-    agent = Agent(json.loads(line))
+    agent = Agent(json.loads(line), commands=commands)
     signal.signal(signal.SIGTERM, lambda *_: agent.begin_stop())
     signal.signal(signal.SIGHUP, lambda *_: agent.begin_stop())
     return agent.run()

@@ -23,6 +23,7 @@ def run(
     include: o.Include = None, exclude: o.Exclude = None, master_addr: o.MasterAddr = None,
     master_port: o.MasterPort = "auto", backend: o.Backend = "auto", max_restarts: o.MaxRestarts = 0,
     log_dir: o.LogDir = None, env: o.Env = None, ssh_config: o.SshConfig = None, python: o.Python = None,
+    accept_new_host_keys: o.AcceptNewHostKeys = False, remote_python: o.RemotePython = None, workdir: o.Workdir = None,
     grace_period: o.GracePeriod = 10.0, dry_run: o.DryRun = False, json_output: o.Json = False,
 ) -> int:
     """Start SCRIPT on every rank of every host, stream their output, stop them all if one fails.
@@ -34,13 +35,14 @@ def run(
     opts = LaunchOptions(program=program, module=module, no_python=no_python, hostfile=hostfile,
                          nproc_per_node=nproc_per_node, parallel=parallel, include=include, exclude=exclude,
                          master_addr=master_addr, master_port=master_port, backend=backend, env=env or [],
-                         ssh_config=ssh_config, **({"python": python} if python else {}))
+                         ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys, remote_python=remote_python,
+                         **({"python": python or remote_python} if python or remote_python else {}))
     plan = plan_for(opts)
     console = Console(stderr=json_output)
     if dry_run:
         print_json(plan.masked()) if json_output else render_plan(plan, console)
         return 0
-    exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir)
+    exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir, workdir=workdir)
     sink = RankPrinter(multi_host=plan.nnodes > 1, out=console.file if json_output else None)
     report = launch(plan, opts, exec_opts, sink)
     render_report(report, Console(stderr=True))

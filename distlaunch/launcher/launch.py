@@ -2,27 +2,40 @@
 
 from __future__ import annotations
 
+import os
+
 from distlaunch.errors import HostError
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.report import RunReport
-from distlaunch.launcher.spec import LaunchOptions, check_script, is_local_host, make_spec
+from distlaunch.launcher.spec import LaunchOptions, check_script, is_local_host, make_spec, resolve_hosts
 from distlaunch.launcher.transport import LocalAgent
+from distlaunch.remote.session import RemoteHosts
+from distlaunch.remote.sshconfig import resolve_targets
+
+
+def host_addresses(opts: LaunchOptions) -> dict[str, str]:
+    """Remote hosts' addresses as the other hosts reach them: the ssh_config HostName, not a local alias."""
+    remote = [h.host for h in resolve_hosts(opts) if not is_local_host(h.host)]
+    if not remote:
+        return {}
+    return {alias: target.hostname for alias, target in resolve_targets(remote, opts.ssh_config).items()}
 
 
 def plan_for(opts: LaunchOptions) -> LaunchPlan:
-    """Resolve the options and build the plan (reads the hostfile; starts nothing)."""
-    return build_plan(make_spec(opts))
+    """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
+    return build_plan(make_spec(opts, host_addresses(opts)))
 
 
-def make_connect(opts: LaunchOptions) -> Connect:
-    """Local hosts get a child-process agent; remote hosts an agent over SSH."""
+def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:
+    """Local hosts get a child-process agent; remote hosts an agent over SSH (connections from ``remote``)."""
 
     def connect(node, events):
         if is_local_host(node.host):
             return LocalAgent(node.node_rank, node.host, events)
-        raise HostError(f"host {node.host!r} is not this machine and SSH launch is not available in this build",
-                        "run on this machine only (no hostfile), or use a hostfile of localhost")
+        if remote is None or node.host not in remote.clients:
+            raise HostError(f"host {node.host!r} was not connected before the launch", "start multi-host jobs through launch()")
+        return remote.agent(node.node_rank, node.host, events)
 
     return connect
 
@@ -30,4 +43,10 @@ def make_connect(opts: LaunchOptions) -> Connect:
 def launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:
     """Execute a plan built from ``opts`` and report how it ended."""
     check_script(opts, all(is_local_host(node.host) for node in plan.nodes))
-    return execute(plan, exec_opts, sink, make_connect(opts))
+    remote = [node.host for node in plan.nodes if not is_local_host(node.host)]
+    if not remote:
+        return execute(plan, exec_opts, sink, make_connect(opts))
+    # Preflight: every remote host connected and able to run the agent before any rank starts anywhere.
+    with RemoteHosts.open(remote, ssh_config=opts.ssh_config, accept_new_host_keys=opts.accept_new_host_keys,
+                          python=opts.remote_python or opts.python, workdir=exec_opts.workdir or os.getcwd()) as hosts:
+        return execute(plan, exec_opts, sink, make_connect(opts, hosts))

@@ -3,6 +3,7 @@ the backend, draw a job id. Everything impure happens here so that ``build_plan`
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import socket
@@ -16,6 +17,7 @@ from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots, apply_filters, read_hostfile
 from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.launcher.plan import LaunchSpec
+from distlaunch.remote.env import file_env, forwarded_env
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -37,6 +39,8 @@ class LaunchOptions(BaseModel):
     env: list[str] = Field(default_factory=list)
     python: str = sys.executable
     ssh_config: Path | None = None
+    accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
+    remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: python)
 
 
 def is_local_host(name: str) -> bool:
@@ -106,6 +110,23 @@ def build_command(opts: LaunchOptions) -> list[str]:
     return [opts.python, *opts.program]
 
 
+def is_loopback(addr: str) -> bool:
+    """True for 127.0.0.0/8 and ::1 (a master there is on this machine, so a free port can be picked here)."""
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def job_env(opts: LaunchOptions, all_local: bool) -> dict[str, str]:
+    """Variables every rank gets on top of the contract: forwarded ones (remote jobs), env files, --env."""
+    # Local ranks inherit the launcher's environment anyway; remote ones get only what is named here.
+    env = {} if all_local else forwarded_env()
+    env.update(file_env())
+    env.update(parse_env(opts.env))
+    return env
+
+
 def resolve_port(opts: LaunchOptions, master_is_local: bool) -> int:
     """``--master-port``: an integer, or ``auto`` (a free port here; for a remote master, one in 29500-29599)."""
     if opts.master_port == "auto":
@@ -138,10 +159,10 @@ def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> L
     backend = opts.backend
     if backend == "auto":
         backend = "nccl" if local_gpu_count() else "gloo"
-    env = parse_env(opts.env)
+    env = job_env(opts, all_local)
     if "OMP_NUM_THREADS" not in os.environ and max(h.nslots for h in hosts) > 1:
         # As torchrun: N ranks each starting one thread per core oversubscribe the machine badly.
         env.setdefault("OMP_NUM_THREADS", "1")
     return LaunchSpec(hosts=hosts, command=command, parallel=parse_parallel(opts.parallel), master_addr=master_addr,
-                      master_port=resolve_port(opts, is_local_host(first)), backend=backend, env=env,
+                      master_port=resolve_port(opts, is_local_host(first) or is_loopback(master_addr)), backend=backend, env=env,
                       job_id=new_job_id(), addresses=addresses)

@@ -1,0 +1,167 @@
+"""Multi-host launch end to end: the real ``distlaunch`` CLI in a subprocess, a real sshd on 127.0.0.11-13
+(3 hosts × 2 slots), real agents and ranks. A job's processes are found by DISTLAUNCH_JOB_ID in
+/proc/*/environ (ranks, their children and the agents carry it), never by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
+
+WORKER = str(Path(__file__).parent / "scripts" / "worker.py")
+TRICKY = ["a b", "it's", 'say "hi"', "$(touch /tmp/distlaunch-pwned)", "x; exit 7", "two\nlines", "ünïcødé ✓ 🚀", "`id`", "*", "", "-"]
+
+
+def cli_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return {**env, "NO_COLOR": "1", "COLUMNS": "160", **extra}
+
+
+def launch_args(cluster, *args: str) -> list[str]:
+    return ["run", "-H", str(cluster.hostfile), "--ssh-config", str(cluster.ssh_config), *args]
+
+
+class Job:
+    """A launcher running in the background; ``job_id`` is read from its ranks' "ready" lines."""
+
+    def __init__(self, cluster, *args: str, cwd=None, **env):
+        self.proc = subprocess.Popen(distlaunch_cmd(*launch_args(cluster, *args)), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=cli_env(**env), cwd=cwd)
+        self.lines: list[str] = []
+        self.job_id = ""
+
+    def wait_ready(self, count: int = 6, timeout: float = 60) -> "Job":
+        deadline = time.monotonic() + timeout
+        while sum("ready rank=" in line for line in self.lines) < count:
+            assert time.monotonic() < deadline, f"timed out waiting for {count} ready ranks: {self.lines}"
+            line = self.proc.stdout.readline()
+            assert line, f"launcher ended early: {self.lines} {self.proc.stderr.read()}"
+            self.lines.append(line)
+        self.job_id = re.search(r"job=(dl-\w+)", self.lines[0]).group(1)
+        return self
+
+    def processes(self) -> list[int]:
+        return pids_with_env("DISTLAUNCH_JOB_ID", self.job_id)
+
+    def finish(self, timeout: float = 60) -> tuple[str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return "".join(self.lines) + out, err
+
+
+def test_gloo_allreduce_across_three_hosts(sshd_cluster):
+    r = run_cli(*launch_args(sshd_cluster, "-m", "distlaunch.examples.allreduce"), env=cli_env(), timeout=180)
+    assert r.returncode == 0, r.stderr
+    for rank in range(6):
+        host = f"node{rank // 2 + 1}"
+        assert f"[{host} rank {rank}] rank {rank}/6 (gloo): all_reduce(sum of rank+1) = 21 (ok)" in r.stdout, r.stdout
+    assert "6 ranks exited 0" in r.stderr
+
+
+def test_env_contract_forwarding_and_quoting_reach_remote_ranks(sshd_cluster, tmp_path):
+    (tmp_path / ".distlaunch_env").write_text("# tuning\n\nFROM_FILE='file value'\nexport OVERRIDDEN=file\n")
+    value = "v a l $(x) `y` ; 'q' \"d\"\nnext ü ✓"
+    r = run_cli(*launch_args(sshd_cluster, "--env", f"TRICKY={value}", "--env", "OVERRIDDEN=cli", WORKER, "dump", *TRICKY),
+                env=cli_env(NCCL_DEBUG="INFO", TORCH_SHOW_CPP_STACKTRACES="1", MY_SECRET_TOKEN="hush", UNRELATED="no"),
+                cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    dumps = [json.loads(line.split("DUMP ", 1)[1]) for line in r.stdout.splitlines() if "DUMP " in line]
+    assert sorted(int(d["env"]["RANK"]) for d in dumps) == list(range(6))
+    for d in dumps:
+        env = {k: bytes.fromhex(v).decode() for k, v in d["env_hex"].items()}
+        assert [bytes.fromhex(a) for a in d["argv_hex"]] == [a.encode() for a in TRICKY]  # byte for byte
+        assert env["TRICKY"].encode() == value.encode()
+        assert (env["MASTER_ADDR"], env["WORLD_SIZE"], env["NNODES"]) == ("127.0.0.11", "6", "3")
+        assert env["NODE_RANK"] == str(int(env["RANK"]) // 2) and env["LOCAL_RANK"] == str(int(env["RANK"]) % 2)
+        assert (env["NCCL_DEBUG"], env["TORCH_SHOW_CPP_STACKTRACES"]) == ("INFO", "1")  # forwarded by prefix
+        assert (env["FROM_FILE"], env["OVERRIDDEN"]) == ("file value", "cli")  # env file, then --env
+        assert "UNRELATED" not in env and "MY_SECRET_TOKEN" not in env  # never the whole environment
+        assert d["cwd"] == str(tmp_path)  # --workdir defaults to the launcher's directory
+    assert not os.path.exists("/tmp/distlaunch-pwned")
+
+
+def test_rank_failing_on_node3_stops_node1_and_node2(sshd_cluster):
+    job = Job(sshd_cluster, "--grace-period", "1", WORKER, "hold", "5", "7").wait_ready()
+    assert len(job.processes()) >= 3 + 6 + 6  # three agents, six ranks, each rank's child
+    out, err = job.finish()
+    assert job.proc.returncode == 7, err
+    assert "rank 5 on node3 exited with code 7" in err and "rank 5 failing now" in err
+    assert wait_until(lambda: not job.processes(), 5), f"job processes left: {job.processes()}"
+
+
+def test_ctrl_c_stops_every_rank_on_every_host(sshd_cluster):
+    job = Job(sshd_cluster, "--grace-period", "1", WORKER, "hold").wait_ready()
+    job.proc.send_signal(signal.SIGINT)
+    _, err = job.finish()
+    assert job.proc.returncode == 130, err
+    assert wait_until(lambda: not job.processes(), 5), f"job processes left: {job.processes()}"
+
+
+def test_agents_clean_up_within_5s_when_the_launcher_is_killed(sshd_cluster):
+    job = Job(sshd_cluster, WORKER, "hold").wait_ready()  # default grace period 10 s: the agents cap it
+    job.proc.kill()
+    job.proc.wait()
+    killed = time.monotonic()
+    assert wait_until(lambda: not job.processes(), 5), f"job processes outlived the launcher: {job.processes()}"
+    assert time.monotonic() - killed < 5
+
+
+def test_two_concurrent_jobs_on_the_same_hosts_are_independent(sshd_cluster):
+    first = Job(sshd_cluster, "--grace-period", "1", WORKER, "hold").wait_ready()
+    second = Job(sshd_cluster, "--grace-period", "1", WORKER, "hold").wait_ready()
+    assert first.job_id != second.job_id
+    survivors = set(second.processes())
+    first.proc.send_signal(signal.SIGINT)
+    first.finish()
+    assert first.proc.returncode == 130
+    assert wait_until(lambda: not first.processes(), 5)
+    assert set(second.processes()) == survivors  # untouched: every rank, child and agent still there
+    second.proc.send_signal(signal.SIGINT)
+    second.finish()
+    assert second.proc.returncode == 130 and wait_until(lambda: not second.processes(), 5)
+
+
+def test_unreachable_host_fails_fast_with_exit_3_and_starts_nothing(sshd_cluster, tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host ghost\n  HostName 127.0.0.99\n  Port {sshd_cluster.port}\n\n" + sshd_cluster.ssh_config.read_text())
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=2\nghost slots=2\nnode2 slots=2\nnowhere.invalid slots=1\n")
+    mark = f"m{time.monotonic_ns()}"
+    r = run_cli("run", "-H", str(hostfile), "--ssh-config", str(config), "--env", f"DLTEST_MARK={mark}", WORKER, "hold",
+                env=cli_env(), timeout=60)
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == "error: 2 hosts could not be reached; no rank was started:"
+    assert lines[1].startswith("  ghost: connection refused by 127.0.0.99") and "check that sshd runs on ghost" in lines[1]
+    assert lines[2].startswith("  nowhere.invalid: cannot resolve host name 'nowhere.invalid'")
+    assert "ready" not in r.stdout and not pids_with_env("DLTEST_MARK", mark)
+
+
+def test_unknown_host_key_exit_3_with_keyscan_line_unless_accepted(sshd_cluster, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    config = tmp_path / "ssh_config"
+    config.write_text(sshd_cluster.ssh_config.read_text().replace(str(sshd_cluster.known_hosts), str(known)))
+    args = ["run", "-H", str(sshd_cluster.hostfile), "--ssh-config", str(config), WORKER, "dump"]
+    r = run_cli(*args, env=cli_env(), timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "3 hosts could not be reached" in r.stderr
+    assert f"hint: check the fingerprint, then run: ssh-keyscan -p {sshd_cluster.port} -H 127.0.0.13 >> {known}" in r.stderr
+    r = run_cli(*args[:-2], "--accept-new-host-keys", WORKER, "dump", env=cli_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert len(known.read_text().splitlines()) == 3  # recorded, so the next run needs no opt-in
+
+
+def test_remote_python_that_cannot_run_the_agent_is_exit_3(sshd_cluster, tmp_path):
+    r = run_cli(*launch_args(sshd_cluster, "--remote-python", "/nonexistent/python3", WORKER, "dump"), env=cli_env(), timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "node1: Python '/nonexistent/python3' not found" in r.stderr and "--remote-python" in r.stderr
+    r = run_cli(*launch_args(sshd_cluster, "--workdir", str(tmp_path / "missing"), WORKER, "dump"), env=cli_env(), timeout=60)
+    assert r.returncode == 3 and "is not usable: No such file or directory" in r.stderr, r.stderr
