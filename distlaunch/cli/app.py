@@ -11,6 +11,7 @@ import traceback
 import typer
 
 from distlaunch import __version__
+from distlaunch.cli.doctor import doctor
 from distlaunch.cli.run import run
 from distlaunch.errors import DistlaunchError, ExitCode
 
@@ -30,6 +31,7 @@ app = typer.Typer(
 # Everything after SCRIPT belongs to the script, as with torchrun and python itself.
 _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 app.command("run", context_settings=_SCRIPT_CONTEXT)(run)
+app.command("doctor")(doctor)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,103 @@
+"""Checks of how a host reaches the master: name resolution, the TCP connection to MASTER_ADDR:MASTER_PORT,
+and the interface gloo and NCCL should use. Pure functions from gathered facts to findings."""
+
+from __future__ import annotations
+
+from distlaunch.doctor.checks_host import is_loopback
+from distlaunch.doctor.gather import ListenerResult
+from distlaunch.doctor.model import Check, HostFacts, Interface, check
+
+
+def dns_check(host: str, target_name: str | None, facts: HostFacts | None, master_addr: str) -> Check:
+    """The host resolved here (it was reached) and MASTER_ADDR resolves on the host."""
+    here = f"{target_name} resolves here" if target_name else "this machine"
+    master = (facts.master or {}) if facts else {}
+    if facts is None or not master:
+        return check("dns", host, "pass", f"{here}; MASTER_ADDR not checked on the host (no probe)")
+    if master.get("resolved") is None:
+        return check("dns", host, "fail", f"MASTER_ADDR {master_addr!r} does not resolve on {host}: {master.get('error')}",
+                     f"use the master's IP address as --master-addr, or add '{master_addr}' to DNS or /etc/hosts on {host}")
+    return check("dns", host, "pass", f"{here}; MASTER_ADDR {master_addr} → {', '.join(master['resolved'])} on {host}")
+
+
+def reachable_check(host: str, facts: HostFacts | None, listener: ListenerResult) -> Check:
+    """The host opened a TCP connection to the doctor's listener at MASTER_ADDR:MASTER_PORT."""
+    where = f"{listener.address}:{listener.port}"
+    if not listener.bound:
+        return check("master-reachable", host, "skip", f"no listener on {where} (see master-port)")
+    master = (facts.master or {}) if facts else {}
+    if facts is None or master.get("resolved") is None:
+        return check("master-reachable", host, "skip", "not probed (see python / dns)")
+    connect = master.get("connect") or {}
+    result = connect.get("result")
+    ms = f"{connect.get('seconds', 0) * 1000:.0f} ms"
+    if result == "ok" and connect.get("token") == listener.nonce:
+        return check("master-reachable", host, "pass", f"connected to {where} in {ms}")
+    if result == "ok":
+        return check("master-reachable", host, "fail", f"{where} answered {host}, but not the doctor's listener on "
+                     f"{listener.host}: MASTER_ADDR means another machine or service here",
+                     f"MASTER_ADDR must be an address of {listener.host} that {host} reaches; check /etc/hosts and DNS on {host}")
+    if result == "refused":
+        return check("master-reachable", host, "fail", f"connection to {where} refused (after {ms}): nothing listens there as "
+                     f"seen from {host}, or a firewall rejects the port",
+                     f"check that MASTER_ADDR is {listener.host}'s address on the network {host} uses; "
+                     f"allow TCP {listener.port} (and 29500-29599) in firewalls: iptables -L -n, security groups")
+    if result == "timeout":
+        return check("master-reachable", host, "fail", f"no answer from {where} within {connect.get('seconds', 0):.1f}s: "
+                     "a firewall drops the packets", f"allow TCP port {listener.port} from {host} to {listener.host} "
+                     f"(e.g. iptables -I INPUT -p tcp --dport {listener.port} -j ACCEPT; cloud security groups), and "
+                     "all TCP between hosts: gloo and NCCL open random ports after the rendezvous")
+    return check("master-reachable", host, "fail", f"cannot connect to {where}: {connect.get('error', result)}",
+                 f"check routing from {host} to {listener.address} (ip route get {listener.address})")
+
+
+def nccl_selects(value: str, name: str) -> bool:
+    """Does NCCL_SOCKET_IFNAME ``value`` select interface ``name``? (prefixes; ``^`` excludes; ``=`` exact)."""
+    exclude = value.startswith("^")
+    value = value.lstrip("^")
+    exact = value.startswith("=")
+    items = [v for v in value.lstrip("=").split(",") if v]
+    hit = any(name == v if exact else name.startswith(v) for v in items)
+    return not hit if exclude else hit
+
+
+def route_interface(facts: HostFacts) -> tuple[str | None, str | None]:
+    """The interface (and source address) the host uses to reach the master; the master itself uses the
+    interface that owns MASTER_ADDR, not the ``lo`` its own-address route reports."""
+    master = facts.master or {}
+    route = master.get("route") or {}
+    dev, src = route.get("dev"), route.get("src")
+    address = master.get("address")
+    if dev == "lo" and address and not is_loopback(address):
+        owner = next((i for i in facts.interfaces if address in i.addrs), None)
+        dev, src = (owner.name, address) if owner else (dev, src)
+    return dev, src
+
+
+def _names(ifaces: list[Interface]) -> str:
+    return ", ".join(i.name for i in ifaces) or "none"
+
+
+def nic_check(host: str, facts: HostFacts, env: dict[str, str], single_machine: bool) -> Check:
+    """The interface toward the master, and whether a user-set NCCL/GLOO_SOCKET_IFNAME exists on the host."""
+    dev, src = route_interface(facts)
+    ifaces = [i for i in facts.interfaces if i.up]
+    nccl, gloo = env.get("NCCL_SOCKET_IFNAME"), env.get("GLOO_SOCKET_IFNAME")
+    if nccl and not any(nccl_selects(nccl, i.name) for i in ifaces):
+        return check("nic", host, "fail", f"NCCL_SOCKET_IFNAME={nccl} matches no interface that is up on {host} "
+                     f"(it has {_names(ifaces)}): NCCL fails with 'no socket interface found'",
+                     f"set NCCL_SOCKET_IFNAME={dev or 'the interface toward the master'}" + (f" (routes to the master from {host})" if dev else ""))
+    missing = [n for n in (gloo or "").split(",") if n and n not in {i.name for i in ifaces}]
+    if missing:
+        return check("nic", host, "fail", f"GLOO_SOCKET_IFNAME={gloo}: {', '.join(missing)} is not an interface that is up on "
+                     f"{host} (it has {_names(ifaces)})", f"set GLOO_SOCKET_IFNAME={dev or 'the interface toward the master'}")
+    if dev is None:
+        return check("nic", host, "warn", f"no route to the master found on {host} (interfaces: {_names(ifaces)})",
+                     f"check 'ip route get MASTER_ADDR' on {host}")
+    toward = "all ranks on this machine (loopback)" if single_machine else f"route to the master via {dev} (src {src})"
+    if nccl and not nccl_selects(nccl, dev):
+        return check("nic", host, "warn", f"{toward}, but NCCL_SOCKET_IFNAME={nccl} leaves {dev} out: NCCL will talk on "
+                     "another network, and hangs if the hosts do not all share it", f"set NCCL_SOCKET_IFNAME={dev}, or check the other network")
+    user = ", ".join(f"{k}={v}" for k, v in (("NCCL_SOCKET_IFNAME", nccl), ("GLOO_SOCKET_IFNAME", gloo)) if v)
+    advice = f"set by you: {user}" if user else f"suggested: NCCL_SOCKET_IFNAME={dev} GLOO_SOCKET_IFNAME={dev}"
+    return check("nic", host, "pass", f"{toward}; {advice}; up: {_names(ifaces)}")

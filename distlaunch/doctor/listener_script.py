@@ -1,0 +1,130 @@
+"""The master's stand-in for rank 0's TCPStore: one stdlib-only script, run as ``PYTHON -c SOURCE ARGS_JSON``
+on the master host (not from stdin: stdin stays open, and its end tells the listener to stop).
+
+It first looks for anything already listening on the port (on any address: rank 0 binds them all, so a
+process on another address still makes training fail), naming the holder from /proc. Then it binds
+MASTER_ADDR:MASTER_PORT, prints one JSON line, and greets every host that connects with a nonce, so a
+host that reaches some other service on that address is told apart from one that reaches the master.
+It stops when its stdin closes (the doctor is done) or after a hard limit, so it can never linger.
+"""
+
+import errno
+import json
+import os
+import select
+import socket
+import sys
+import time
+
+MAX_LIFETIME_S = 120.0
+BANNER = b"distlaunch-doctor "
+
+
+def listening_inodes(port):
+    """Inodes of sockets in LISTEN state on ``port``, with their local address, from /proc/net/tcp{,6}."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            address, _, port_hex = local.rpartition(":")
+            if state == "0A" and int(port_hex, 16) == port:
+                found[inode] = decode_address(address)
+    return found
+
+
+def decode_address(hex_address):
+    raw = bytes.fromhex(hex_address)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])  # /proc prints IPv4 as a little-endian word
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def holders(port):
+    """Who listens on ``port``: [{address, pid, command}] (pid None where /proc does not tell us)."""
+    inodes = listening_inodes(port)
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")) if inodes else ():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # another user's process, or gone
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            inode = link[8:-1] if link.startswith("socket:[") else None
+            if inode in inodes and inode not in found:
+                found[inode] = {"address": inodes[inode], "pid": int(pid), "command": command_of(pid)}
+    return [found.get(inode, {"address": address, "pid": None, "command": None}) for inode, address in inodes.items()]
+
+
+def command_of(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return " ".join(part.decode(errors="replace") for part in f.read().split(b"\0") if part)[:200]
+    except OSError:
+        return None
+
+
+def bind(address, port):
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore: TIME_WAIT leftovers do not count
+    try:
+        sock.bind((address, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        return None, {errno.EADDRINUSE: "in-use", errno.EADDRNOTAVAIL: "not-local", errno.EACCES: "denied"}.get(
+            exc.errno, "error"), exc.strerror or str(exc)
+    return sock, None, None
+
+
+def serve(sock, nonce):
+    """Greet every connection until stdin closes; return the peers that connected."""
+    peers = []
+    deadline = time.monotonic() + MAX_LIFETIME_S
+    stdin = sys.stdin.fileno()
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sock, stdin], [], [], 1.0)
+        if stdin in ready and not os.read(stdin, 4096):
+            break
+        if sock in ready:
+            conn, peer = sock.accept()
+            with conn:
+                try:
+                    conn.sendall(BANNER + nonce.encode() + b"\n")
+                except OSError:
+                    pass
+            peers.append(peer[0])
+    return peers
+
+
+def main():
+    args = json.loads(sys.argv[1])
+    port = args["port"]
+    try:
+        infos = socket.getaddrinfo(args["master_addr"], port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        print(json.dumps({"bound": False, "reason": "dns", "error": str(exc), "holders": holders(port)}), flush=True)
+        return
+    address = next((i[4][0] for i in infos if i[0] == socket.AF_INET), infos[0][4][0])
+    held = holders(port)
+    sock, reason, error = bind(address, port)
+    print(json.dumps({"bound": sock is not None, "address": address, "reason": reason, "error": error,
+                      "holders": held, "pid": os.getpid()}), flush=True)
+    if sock is not None:
+        with sock:
+            print(json.dumps({"peers": serve(sock, args["nonce"])}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""What the doctor reports (``Check``, ``DoctorReport``: the JSON contract of DESIGN.md), what it is asked
+(``DoctorOptions``), and the facts it gathers from each host on the way (``HostFacts``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_serializer
+
+Status = Literal["pass", "warn", "fail", "skip"]
+DOCS = "docs/troubleshooting.md"
+LOCAL = "(local)"  # the host of checks about the doctor's own inputs (hostfile, parallel spec)
+
+# Stable check ids, in the order the report lists them for each host.
+CHECK_IDS = ("hostfile", "parallel", "dns", "ssh.connect", "ssh.auth", "ssh.hostkey", "python", "torch-version", "nccl",
+             "gpus", "loopback-hostname", "duplicate-host", "master-port", "master-reachable", "nic", "shm", "memlock",
+             "clock", "bench")
+
+
+class Check(BaseModel):
+    """One finding: which check, on which host, how it went, what was seen and what to do about it."""
+
+    id: str
+    host: str
+    status: Status
+    detail: str
+    hint: str = ""
+
+
+def check(id: str, host: str, status: Status, detail: str, hint: str = "") -> Check:
+    """A Check whose hint (for warn and fail) ends with the link to the check's troubleshooting section."""
+    if status in ("warn", "fail"):
+        link = f"see {DOCS}#{id.replace('.', '')}"
+        hint = f"{hint}; {link}" if hint else link
+    return Check(id=id, host=host, status=status, detail=detail, hint=hint)
+
+
+class BenchRow(BaseModel):
+    """One message size: time per all-reduce and the two bandwidths of nccl-tests (GB/s, 10^9 bytes)."""
+
+    bytes: int
+    seconds: float
+    algbw_gbs: float
+    busbw_gbs: float
+
+
+class BenchResult(BaseModel):
+    """The all-reduce sweep."""
+
+    backend: str
+    world_size: int
+    hosts: int
+    max_bytes: int
+    note: str = ""
+    rows: list[BenchRow] = Field(default_factory=list)
+
+
+class DoctorReport(BaseModel):
+    """The doctor's verdict: ``ok`` unless some check failed (warnings do not fail); ``bench`` only with --bench."""
+
+    ok: bool
+    checks: list[Check]
+    bench: BenchResult | None = None
+
+    @model_serializer(mode="wrap")
+    def _contract(self, handler):
+        data = handler(self)
+        if data.get("bench") is None:
+            data.pop("bench", None)  # the DESIGN.md shape, exactly, unless a benchmark was asked for
+        return data
+
+    @classmethod
+    def of(cls, checks: list[Check], bench: BenchResult | None = None) -> "DoctorReport":
+        """A report whose ``ok`` follows from its checks."""
+        return cls(ok=not any(c.status == "fail" for c in checks), checks=checks, bench=bench)
+
+
+class DoctorOptions(BaseModel):
+    """What to check: the hosts (a hostfile, or this machine), the master, the layout, the environment."""
+
+    hostfile: Path | None = None
+    nproc_per_node: int | None = None
+    include: str | None = None
+    exclude: str | None = None
+    parallel: str | None = None
+    master_addr: str | None = None
+    master_port: int = 29500  # torchrun's and DeepSpeed's default
+    ssh_config: Path | None = None
+    remote_python: str = sys.executable  # as the launcher: remote ranks run the launcher's interpreter path
+    env: list[str] = Field(default_factory=list)  # --env KEY=VALUE as for run; NCCL/GLOO_SOCKET_IFNAME are checked
+    connect_timeout: float = 5.0  # SSH connect
+    reach_timeout: float = 2.5  # each host's TCP connect to the master; a firewall that drops packets costs this much
+    bench: bool = False
+    bench_max_bytes: int | None = None  # default: 256 MiB on GPUs, 16 MiB on CPU
+
+
+class Interface(BaseModel):
+    """A network interface of a host."""
+
+    name: str
+    up: bool = False
+    addrs: list[str] = Field(default_factory=list)
+
+
+class HostFacts(BaseModel):
+    """Everything the probe found on one host (see ``probe_script.py``); unknown keys are kept."""
+
+    model_config = {"extra": "allow"}
+
+    hostname: str
+    fqdn: str
+    hostname_addrs: list[str] | dict[str, Any]  # a dict {"error": …} where the name does not resolve
+    fqdn_addrs: list[str] | dict[str, Any]
+    machine_id: str | None = None
+    boot_id: str | None = None
+    python: dict[str, str]
+    distlaunch: str | None = None
+    torch: dict[str, str | None] | None = None
+    gpus: dict[str, Any] = Field(default_factory=lambda: {"source": "none", "names": []})
+    interfaces: list[Interface] = Field(default_factory=list)
+    shm_bytes: int | None = None
+    memlock: int = -1  # bytes; -1 is unlimited
+    infiniband: list[str] = Field(default_factory=list)
+    master: dict[str, Any] | None = None
+    time: float = 0.0
+    # Filled in by the doctor, not the probe: when the question left and the answer came back (local clock).
+    sent_at: float = 0.0
+    received_at: float = 0.0
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus.get("names", []))
+
+    @property
+    def clock_offset(self) -> float:
+        """The host's clock minus ours: the probe stamps its time last, just before its answer comes back."""
+        return self.time - self.received_at
+
+    @property
+    def clock_uncertainty(self) -> float:
+        """The stamp was taken somewhere between question and answer: the offset is known to this much."""
+        return self.received_at - self.sent_at

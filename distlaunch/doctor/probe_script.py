@@ -1,0 +1,172 @@
+"""The per-host probe: one stdlib-only script, run as ``PYTHON - ARGS_JSON`` with this source on stdin.
+
+It gathers every fact the doctor needs from a host in one round trip and prints them as one JSON
+object. It must run on a bare interpreter (no distlaunch, no torch installed), so it imports only the
+standard library, and it never imports torch: versions come from package metadata and torch's own
+``version.py``, which takes milliseconds instead of the seconds an import of torch (and CUDA) costs.
+"""
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+BANNER = b"distlaunch-doctor "
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def addresses_of(name):
+    try:
+        return sorted({info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)})
+    except OSError as exc:
+        return {"error": str(exc)}
+
+
+def run(argv, timeout=5.0):
+    if not shutil.which(argv[0]):
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def dist_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torch_facts():
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    version_py = read(os.path.join(root, "version.py")) or ""
+    cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", version_py, re.M)
+    nccl = next((v for v in map(dist_version, NCCL_DISTS) if v), None)
+    libs = os.listdir(os.path.join(root, "lib")) if os.path.isdir(os.path.join(root, "lib")) else []
+    bundled = any(lib.startswith("libnccl") for lib in libs)
+    return {"version": dist_version("torch") or re.search(r"__version__\s*=\s*['\"]([^'\"]+)", version_py).group(1),
+            "cuda": cuda.group(1) if cuda else None, "nccl": nccl or ("bundled" if bundled else None), "path": root}
+
+
+def gpu_facts():
+    out = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+    if out is not None:
+        return {"source": "nvidia-smi", "names": [line.split(",")[0].strip() for line in out.splitlines() if line.strip()]}
+    try:
+        return {"source": "/proc/driver/nvidia", "names": sorted(os.listdir("/proc/driver/nvidia/gpus"))}
+    except OSError:
+        return {"source": "none", "names": []}
+
+
+def interface_facts():
+    out = run(["ip", "-j", "addr"])
+    if out:
+        try:
+            return [{"name": i["ifname"], "up": "UP" in i.get("flags", []),
+                     "addrs": [a["local"] for a in i.get("addr_info", []) if "local" in a]} for i in json.loads(out)]
+        except (ValueError, KeyError):
+            pass
+    names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+    return [{"name": n, "up": read(f"/sys/class/net/{n}/operstate") in ("up", "unknown"), "addrs": []} for n in names]
+
+
+def route_to(address, interfaces):
+    out = run(["ip", "-j", "route", "get", address])
+    if out:
+        try:
+            route = json.loads(out)[0]
+            return {"dev": route.get("dev"), "src": route.get("prefsrc")}
+        except (ValueError, IndexError, AttributeError):
+            pass
+    try:  # no iproute2: the kernel's source address for a UDP "connection" names the interface
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((address, 9))
+            src = s.getsockname()[0]
+    except OSError as exc:
+        return {"error": str(exc)}
+    dev = next((i["name"] for i in interfaces if src in i["addrs"]), None)
+    return {"dev": dev, "src": src}
+
+
+def connect_to_master(address, port, timeout):
+    started = time.monotonic()
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            banner = b""
+            while not banner.endswith(b"\n") and len(banner) < 256:
+                chunk = s.recv(256)
+                if not chunk:
+                    break
+                banner += chunk
+        token = banner[len(BANNER):].strip().decode() if banner.startswith(BANNER) else None
+        return {"result": "ok", "token": token, "seconds": time.monotonic() - started}
+    except ConnectionRefusedError:
+        return {"result": "refused", "seconds": time.monotonic() - started}
+    except (socket.timeout, TimeoutError):
+        return {"result": "timeout", "seconds": time.monotonic() - started}
+    except OSError as exc:
+        return {"result": "error", "error": exc.strerror or str(exc), "seconds": time.monotonic() - started}
+
+
+def master_facts(args, interfaces):
+    resolved = addresses_of(args["master_addr"])
+    if isinstance(resolved, dict):
+        return {"resolved": None, "error": resolved["error"]}
+    address = next((a for a in resolved if ":" not in a), resolved[0])  # IPv4 first, as gloo and NCCL prefer it
+    facts = {"resolved": resolved, "address": address, "route": route_to(address, interfaces)}
+    if args.get("port"):
+        facts["connect"] = connect_to_master(address, args["port"], args.get("timeout", 2.5))
+    return facts
+
+
+def main():
+    args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    hostname = socket.gethostname()
+    fqdn = socket.getfqdn()
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    try:
+        shm = os.statvfs("/dev/shm")
+        shm_bytes = shm.f_blocks * shm.f_frsize
+    except OSError:
+        shm_bytes = None
+    interfaces = interface_facts()
+    facts = {
+        "hostname": hostname, "fqdn": fqdn, "hostname_addrs": addresses_of(hostname), "fqdn_addrs": addresses_of(fqdn),
+        "machine_id": read("/etc/machine-id") or read("/var/lib/dbus/machine-id"),
+        "boot_id": read("/proc/sys/kernel/random/boot_id"),
+        "python": {"executable": sys.executable, "version": ".".join(map(str, sys.version_info[:3]))},
+        "distlaunch": dist_version("distlaunch") if importlib.util.find_spec("distlaunch") else None,
+        "torch": torch_facts(), "gpus": gpu_facts(), "interfaces": interfaces,
+        "shm_bytes": shm_bytes, "memlock": -1 if memlock == resource.RLIM_INFINITY else memlock,
+        "infiniband": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
+    }
+    if args.get("master_addr"):
+        facts["master"] = master_facts(args, interfaces)
+    facts["time"] = time.time()  # last, so it is as close as possible to the moment the answer leaves
+    print(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main()

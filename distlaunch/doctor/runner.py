@@ -1,0 +1,109 @@
+"""``run_doctor``: read the hosts, gather facts from all of them in parallel, and turn the facts into
+checks: the one library call behind ``distlaunch doctor``."""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+from distlaunch.doctor.checks_cluster import (clock_checks, duplicate_checks, hostfile_check, hostfile_error,
+                                              master_port_check, parallel_check, ssh_checks)
+from distlaunch.doctor.checks_host import (gpus_check, is_loopback, loopback_hostname_check, memlock_check, nccl_check,
+                                           python_check, shm_check, torch_check)
+from distlaunch.doctor.checks_network import dns_check, nic_check, reachable_check
+from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
+from distlaunch.doctor.bench import bench_check, run_bench
+from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check
+from distlaunch.errors import UsageError
+from distlaunch.launcher.spec import LaunchOptions, is_local_host, parse_env, resolve_hosts
+from distlaunch.remote.sshconfig import resolve_targets
+
+PROBED = ("python", "torch-version", "nccl", "gpus", "loopback-hostname", "master-reachable", "nic", "shm", "memlock")
+
+
+def _local_version() -> str | None:
+    try:
+        return version("distlaunch")
+    except PackageNotFoundError:
+        return None
+
+
+def load_hosts(opts: DoctorOptions) -> list[HostResult]:
+    """The hostfile's hosts (after -n/--include/--exclude) with their SSH targets; local names need none."""
+    launch = LaunchOptions(program=[], hostfile=opts.hostfile, nproc_per_node=opts.nproc_per_node,
+                           include=opts.include, exclude=opts.exclude)
+    hosts = resolve_hosts(launch)
+    remote = [h.host for h in hosts if not is_local_host(h.host)]
+    targets = resolve_targets(remote, opts.ssh_config) if remote else {}
+    return [HostResult(host=h.host, slots=h, target=targets.get(h.host)) for h in hosts]
+
+
+def master_address(results: list[HostResult], opts: DoctorOptions) -> str:
+    """MASTER_ADDR as the launcher picks it: --master-addr, else the first host's address (127.0.0.1 here)."""
+    if opts.master_addr:
+        return opts.master_addr
+    first = results[0].target
+    return first.hostname if first is not None else "127.0.0.1"
+
+
+def user_env(opts: DoctorOptions) -> dict[str, str]:
+    """The environment ranks would see: the launcher's own, overridden by --env."""
+    return {**os.environ, **parse_env(opts.env)}
+
+
+def host_checks(r: HostResult, ctx: dict) -> list[Check]:
+    """Every per-host check that reads the probe's facts (skips when there are none)."""
+    f, host = r.facts, r.host
+    if f is None:
+        why = r.ssh_error.check_id if r.ssh_error else None
+        if why is None:
+            return [check("python", host, "fail", f"{ctx['python']} could not run the probe on {host}: {r.probe_error}",
+                          f"install Python 3 on {host}, or pass --remote-python with the interpreter the ranks use"),
+                    *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]]]
+        return [check(id, host, "skip", f"host not reached (see {why})") for id in PROBED]
+    ref, master = ctx["reference"], r is ctx["master"]
+    return [python_check(host, f, ref, ctx["version"]), torch_check(host, f, ref, master), nccl_check(host, f, ref),
+            gpus_check(host, f, r.slots.nslots, r.slots.explicit, ctx["any_gpus"]),
+            loopback_hostname_check(host, f, ctx["single_machine"], ctx["ifnames_set"]),
+            reachable_check(host, f, ctx["listener"]), nic_check(host, f, ctx["env"], ctx["single_machine"]),
+            shm_check(host, f), memlock_check(host, f)]
+
+
+def classify(results: list[HostResult], listener: ListenerResult, opts: DoctorOptions) -> list[Check]:
+    """All findings, host by host in hostfile order, each host's checks in CHECK_IDS order."""
+    env = user_env(opts)
+    ctx = {"reference": results[0].facts, "master": results[0], "version": _local_version(), "listener": listener,
+           "python": opts.remote_python, "env": env, "ifnames_set": bool(env.get("NCCL_SOCKET_IFNAME") and env.get("GLOO_SOCKET_IFNAME")),
+           "any_gpus": any(r.facts and r.facts.gpu_count for r in results),
+           "single_machine": is_loopback(listener.address) or is_loopback_name(listener.address)}
+    checks: list[Check] = [master_port_check(listener)]
+    for r in results:
+        checks += ssh_checks(r)
+        if r.ssh_error is None or r.ssh_error.check_id != "dns":
+            target = r.target.hostname if r.target else None
+            checks.append(dns_check(r.host, target, r.facts, listener.address))
+        checks += host_checks(r, ctx)
+    checks += duplicate_checks(results) + clock_checks(results)
+    order = {id: i for i, id in enumerate(CHECK_IDS)}
+    hosts = {r.host: i for i, r in enumerate(results)}
+    return sorted(checks, key=lambda c: (hosts.get(c.host, -1), order.get(c.id, len(order))))
+
+
+def run_doctor(opts: DoctorOptions) -> DoctorReport:
+    """Check the cluster described by ``opts`` and report every finding (never raises for a bad host)."""
+    try:
+        results = load_hosts(opts)
+    except UsageError as exc:
+        return DoctorReport.of([hostfile_error(exc)])
+    source = str(opts.hostfile) if opts.hostfile else None
+    head = [hostfile_check([r.slots for r in results], source), parallel_check(opts.parallel, [r.slots for r in results])]
+    results, listener = Gathering(results, opts, master_address(results, opts)).run()
+    checks = head + classify(results, listener, opts)
+    if not opts.bench:
+        return DoctorReport.of(checks)
+    if any(c.status == "fail" for c in checks):
+        return DoctorReport.of(checks + [check("bench", LOCAL, "skip", "not run: fix the failed checks first")])
+    outcome = run_bench(results, opts, listener.address)
+    if isinstance(outcome, Check):
+        return DoctorReport.of(checks + [outcome])
+    return DoctorReport.of(checks + [bench_check(outcome)], bench=outcome)
