@@ -102,7 +102,7 @@ def clock_checks(results: list[HostResult]) -> list[Check]:
             out.append(check("clock", r.host, "pass", f"the reference clock ({f.clock_offset:+.3f}s from this machine)"))
         elif abs(skew) - slack > CLOCK_SKEW_WARN_S:
             out.append(check("clock", r.host, "warn", f"clock is {skew:+.1f}s off {ref.host}'s: timeouts, logs and "
-                             "checkpoint times disagree between hosts", f"run NTP on every host (timedatectl set-ntp true; chronyc tracking)"))
+                             "checkpoint times disagree between hosts", "run NTP on every host (timedatectl set-ntp true; chronyc tracking)"))
         else:
             out.append(check("clock", r.host, "pass", f"{skew * 1000:+.0f} ms from {ref.host} (±{slack * 1000:.0f} ms)"))
     return out

@@ -95,36 +95,6 @@ def gpus_check(host: str, facts: HostFacts, slots: int, explicit_slots: bool, an
     return check("gpus", host, "pass", f"{found}; {slots} slot(s) used")
 
 
-def loopback_hostname_check(host: str, facts: HostFacts, single_machine: bool, ifnames_set: bool) -> Check:
-    """The host's own name must not resolve to 127.x: gloo and NCCL would advertise it to their peers."""
-    bad = {}
-    for name, addrs in ((facts.hostname, facts.hostname_addrs), (facts.fqdn, facts.fqdn_addrs)):
-        if isinstance(addrs, list) and any(is_loopback(a) for a in addrs):
-            bad[name] = [a for a in addrs if is_loopback(a)]
-    if not bad:
-        return check("loopback-hostname", host, "pass", f"{facts.hostname} resolves to {_addrs(facts.hostname_addrs)}")
-    seen = ", ".join(f"{name} → {', '.join(addrs)}" for name, addrs in bad.items())
-    if single_machine:
-        return check("loopback-hostname", host, "pass", f"{seen}: harmless, the master address is loopback so every rank is on this machine")
-    dev = (facts.master or {}).get("route", {}).get("dev") or "eth0"
-    addr = _own_address(facts, dev)
-    fix = (f"on {host}, map {facts.hostname} to {addr or 'its network address'} in /etc/hosts instead of "
-           f"{next(iter(bad.values()))[0]} (the Ubuntu 127.0.1.1 line), or pass --env GLOO_SOCKET_IFNAME={dev} --env NCCL_SOCKET_IFNAME={dev}")
-    if ifnames_set:
-        return check("loopback-hostname", host, "warn", f"{seen}; GLOO/NCCL_SOCKET_IFNAME are set, so ranks use that interface", fix)
-    return check("loopback-hostname", host, "fail", f"{seen}: gloo and NCCL would advertise a loopback address and "
-                 "ranks on other hosts hang trying to reach it", fix)
-
-
-def _addrs(addrs) -> str:
-    return ", ".join(addrs) if isinstance(addrs, list) else f"nothing ({addrs.get('error')})"
-
-
-def _own_address(facts: HostFacts, dev: str) -> str | None:
-    iface = next((i for i in facts.interfaces if i.name == dev), None)
-    return next((a for a in iface.addrs if ":" not in a), None) if iface else None
-
-
 def shm_check(host: str, facts: HostFacts) -> Check:
     """/dev/shm of at least 1 GiB (containers default to 64 MiB: the classic bus error, signal 7)."""
     if facts.shm_bytes is None:

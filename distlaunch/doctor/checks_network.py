@@ -101,3 +101,28 @@ def nic_check(host: str, facts: HostFacts, env: dict[str, str], single_machine: 
     user = ", ".join(f"{k}={v}" for k, v in (("NCCL_SOCKET_IFNAME", nccl), ("GLOO_SOCKET_IFNAME", gloo)) if v)
     advice = f"set by you: {user}" if user else f"suggested: NCCL_SOCKET_IFNAME={dev} GLOO_SOCKET_IFNAME={dev}"
     return check("nic", host, "pass", f"{toward}; {advice}; up: {_names(ifaces)}")
+
+
+def loopback_hostname_check(host: str, facts: HostFacts, single_machine: bool, ifnames_set: bool) -> Check:
+    """The host's own name must not resolve to 127.x: gloo and NCCL would advertise it to their peers."""
+    bad = {}
+    for name, addrs in ((facts.hostname, facts.hostname_addrs), (facts.fqdn, facts.fqdn_addrs)):
+        if isinstance(addrs, list) and any(is_loopback(a) for a in addrs):
+            bad[name] = [a for a in addrs if is_loopback(a)]
+    if not bad:
+        return check("loopback-hostname", host, "pass", f"{facts.hostname} resolves to {_addrs(facts.hostname_addrs)}")
+    seen = ", ".join(f"{name} → {', '.join(addrs)}" for name, addrs in bad.items())
+    if single_machine:
+        return check("loopback-hostname", host, "pass", f"{seen}: harmless, the master address is loopback so every rank is on this machine")
+    dev, addr = route_interface(facts)
+    dev = dev or "eth0"
+    fix = (f"on {host}, map {facts.hostname} to {addr or 'its network address'} in /etc/hosts instead of "
+           f"{next(iter(bad.values()))[0]} (like Ubuntu's '127.0.1.1 {facts.hostname}' line), or pass --env GLOO_SOCKET_IFNAME={dev} --env NCCL_SOCKET_IFNAME={dev}")
+    if ifnames_set:
+        return check("loopback-hostname", host, "warn", f"{seen}; GLOO/NCCL_SOCKET_IFNAME are set, so ranks use that interface", fix)
+    return check("loopback-hostname", host, "fail", f"{seen}: gloo and NCCL would advertise a loopback address and "
+                 "ranks on other hosts hang trying to reach it", fix)
+
+
+def _addrs(addrs) -> str:
+    return ", ".join(addrs) if isinstance(addrs, list) else f"nothing ({addrs.get('error')})"

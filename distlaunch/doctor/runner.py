@@ -8,9 +8,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from distlaunch.doctor.checks_cluster import (clock_checks, duplicate_checks, hostfile_check, hostfile_error,
                                               master_port_check, parallel_check, ssh_checks)
-from distlaunch.doctor.checks_host import (gpus_check, is_loopback, loopback_hostname_check, memlock_check, nccl_check,
-                                           python_check, shm_check, torch_check)
-from distlaunch.doctor.checks_network import dns_check, nic_check, reachable_check
+from distlaunch.doctor.checks_host import (gpus_check, is_loopback, memlock_check, nccl_check, python_check, shm_check,
+                                           torch_check)
+from distlaunch.doctor.checks_network import dns_check, loopback_hostname_check, nic_check, reachable_check
 from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
 from distlaunch.doctor.bench import bench_check, run_bench
 from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check

@@ -1,0 +1,83 @@
+"""Doctor across a real network boundary: an sshd inside a network namespace of its own (veth pair,
+private 10.99.N.0/24 addresses, its own firewall and /etc/hosts) is the master; node1 of the loopback
+test cluster must reach it. Firewall rules and /etc/hosts lines are real, only inside that namespace."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.doctor.conftest import doctor, host_block, write_config
+
+
+@pytest.fixture
+def two_networks(netns_host, sshd_cluster, tmp_path):
+    """ssh_config and hostfile for: master ``nsnode`` (in the namespace) and ``node1`` (here, loopback)."""
+    ns = netns_host.cluster
+    config = write_config(tmp_path / "ssh_config", sshd_cluster,
+                          host_block("nsnode", netns_host.address, ns.port, ns.user_key, ns.known_hosts))
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("nsnode slots=1\nnode1 slots=1\n", encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    netns_host.set_hosts(f"127.0.0.1 localhost\n{netns_host.address} {socket.gethostname()}\n")
+    yield ["-H", str(hostfile), "--ssh-config", str(config), "--master-port", str(port)], port
+    netns_host.ns("iptables", "-F", "INPUT")
+
+
+@pytest.mark.parametrize("rule, result", [(["-j", "DROP"], "timeout"), (["-j", "REJECT", "--reject-with", "tcp-reset"], "refused")])
+def test_firewall_on_master_port(netns_host, two_networks, rule, result):
+    args, port = two_networks
+    # Only packets arriving over the veth: the master can still reach itself, as in a real cluster.
+    netns_host.ns("iptables", "-A", "INPUT", "-i", netns_host.inside, "-p", "tcp", "--dport", str(port), *rule)
+    run = doctor(*args, "--env", "NCCL_SOCKET_IFNAME=dld", "--env", "GLOO_SOCKET_IFNAME=lo")
+    assert run.exit_code == 1
+    reach = run.get("master-reachable", "node1")
+    assert reach["status"] == "fail"
+    if result == "timeout":
+        assert "within" in reach["detail"] and "drops" in reach["detail"] and f"--dport {port}" in reach["hint"]
+    else:
+        assert "refused" in reach["detail"]
+    assert run.status("master-port", "nsnode") == "pass"
+    assert run.status("master-reachable", "nsnode") == "pass"
+    assert run.status("ssh.auth", "nsnode") == "pass"
+    assert run.status("loopback-hostname", "nsnode") == "pass"
+
+
+def test_reachable_master_across_namespaces(netns_host, two_networks):
+    args, _ = two_networks
+    run = doctor(*args)
+    assert run.status("master-reachable", "node1") == "pass"
+    assert run.status("master-reachable", "nsnode") == "pass"
+    nic = run.get("nic", "nsnode")
+    # The master's route to its own address is 'lo'; the interface to name is the one that owns the address.
+    assert nic["status"] == "pass" and f"via {netns_host.inside}" in nic["detail"]
+    assert f"NCCL_SOCKET_IFNAME={netns_host.inside}" in nic["detail"]
+    assert f"via {netns_host.outside}" in run.get("nic", "node1")["detail"]
+    # nsnode and node1 are one kernel, reached at a non-loopback address: a real duplicate entry.
+    dup = run.get("duplicate-host", "node1")
+    assert dup["status"] == "fail" and "same machine as nsnode" in dup["detail"]
+
+
+def test_hostname_resolving_to_loopback(netns_host, two_networks):
+    args, _ = two_networks
+    netns_host.set_hosts(f"127.0.0.1 localhost\n127.0.1.1 {socket.gethostname()}\n")  # Ubuntu's default line
+    run = doctor(*args)
+    check = run.get("loopback-hostname", "nsnode")
+    assert check["status"] == "fail"
+    assert "127.0.1.1" in check["detail"] and "/etc/hosts" in check["hint"]
+    assert f"GLOO_SOCKET_IFNAME={netns_host.inside}" in check["hint"]
+
+
+def test_socket_ifname_matching_no_interface(netns_host, two_networks):
+    args, _ = two_networks
+    run = doctor(*args, "--env", "NCCL_SOCKET_IFNAME=ib", "--env", f"GLOO_SOCKET_IFNAME={netns_host.inside}")
+    nsnode, node1 = run.get("nic", "nsnode"), run.get("nic", "node1")
+    assert nsnode["status"] == "fail" and "NCCL_SOCKET_IFNAME=ib matches no interface" in nsnode["detail"]
+    assert node1["status"] == "fail"
+    run = doctor(*args, "--env", f"GLOO_SOCKET_IFNAME={netns_host.inside}")
+    assert run.status("nic", "nsnode") == "pass"
+    gloo = run.get("nic", "node1")  # the namespace's interface name does not exist on this side
+    assert gloo["status"] == "fail" and f"{netns_host.inside} is not an interface" in gloo["detail"]
