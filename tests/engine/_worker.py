@@ -2,7 +2,7 @@
 
 Started by ``tests/engine/harness.py`` with the torchrun environment (or none, for the
 single-process reference). For each layout it trains ``train.steps`` steps, keeping the loss
-and gradient norm of every step and the whole gradients of step 1 (before its optimizer step),
+and gradient norm of every step the whole gradients of step 1 (before its optimizer step) and its mesh groups,
 and writes ``<out>/<layout>.rank<r>.pt``.
 
     python tests/engine/_worker.py OUT_DIR SPEC_JSON
@@ -28,7 +28,9 @@ def run_layout(overrides: list[str], world_size: int) -> dict:
     """Train one layout; returns losses, grad norms, step-1 gradients and state bytes."""
     cfg = load_config(None, overrides)
     dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
-    engine = Engine(cfg, dims, build_mesh(dims, torch.device("cpu")), torch.device("cpu"))
+    mesh = build_mesh(dims, torch.device("cpu"))
+    engine = Engine(cfg, dims, mesh, torch.device("cpu"))
+    groups = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in ("pp", "dp", "tp")}
     losses, norms, grads = [], [], {}
     for step in range(1, cfg.train.steps + 1):
         local_loss = engine.forward_backward(step)
@@ -38,7 +40,8 @@ def run_layout(overrides: list[str], world_size: int) -> dict:
         engine.optimizer_step()
         losses.append(loss)
         norms.append(norm)
-    return {"losses": losses, "grad_norms": norms, "grads": grads, "mem": engine.state_bytes()}
+    return {"losses": losses, "grad_norms": norms, "grads": grads, "mem": engine.state_bytes(),
+            "groups": groups, "dims": dims.describe()}
 
 
 def main(out_dir: str, spec_json: str) -> None:

@@ -98,6 +98,18 @@ def test_step1_gradients_match_single_process(world_size, name, reference, layou
     assert seen == set(reference["grads"]), "some parameters are held by no rank"
 
 
+@pytest.mark.parametrize("world_size", sorted(LAYOUTS))
+def test_mesh_groups_are_the_launchers_plan(world_size, layout_results):
+    """The process groups the engine communicates in are the ones ``--dry-run`` prints."""
+    from distlaunch.launcher.parallel import groups, parse_parallel, resolve_parallel
+
+    for name, ranks in layout_results(world_size).items():
+        plan = groups(resolve_parallel(parse_parallel(ranks[0]["dims"]), world_size))
+        for rank, result in enumerate(ranks):
+            for dim, members in result["groups"].items():
+                assert rank in members and members in plan[dim], (name, rank, dim, members)
+
+
 def test_single_process_engine_is_plain_pytorch(reference):
     """The engine's single process equals a hand-written loop: model, AdamW, the same batches."""
     from distlaunch.engine.data import BatchSampler, load_tokens

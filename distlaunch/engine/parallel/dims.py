@@ -90,6 +90,12 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
             f"global_batch_size/dp = {local}",
             "set only one of them, the other is derived",
         )
+    if mbs is not None and local % mbs:
+        raise UsageError(
+            f"the per-dp-rank batch of {local} sequences (global_batch_size/dp) cannot be split "
+            f"into micro-batches of train.micro_batch_size={mbs}",
+            f"use a micro_batch_size that divides {local}",
+        )
     if n_micro is None:
         n_micro = local // mbs if mbs is not None else pp
     if n_micro > local or local % n_micro:

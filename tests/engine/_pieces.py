@@ -1,0 +1,165 @@
+"""One rank of the parallel-pieces job: each check compares a parallel piece with the plain layer.
+
+Run on 2 ranks by ``test_pieces.py``. Every check is a function that raises on mismatch; the
+worker records, per check, ``"ok"`` or the traceback, in ``<out>/pieces.rank<r>.json``.
+
+    python tests/engine/_pieces.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing import assert_close
+
+from distlaunch.engine.model import GPT, MLP, CausalSelfAttention, GPTConfig, init_weights
+from distlaunch.engine.parallel.data import ReplicatedDP, full_tensor
+from distlaunch.engine.parallel.mesh import init_process_group, read_env
+from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, tp_plan
+from distlaunch.engine.parallel.zero import ShardedDP
+from distlaunch.engine.trainer import make_optimizer_factory
+
+CFG = GPTConfig(n_layer=2, n_head=4, d_model=32, max_seq_len=16)
+
+
+def _model() -> GPT:
+    model = GPT(CFG)
+    init_weights(model, seed=3)
+    return model
+
+
+def _same_input(*shape: int, tokens: bool = False) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(11)
+    if tokens:
+        return torch.randint(0, CFG.vocab_size, shape, generator=gen)
+    return torch.randn(*shape, generator=gen)
+
+
+def _check_layer(prefix: str) -> None:
+    """A block's attention or MLP, tp-sharded with the engine's plan, against the plain layer."""
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    plain_model, sharded_model = _model(), _model()
+    apply_tp(sharded_model, mesh)
+    plain, sharded = plain_model.get_submodule(prefix), sharded_model.get_submodule(prefix)
+    x = _same_input(2, 8, CFG.d_model).requires_grad_()
+    x_tp = x.detach().clone().requires_grad_()
+    out, out_tp = plain(x), sharded(x_tp)
+    assert_close(out_tp, out)
+    out.pow(2).sum().backward()
+    out_tp.pow(2).sum().backward()
+    assert_close(x_tp.grad, x.grad)
+    tp_params = dict(sharded.named_parameters())
+    for name, p in plain.named_parameters():
+        assert_close(full_tensor(tp_params[name].grad), p.grad)
+
+
+def check_tp_attention() -> None:
+    _check_layer("blocks.0.attn")
+
+
+def check_tp_mlp() -> None:
+    _check_layer("blocks.0.mlp")
+
+
+def check_vocab_parallel_embedding_head_and_loss() -> None:
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    plain, sharded = _model(), _model()
+    apply_tp(sharded, mesh)
+    x = _same_input(2, 8, tokens=True)
+    y = torch.roll(x, -1, dims=1)
+    loss = F.cross_entropy(plain(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    with loss_context(mesh):
+        tp_loss = cross_entropy(sharded(x), y, mesh)
+        tp_loss.backward()
+    assert_close(tp_loss.full_tensor(), loss)
+    for name in ("tok_emb.weight", "head.weight", "pos_emb.weight"):
+        assert_close(full_tensor(sharded.get_parameter(name).grad), plain.get_parameter(name).grad)
+
+
+def check_tp_plan_covers_every_matrix() -> None:
+    model = _model()
+    planned = set(tp_plan(model))
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and name != "pos_emb":
+            assert name in planned, f"{name} is not tensor-parallel"
+
+
+def _adam_reference(grads_per_rank: list[torch.Tensor], steps: int) -> torch.Tensor:
+    param = torch.nn.Parameter(_same_input(6, 5))
+    opt = torch.optim.AdamW([param], lr=1e-2, weight_decay=0.0, foreach=False)
+    for _ in range(steps):
+        param.grad = torch.stack(grads_per_rank).mean(0)
+        opt.step()
+    return param.detach()
+
+
+def _check_zero(zero: int) -> None:
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    rank = dist.get_rank()
+    param = torch.nn.Parameter(_same_input(6, 5))  # 30 elements: 15 per rank
+    make = make_optimizer_factory(lr=1e-2, weight_decay=0.0)
+    dp = ShardedDP([("w", param)], mesh, 1, make, zero=zero) if zero else ReplicatedDP([("w", param)], mesh, 1, make)
+    grads = [torch.full((6, 5), 0.1) * (r + 1) + torch.arange(30.0).view(6, 5) / 30 for r in range(2)]
+    for _ in range(3):
+        dp.zero_grad()
+        (param * grads[rank]).sum().backward()  # the gradient is grads[rank]
+        dp.sync_grads()
+        dp.step()
+    assert_close(param.detach(), _adam_reference(grads, 3))
+    if zero:
+        state = dp.optimizer.state[dp.shards[0].master]
+        assert state["exp_avg"].numel() == 15, "Adam state must be this rank's half only"
+
+
+def check_zero0_allreduce_matches_adam() -> None:
+    _check_zero(0)
+
+
+def check_zero1_sharded_optimizer_matches_adam() -> None:
+    _check_zero(1)
+
+
+def check_zero2_sharded_gradients_match_adam() -> None:
+    _check_zero(2)
+
+
+def check_pipeline_stages_compose_to_the_model() -> None:
+    from distlaunch.engine.parallel.pipeline import split_stage
+
+    model = _model()
+    x = _same_input(2, 8, tokens=True)
+    for n_stages in (1, 2):
+        h = x
+        for stage in range(n_stages):
+            h = split_stage(model, stage, n_stages)(h)
+        assert_close(h, model(x))
+
+
+CHECKS = {name: fn for name, fn in globals().items() if name.startswith("check_")}
+
+
+def main(out_dir: str) -> None:
+    env = read_env()
+    init_process_group(env, torch.device("cpu"))
+    results = {}
+    for name, check in CHECKS.items():
+        try:
+            check()
+            results[name] = "ok"
+        except Exception:  # recorded and reported by the test, one result per check
+            results[name] = traceback.format_exc()
+        dist.barrier()
+    (Path(out_dir) / f"pieces.rank{env.rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,60 @@
+"""``python -m distlaunch.engine``: exit codes, one-line errors, metrics.jsonl, the env contract."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.engine.harness import spawn
+
+ENGINE = [sys.executable, "-m", "distlaunch.engine"]
+SMALL_RUN = ["--set", "train.steps=3", "--set", "train.global_batch_size=4", "--set", "train.seq_len=32"]
+STEP_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mem_bytes"}
+
+
+@pytest.mark.parametrize(
+    "args,env,words",
+    [
+        (["--set", "train.stepz=3"], {}, ["train.stepz"]),
+        (["--set", "parallel.tp=2"], {}, ["tp(2)", "WORLD_SIZE(1)"]),
+        (["--set", "parallel.zero=3"], {"DISTLAUNCH_PARALLEL": "dp=1,zero=1"}, ["conflicts"]),
+        (["--set", "data.path=/nonexistent/corpus.txt"], {}, ["data.path not found"]),
+        (["/nonexistent/run.toml"], {}, ["config file not found"]),
+    ],
+)
+def test_user_errors_print_one_line_and_exit_2(args, env, words):
+    (result,) = spawn(ENGINE + args, world_size=0, timeout=120, extra_env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "(hint: " in lines[0], result.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_single_process_run_writes_metrics_file(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    (result,) = spawn(ENGINE + SMALL_RUN + ["--metrics-file", str(metrics)], world_size=0, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "step 3/3" in result.stdout
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert records[0]["event"] == "start" and records[-1]["event"] == "summary"
+    steps = [r for r in records if "step" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(STEP_KEYS <= set(r) for r in steps)
+    assert records[-1]["mem_bytes_per_rank"][0]["params"] == 4 * records[-1]["n_params"]  # fp32
+
+
+def test_launched_ranks_read_the_env_contract_and_parallel_spec(tmp_path):
+    """2 ranks started like the launcher does: RANK/WORLD_SIZE/... and DISTLAUNCH_PARALLEL."""
+    env = {"DISTLAUNCH_PARALLEL": "dp=1,tp=2,pp=1,zero=0", "DISTLAUNCH_LOG_DIR": str(tmp_path)}
+    results = spawn(ENGINE + SMALL_RUN, world_size=2, timeout=180, extra_env=env)
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr[-2000:] + results[1].stderr[-2000:]
+    assert "step 3/3" in results[0].stdout and results[1].stdout == ""  # rank 0 reports
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    summary = records[-1]
+    assert summary["layout"] == "dp=1,tp=2,pp=1,zero=0" and summary["world_size"] == 2
+    per_rank = summary["mem_bytes_per_rank"]
+    # tp=2: each rank holds about half the parameters (norms and position embedding replicated)
+    assert all(0.5 * 4 * summary["n_params"] < r["params"] < 0.7 * 4 * summary["n_params"] for r in per_rank)
