@@ -4,6 +4,7 @@ The launcher starts one agent per node (a local subprocess, or a command over SS
 node's part of the plan to its stdin as one JSON line. The agent starts the node's ranks, each in
 its own process group, and reports on stdout, one JSON object per line:
 
+    {"ev": "hello", "python": "3.11.7"}                      (at once, before the node plan is read)
     {"ev": "started", "rank": 3, "pid": 1234}
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     (whole lines only)
     {"ev": "exit", "rank": 3, "code": 0}                      (negative: killed by that signal)
@@ -236,6 +237,12 @@ def main() -> int:
     # A closed stdout (the launcher or its SSH channel is gone) must not kill the agent before it has
     # stopped its ranks: writes then fail with EPIPE, which emit() absorbs. Ranks get SIGPIPE back by default.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # "hello" tells a launcher that this host can run the agent before it sends any node its plan,
+    # so a host without distlaunch fails the launch before a single rank has started anywhere.
+    try:
+        print(json.dumps({"ev": "hello", "python": sys.version.split()[0]}), flush=True)
+    except OSError:
+        return 2
     commands = _Lines(sys.stdin.fileno())
     line = commands.first()
     if not line:

@@ -48,5 +48,6 @@ def launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: 
         return execute(plan, exec_opts, sink, make_connect(opts))
     # Preflight: every remote host connected and able to run the agent before any rank starts anywhere.
     with RemoteHosts.open(remote, ssh_config=opts.ssh_config, accept_new_host_keys=opts.accept_new_host_keys,
-                          python=opts.remote_python or opts.python, workdir=exec_opts.workdir or os.getcwd()) as hosts:
+                          python=opts.remote_python or opts.python, workdir=exec_opts.workdir or os.getcwd(),
+                          job_id=plan.job_id) as hosts:
         return execute(plan, exec_opts, sink, make_connect(opts, hosts))

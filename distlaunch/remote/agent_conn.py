@@ -18,6 +18,48 @@ from distlaunch.launcher.transport import AgentConnection
 from distlaunch.remote.ssh import SshError
 
 CLOSE_WAIT_S = 10.0  # how long close() waits for the agent to finish (it has usually sent "done" already)
+HELLO_TIMEOUT_S = 30.0  # an agent that has not said hello by then cannot start on that host
+
+
+class StartedAgent:
+    """An agent process running on a host that said hello and now waits for its node plan on stdin."""
+
+    def __init__(self, channel: paramiko.Channel, stream):
+        self.channel, self.stream = channel, stream
+
+    @classmethod
+    def start(cls, client: paramiko.SSHClient, host: str, python: str, workdir: str, job_id: str) -> "StartedAgent":
+        """Run the agent command on a new channel (no pty: its stdin closes when we go away)."""
+        transport = client.get_transport()
+        try:
+            if transport is None or not transport.is_active():
+                raise paramiko.SSHException("the connection is closed")
+            channel = transport.open_session(timeout=CLOSE_WAIT_S)
+            channel.set_combine_stderr(True)  # a shell or interpreter error shows as agent output
+            channel.exec_command(agent_command(python, workdir, job_id))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SshError(host, "other", f"cannot start the agent over SSH: {exc}",
+                           f"check that {host} is still up (ssh {host} true)") from None
+        return cls(channel, channel.makefile("rb"))
+
+    def wait_hello(self, timeout: float = HELLO_TIMEOUT_S) -> list[str] | None:
+        """None once the agent said hello; else everything it printed before it ended (why it failed)."""
+        self.channel.settimeout(timeout)
+        output = []
+        try:
+            for raw in self.stream:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if _is_hello(line):
+                    return None
+                output.append(line)
+        except (OSError, EOFError, paramiko.SSHException):  # socket.timeout is an OSError
+            output.append(f"(no hello within {timeout:g}s)")
+        finally:
+            self.channel.settimeout(None)
+        return output
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 def agent_command(python: str, workdir: str, job_id: str = "") -> str:
@@ -32,37 +74,40 @@ def _job_id(payload: dict) -> str:
     return ranks[0].get("env", {}).get("DISTLAUNCH_JOB_ID", "")
 
 
+def _is_hello(line: str) -> bool:
+    try:
+        return json.loads(line).get("ev") == "hello"
+    except (ValueError, AttributeError):
+        return False  # a login banner, or the error that kept the agent from starting
+
+
+def _lines(stream) -> Iterator[str]:
+    with stream:
+        for raw in stream:
+            yield raw.decode("utf-8", "replace")
+
+
 class SshAgent(AgentConnection):
     """An agent on a remote host, on its own channel of an already open SSH connection."""
 
-    def __init__(self, node_rank: int, host: str, events, client: paramiko.SSHClient, python: str, workdir: str):
+    def __init__(self, node_rank: int, host: str, events, client: paramiko.SSHClient, python: str, workdir: str,
+                 started: StartedAgent | None = None):
         super().__init__(node_rank, host, events)
         self.client, self.python, self.workdir = client, python, workdir
+        self.started = started  # the preflight's agent, already running; else one is started here
         self.channel: paramiko.Channel | None = None
         self._pump: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def start(self, payload: dict) -> None:
         workdir = payload.get("workdir") or self.workdir
-        transport = self.client.get_transport()
-        try:
-            if transport is None or not transport.is_active():
-                raise paramiko.SSHException("the connection is closed")
-            self.channel = transport.open_session(timeout=CLOSE_WAIT_S)
-            self.channel.set_combine_stderr(True)  # a shell or interpreter error shows as agent output
-            self.channel.exec_command(agent_command(self.python, workdir, _job_id(payload)))
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise SshError(self.host, "other", f"cannot start the agent over SSH: {exc}",
-                           f"check that {self.host} is still up (ssh {self.host} true)") from None
+        agent, self.started = self.started, None
+        agent = agent or StartedAgent.start(self.client, self.host, self.python, workdir, _job_id(payload))
+        self.channel = agent.channel
         # Remote ranks get a minimal environment plus the plan's, never this machine's whole environment.
         self.send({**payload, "workdir": workdir, "inherit_env": False})
-        self._pump = threading.Thread(target=self.pump, args=(self._lines(),), daemon=True, name=f"agent-{self.host}")
+        self._pump = threading.Thread(target=self.pump, args=(_lines(agent.stream),), daemon=True, name=f"agent-{self.host}")
         self._pump.start()
-
-    def _lines(self) -> Iterator[str]:
-        with self.channel.makefile("rb") as stream:
-            for raw in stream:
-                yield raw.decode("utf-8", "replace")
 
     def send(self, message: dict) -> None:
         with self._lock:
@@ -73,6 +118,8 @@ class SshAgent(AgentConnection):
 
     def close(self) -> None:
         if self.channel is None:
+            if self.started is not None:
+                self.started.close()
             return
         try:
             self.channel.shutdown_write()  # EOF: an agent still running stops its ranks by itself

@@ -21,6 +21,7 @@ CONNECT_TIMEOUT_S = 10.0
 RETRIES = 2  # extra tries for transient errors: 3 in all
 RETRY_BASE_S = 0.25  # back-off before retry i is RETRY_BASE_S * 2**i, scaled by a random 0.5-1.5 (jitter)
 MAX_PARALLEL = 32  # concurrent handshakes; more only queues on the CPU (key exchange is CPU bound)
+KEEPALIVE_S = 30  # a training job's connection idles for hours: keep firewalls/NAT from dropping it
 
 KINDS = ("dns", "refused", "timeout", "auth", "hostkey-unknown", "hostkey-changed", "other")
 TRANSIENT = ("refused", "timeout", "other")  # may pass on a retry; dns, auth and host keys never do
@@ -191,6 +192,7 @@ def connect(target: SshTarget, *, timeout: float | None = None, accept_new_host_
             client.close()
         raise
     via.hops = hops[:-1]
+    via.get_transport().set_keepalive(KEEPALIVE_S)
     return via
 
 

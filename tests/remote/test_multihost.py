@@ -164,4 +164,4 @@ def test_remote_python_that_cannot_run_the_agent_is_exit_3(sshd_cluster, tmp_pat
     assert r.returncode == 3, r.stderr
     assert "node1: Python '/nonexistent/python3' not found" in r.stderr and "--remote-python" in r.stderr
     r = run_cli(*launch_args(sshd_cluster, "--workdir", str(tmp_path / "missing"), WORKER, "dump"), env=cli_env(), timeout=60)
-    assert r.returncode == 3 and "is not usable: No such file or directory" in r.stderr, r.stderr
+    assert r.returncode == 3 and f"working directory {str(tmp_path / 'missing')!r} is not usable" in r.stderr, r.stderr

@@ -1,0 +1,71 @@
+"""SSH fan-out: how launch time grows with the number of hosts (goal: 8 hosts ≤ 1.5 × 1 host).
+
+    python bench/ssh_fanout.py [--repeats 7]
+
+Starts a private sshd on 127.0.0.11-18 (tests/fixtures/sshd.py), then launches a trivial rank (one per
+host, no torch) on 1, 4 and 8 loopback hosts with ``distlaunch run``. For each launch it measures the
+time until every rank has started (the latest rank's first line of Python, from the launcher's start)
+and the launcher's total wall time. Host counts alternate so machine noise hits all alike; prints
+medians and the 8-host / 1-host ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fixtures.sshd import start_sshd  # noqa: E402
+
+HOST_COUNTS = (1, 4, 8)
+RANK = "import time; print('STARTED', time.time(), flush=True)"
+GOAL = 1.5
+
+
+def launch(cluster, hostfile: Path) -> tuple[float, float]:
+    """One launch: (seconds until every rank started, total seconds)."""
+    cmd = ["distlaunch", "run", "-H", str(hostfile), "--ssh-config", str(cluster.ssh_config), "--no-python",
+           sys.executable, "-c", RANK]
+    began = time.time()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}).stdout
+    total = time.time() - began
+    starts = [float(line.split("STARTED ", 1)[1]) for line in out.splitlines() if "STARTED " in line]
+    return max(starts) - began, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="distlaunch-fanout-") as tmp:
+        cluster = start_sshd(Path(tmp) / "sshd", nhosts=max(HOST_COUNTS))
+        try:
+            hostfiles = {n: cluster.write_hostfile(Path(tmp) / f"hosts{n}", n, slots=1) for n in HOST_COUNTS}
+            for n in HOST_COUNTS:  # warm-up: page cache, .pyc files
+                launch(cluster, hostfiles[n])
+            started: dict[int, list[float]] = {n: [] for n in HOST_COUNTS}
+            total: dict[int, list[float]] = {n: [] for n in HOST_COUNTS}
+            for _ in range(args.repeats):
+                for n in HOST_COUNTS:
+                    s, t = launch(cluster, hostfiles[n])
+                    started[n].append(s)
+                    total[n].append(t)
+        finally:
+            cluster.stop()
+    print(f"SSH fan-out, 1 rank per loopback host, median of {args.repeats} alternating runs")
+    print(f"{'hosts':>5} {'all ranks started':>18} {'total':>8}")
+    for n in HOST_COUNTS:
+        print(f"{n:>5} {statistics.median(started[n]):>17.3f}s {statistics.median(total[n]):>7.3f}s")
+    for label, series in (("all ranks started", started), ("total", total)):
+        ratio = statistics.median(series[8]) / statistics.median(series[1])
+        print(f"ratio 8/1 hosts ({label}): {ratio:.2f}  goal <= {GOAL} {'ok' if ratio <= GOAL else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
