@@ -13,6 +13,7 @@ import typer
 from distlaunch import __version__
 from distlaunch.cli.doctor import doctor
 from distlaunch.cli.run import run
+from distlaunch.cli.slurm import slurm_app
 from distlaunch.errors import DistlaunchError, ExitCode
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -32,6 +33,7 @@ app = typer.Typer(
 _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 app.command("run", context_settings=_SCRIPT_CONTEXT)(run)
 app.command("doctor")(doctor)
+app.add_typer(slurm_app)
 
 
 def _version(value: bool) -> None:

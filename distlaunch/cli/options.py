@@ -28,3 +28,4 @@ Python = Annotated[Optional[str], typer.Option("--python", help="Python interpre
 GracePeriod = Annotated[float, typer.Option("--grace-period", min=0, help="Seconds between SIGTERM and SIGKILL when stopping ranks.", rich_help_panel=LAUNCH)]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.", rich_help_panel=LAUNCH)]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output: the plan with --dry-run, else the run report (rank output goes to stderr).", rich_help_panel=LAUNCH)]
+Launcher = Annotated[str, typer.Option("--launcher", help="auto | slurm | agent. slurm: this srun task is one rank (RANK, WORLD_SIZE, MASTER_ADDR … from SLURM_*); agent: distlaunch starts the ranks itself (here, or over SSH); auto: slurm inside an srun task, else agent.", rich_help_panel=LAUNCH)]

@@ -10,6 +10,7 @@ from rich.console import Console
 from distlaunch.cli import options as o
 from distlaunch.cli.output import RankPrinter
 from distlaunch.cli.render import print_json, render_plan, render_report
+from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.launch import launch, plan_for
 from distlaunch.launcher.spec import LaunchOptions
@@ -25,6 +26,7 @@ def run(
     log_dir: o.LogDir = None, env: o.Env = None, ssh_config: o.SshConfig = None, python: o.Python = None,
     accept_new_host_keys: o.AcceptNewHostKeys = False, remote_python: o.RemotePython = None, workdir: o.Workdir = None,
     grace_period: o.GracePeriod = 10.0, dry_run: o.DryRun = False, json_output: o.Json = False,
+    launcher: o.Launcher = "auto",
 ) -> int:
     """Start SCRIPT on every rank of every host, stream their output, stop them all if one fails.
 
@@ -37,6 +39,8 @@ def run(
                          master_addr=master_addr, master_port=master_port, backend=backend, env=env or [],
                          ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys, remote_python=remote_python,
                          **({"python": python or remote_python} if python or remote_python else {}))
+    if use_slurm_launcher(launcher):  # under srun this task becomes one rank (docs/slurm.md)
+        return run_in_step(opts, dry_run=dry_run, json_output=json_output, max_restarts=max_restarts, log_dir=log_dir)
     plan = plan_for(opts)
     console = Console(stderr=json_output)
     if dry_run:

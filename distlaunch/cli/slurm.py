@@ -1,0 +1,150 @@
+"""``distlaunch slurm run|sbatch``, and the srun-task side of ``distlaunch run`` (one rank per Slurm task)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from distlaunch.cli import options as o
+from distlaunch.cli.render import print_json
+from distlaunch.errors import UsageError
+from distlaunch.launcher.spec import LaunchOptions
+from distlaunch.slurm.job import SlurmJobOptions, resolve_job
+from distlaunch.slurm.sbatch import default_job_name, render_script, submit
+from distlaunch.slurm.srun import SrunResult, run_srun
+from distlaunch.slurm.step import in_srun_step
+from distlaunch.slurm.task import exec_rank, rank_for_task
+
+SLURM = "Slurm options"
+LAUNCHERS = ("auto", "slurm", "agent")
+
+Program = Annotated[list[str], typer.Argument(help="SCRIPT [ARGS]... (or MODULE [ARGS]... with -m). Everything after SCRIPT goes to the script.", show_default=False)]
+Module = Annotated[bool, typer.Option("-m", "--module", help="Run PROGRAM as a module, like python -m.")]
+NoPython = Annotated[bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.")]
+Nodes = Annotated[Optional[int], typer.Option("-N", "--nodes", help="Nodes (default: the allocation's, else 1).", rich_help_panel=SLURM)]
+NtasksPerNode = Annotated[Optional[int], typer.Option("--ntasks-per-node", help="Tasks = ranks per node (same as -n; default: the allocation's, else one per GPU, else 1).", rich_help_panel=SLURM)]
+Ntasks = Annotated[Optional[int], typer.Option("--ntasks", help="Total tasks = world size (must equal nodes × ntasks-per-node).", rich_help_panel=SLURM)]
+GpusPerNode = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node, one per rank (default: the allocation's, else none).", rich_help_panel=SLURM)]
+CpusPerTask = Annotated[Optional[int], typer.Option("--cpus-per-task", help="CPU cores per rank (default: the allocation's, else Slurm's).", rich_help_panel=SLURM)]
+Partition = Annotated[Optional[str], typer.Option("-p", "--partition", help="Slurm partition.", rich_help_panel=SLURM)]
+Account = Annotated[Optional[str], typer.Option("-A", "--account", help="Slurm account to charge.", rich_help_panel=SLURM)]
+Time = Annotated[Optional[str], typer.Option("-t", "--time", help="Time limit, e.g. 1:00:00.", rich_help_panel=SLURM)]
+JobName = Annotated[Optional[str], typer.Option("-J", "--job-name", help="Job name (sbatch default: the script's name).", rich_help_panel=SLURM)]
+
+slurm_app = typer.Typer(name="slurm", no_args_is_help=True,
+                        help="Run on a Slurm cluster, one rank per Slurm task: an srun wrapper and sbatch scripts.")
+_SCRIPT_CONTEXT = {"allow_interspersed_args": False}
+
+
+def use_slurm_launcher(launcher: str) -> bool:
+    """--launcher slurm, or auto inside an srun task; in an allocation outside srun, say why it runs here only."""
+    if launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher {launcher!r} is not a launcher", "use auto, slurm or agent")
+    if launcher != "auto":
+        return launcher == "slurm"
+    if in_srun_step(os.environ):
+        return True
+    if os.environ.get("SLURM_JOB_ID"):
+        sys.stderr.write(f"distlaunch: inside Slurm job {os.environ['SLURM_JOB_ID']} but not in an srun step: starting the "
+                         "ranks on this node only (srun distlaunch run ... or distlaunch slurm run ... uses every node)\n")
+    return False
+
+
+def run_in_step(opts: LaunchOptions, *, dry_run: bool, json_output: bool, max_restarts: int, log_dir: Path | None) -> int:
+    """This srun task becomes one rank: map SLURM_* to the rank environment and exec the program."""
+    if max_restarts or log_dir:
+        flag = "--max-restarts" if max_restarts else "--log-dir"
+        raise UsageError(f"{flag} cannot be used under srun: each task is one rank and distlaunch execs into it",
+                         "requeue with sbatch --requeue for restarts; use srun --output=rank%t.log for per-rank logs")
+    rank = rank_for_task(opts, os.environ)
+    if not dry_run:
+        exec_rank(rank, opts, os.environ)
+    if json_output:
+        print_json(rank)
+    else:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank.env.items())
+        print(f"[{rank.node} rank {rank.rank}] {env} {shlex.join(rank.argv)}")
+    return 0
+
+
+def _job_options(program, module, no_python, python, **shape) -> SlurmJobOptions:
+    return SlurmJobOptions(program=program, module=module, no_python=no_python, env=shape.pop("env") or [],
+                           **({"python": python} if python else {}), **shape)
+
+
+@slurm_app.command("run", context_settings=_SCRIPT_CONTEXT)
+def slurm_run(
+    program: Program, module: Module = False, no_python: NoPython = False, nodes: Nodes = None,
+    ntasks_per_node: NtasksPerNode = None, nproc_per_node: o.NprocPerNode = None, ntasks: Ntasks = None,
+    gpus_per_node: GpusPerNode = None, cpus_per_task: CpusPerTask = None, partition: Partition = None,
+    account: Account = None, time: Time = None, job_name: JobName = None, parallel: o.ParallelOpt = None,
+    master_addr: o.MasterAddr = None, master_port: o.MasterPort = "auto", backend: o.Backend = "auto", env: o.Env = None,
+    python: o.Python = None, dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the srun command and start nothing.")] = False,
+    json_output: o.Json = False,
+) -> int:
+    """Run SCRIPT with srun, one task per rank, inside this allocation or asking for one.
+
+    One failing rank stops the step (--kill-on-bad-exit=1). Exit code: the first failing rank's (128+N if killed by
+    signal N), 2 for bad options, 130/143 after Ctrl-C / SIGTERM.
+    """
+    opts = _job_options(program, module, no_python, python, nodes=nodes, ntasks_per_node=ntasks_per_node,
+                        nproc_per_node=nproc_per_node, ntasks=ntasks, gpus_per_node=gpus_per_node,
+                        cpus_per_task=cpus_per_task, partition=partition, account=account, time=time, job_name=job_name,
+                        parallel=parallel, master_addr=master_addr, master_port=master_port, backend=backend, env=env)
+    job = resolve_job(opts, os.environ)
+    if dry_run:
+        print_json(job) if json_output else print(shlex.join(job.srun))
+        return 0
+    result = run_srun(job.srun)
+    _report(result)
+    if json_output:
+        print_json(result)
+    return result.exit_code
+
+
+def _report(result: SrunResult) -> None:
+    failure = result.failure
+    if result.interrupted:
+        sys.stderr.write(f"distlaunch: interrupted by {result.interrupted}; srun stopped every rank (exit {result.exit_code})\n")
+    elif failure:
+        how = f"was killed by {failure.signal}" if failure.signal else f"exited with code {failure.exit_code}"
+        sys.stderr.write(f"distlaunch: rank {failure.rank} on {failure.node} {how}; srun stopped the other ranks "
+                         f"(exit {result.exit_code})\n")
+
+
+@slurm_app.command("sbatch", context_settings=_SCRIPT_CONTEXT)
+def slurm_sbatch(
+    program: Program, module: Module = False, no_python: NoPython = False, nodes: Nodes = None,
+    ntasks_per_node: NtasksPerNode = None, nproc_per_node: o.NprocPerNode = None, ntasks: Ntasks = None,
+    gpus_per_node: GpusPerNode = None, cpus_per_task: CpusPerTask = None, partition: Partition = None,
+    account: Account = None, time: Time = None, job_name: JobName = None,
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Job output file (sbatch patterns such as %j; default slurm-%j.out).", rich_help_panel=SLURM)] = None,
+    template: Annotated[Optional[Path], typer.Option("--template", help="Your own copy of the sbatch template (default: the one shipped with distlaunch).")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job's output until it ends; exit with the job's exit code.")] = False,
+    parallel: o.ParallelOpt = None, master_addr: o.MasterAddr = None, master_port: o.MasterPort = "auto",
+    backend: o.Backend = "auto", env: o.Env = None, python: o.Python = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script and submit nothing.")] = False,
+    json_output: o.Json = False,
+) -> int:
+    """Write a batch script from the sbatch template, submit it, and print the job id (--wait: follow it to the end)."""
+    opts = _job_options(program, module, no_python, python, nodes=nodes, ntasks_per_node=ntasks_per_node,
+                        nproc_per_node=nproc_per_node, ntasks=ntasks, gpus_per_node=gpus_per_node,
+                        cpus_per_task=cpus_per_task, partition=partition, account=account, time=time, job_name=job_name,
+                        parallel=parallel, master_addr=master_addr, master_port=master_port, backend=backend, env=env)
+    job = resolve_job(opts, {})  # the script asks for its own allocation: ignore the one we may be in
+    script = render_script(job, opts, output, template)
+    if dry_run:
+        sys.stdout.write(script)
+        return 0
+    result = submit(script, wait=wait, job_name=job.job_name or default_job_name(opts), output=output,
+                    out=sys.stderr if json_output else sys.stdout)
+    if wait:
+        sys.stderr.write(f"distlaunch: job {result.job_id} ended with exit code {result.exit_code}\n")
+    if json_output:
+        print_json(result)
+    return result.exit_code or 0

@@ -1,0 +1,163 @@
+"""One srun task → one distlaunch rank: the torchrun-compatible environment, and the checks that catch a wrong step.
+
+``map_rank`` is pure: it takes a parsed ``SlurmStep`` and the already resolved master address, so it is unit-tested
+with plain dicts of SLURM_* variables.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Literal
+
+from pydantic import BaseModel
+
+from distlaunch.errors import UsageError
+from distlaunch.launcher.parallel import Parallel, ParallelSpec, groups
+from distlaunch.slurm.step import SlurmStep, node_of_rank
+
+# Derived ports stay below Linux's ephemeral range (32768+), where the kernel hands out client ports.
+PORT_BASE, PORT_SPAN = 15000, 15000
+STEPS_PER_JOB = 16  # concurrent steps of one job that get distinct ports
+
+
+class SlurmRank(BaseModel):
+    """One srun task as a distlaunch rank, with the environment the script is exec'd with."""
+
+    job_id: str  # DISTLAUNCH_JOB_ID: slurm-<job>.<step>
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    node: str
+    master_addr: str
+    master_port: int
+    backend: Literal["gloo", "nccl"]
+    parallel: Parallel
+    env: dict[str, str]  # the rank contract: MASTER_ADDR ... DISTLAUNCH_RESTART_COUNT
+    argv: list[str] = []  # the program the task execs into
+
+
+def derived_port(job_id: str, step_id: int) -> int:
+    """A rendezvous port every task of the step computes alike from the job and step ids."""
+    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+    return PORT_BASE + (number * STEPS_PER_JOB + step_id % STEPS_PER_JOB) % PORT_SPAN
+
+
+def check_nproc_per_node(step: SlurmStep, nproc_per_node: int | None) -> None:
+    """Under srun each task is one rank: ``-n 8`` on a step of 4 tasks per node would mean 32 ranks per node."""
+    if nproc_per_node is None or nproc_per_node == step.local_world_size:
+        return
+    raise UsageError(
+        f"-n/--nproc-per-node {nproc_per_node} inside a Slurm step of {step.local_world_size} task(s) on {step.node_name or 'this node'}: "
+        f"under srun every task is one rank, so {step.local_world_size} tasks × {nproc_per_node} processes would be "
+        f"{step.local_world_size * nproc_per_node} ranks per node",
+        f"drop -n and let srun start the ranks (srun --ntasks-per-node={nproc_per_node} distlaunch run ...), "
+        "or use --launcher agent to start them from one task per node")
+
+
+def srun_shape(ntasks: int, nnodes: int) -> str:
+    """The srun options that start ``ntasks`` tasks, spread evenly over ``nnodes`` nodes when they divide."""
+    if ntasks % nnodes == 0:
+        return f"srun -N {nnodes} --ntasks-per-node {ntasks // nnodes}"
+    return f"srun -n {ntasks}"
+
+
+def resolve_step_parallel(spec: ParallelSpec, step: SlurmStep) -> Parallel:
+    """Resolve --parallel against SLURM_NTASKS, with a fix that names srun's options."""
+    model_parallel = spec.tp * spec.pp
+    world = step.world_size
+    if spec.dp is None:
+        if world % model_parallel:
+            raise UsageError(f"--parallel tp={spec.tp},pp={spec.pp}: dp=auto needs SLURM_NTASKS={world} to be a multiple of "
+                             f"tp*pp={model_parallel}", f"start a multiple of {model_parallel} tasks, e.g. {srun_shape(model_parallel * max(1, world // model_parallel), step.nnodes)}")
+        dp = world // model_parallel
+    else:
+        dp = spec.dp
+    if dp * model_parallel != world:
+        raise UsageError(f"--parallel dp={dp},tp={spec.tp},pp={spec.pp} needs dp*tp*pp = {dp * model_parallel} ranks but the Slurm "
+                         f"step has SLURM_NTASKS={world} tasks", f"use dp=auto, or start {dp * model_parallel} tasks "
+                         f"({srun_shape(dp * model_parallel, step.nnodes)})")
+    parallel = Parallel(dp=dp, tp=spec.tp, pp=spec.pp, zero=spec.zero)
+    check_tp_within_nodes(parallel, step)
+    return parallel
+
+
+def _nodes_of(step: SlurmStep) -> dict[int, int]:
+    """Node index per rank: the whole step for block/cyclic, else only this node's ranks (SLURM_GTIDS)."""
+    layout = node_of_rank(step)
+    if layout is not None:
+        return dict(enumerate(layout))
+    return {r: step.node_rank for r in step.ranks_here}
+
+
+def check_tp_within_nodes(parallel: Parallel, step: SlurmStep) -> None:
+    """A tensor-parallel group across nodes puts per-layer all-reduces on the network: refuse it."""
+    if parallel.tp == 1:
+        return
+    node_of = _nodes_of(step)
+    for group in groups(parallel)["tp"]:
+        known = {node_of[r] for r in group if r in node_of}
+        spans = len(known) > 1 or (known and any(r not in node_of for r in group))
+        if spans:
+            names = ", ".join(step.nodes[n] for n in sorted(known))
+            raise UsageError(f"--parallel tp={parallel.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans nodes "
+                             f"({names}{', …' if len(known) < 2 else ''}; tasks per node {step.tasks_per_node}, "
+                             f"distribution {step.distribution})",
+                             f"use --ntasks-per-node a multiple of {parallel.tp} with block distribution, or lower tp")
+
+
+def check_gpu_binding(step: SlurmStep, gpus_here: int) -> None:
+    """Each rank uses cuda:LOCAL_RANK, so every task must see its node's GPUs, one per rank, none twice."""
+    visible = step.visible_gpus if step.visible_gpus is not None else [str(i) for i in range(gpus_here)]
+    shown = f"CUDA_VISIBLE_DEVICES={','.join(visible)}"
+    repeated = sorted({g for g in visible if visible.count(g) > 1})
+    if repeated:
+        raise UsageError(f"{shown} on {step.node_name or 'this node'} names GPU {', '.join(repeated)} more than once: "
+                         "two ranks would be given the same GPU", "list every GPU once (or leave CUDA_VISIBLE_DEVICES to Slurm)")
+    lws = step.local_world_size
+    if len(visible) >= lws:
+        return
+    where = f"rank {step.rank} (SLURM_LOCALID={step.local_rank}) on {step.node_name or 'this node'}"
+    if len(visible) == 1:
+        raise UsageError(f"{where} sees one GPU ({shown}) but its node runs {lws} ranks: srun bound each task to its own "
+                         "GPU, so cuda:LOCAL_RANK does not exist for LOCAL_RANK ≥ 1",
+                         "let every task see the node's GPUs: srun --gpus-per-node=N --gpu-bind=none (distlaunch slurm run "
+                         "does this) instead of --gpus-per-task")
+    raise UsageError(f"{where}: {lws} ranks on this node but {len(visible)} GPU(s) visible ({shown}): ranks would share a "
+                     "GPU or find none", f"ask for one GPU per rank (--gpus-per-node={lws}) or run "
+                     f"--ntasks-per-node={len(visible)}")
+
+
+def pick_backend(backend: str, step: SlurmStep, gpus_here: int) -> Literal["gloo", "nccl"]:
+    """``auto``: nccl when this task sees a GPU (Slurm's CUDA_VISIBLE_DEVICES, else the driver), else gloo."""
+    if backend != "auto":
+        return "nccl" if backend == "nccl" else "gloo"
+    if step.visible_gpus is not None:
+        return "nccl" if step.visible_gpus else "gloo"
+    return "nccl" if gpus_here else "gloo"
+
+
+def map_rank(step: SlurmStep, master_addr: str, *, master_port: int | None = None, parallel: ParallelSpec = ParallelSpec(),
+             backend: str = "auto", gpus_here: int = 0, nproc_per_node: int | None = None) -> SlurmRank:
+    """Map SLURM_PROCID/LOCALID/NTASKS/NODEID/NNODES onto RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK/NNODES, after checks."""
+    check_nproc_per_node(step, nproc_per_node)
+    resolved = resolve_step_parallel(parallel, step)
+    chosen = pick_backend(backend, step, gpus_here)
+    if chosen == "nccl":
+        check_gpu_binding(step, gpus_here)
+    port = master_port if master_port is not None else derived_port(step.job_id, step.step_id)
+    job_id = f"slurm-{step.job_id}.{step.step_id}"
+    env = {
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(step.world_size), "RANK": str(step.rank),
+        "LOCAL_RANK": str(step.local_rank), "LOCAL_WORLD_SIZE": str(step.local_world_size),
+        "NODE_RANK": str(step.node_rank), "GROUP_RANK": str(step.node_rank), "NNODES": str(step.nnodes),
+        "DISTLAUNCH_JOB_ID": job_id, "DISTLAUNCH_PARALLEL": str(resolved), "DISTLAUNCH_BACKEND": chosen,
+        "DISTLAUNCH_RESTART_COUNT": str(step.restart_count),
+    }
+    return SlurmRank(job_id=job_id, rank=step.rank, local_rank=step.local_rank, world_size=step.world_size,
+                     local_world_size=step.local_world_size, node_rank=step.node_rank, nnodes=step.nnodes,
+                     node=step.nodes[step.node_rank], master_addr=master_addr, master_port=port, backend=chosen,
+                     parallel=resolved, env=env)

@@ -1,0 +1,194 @@
+"""``distlaunch slurm run`` / ``sbatch``: options → a checked ``SlurmJob`` with the srun command that runs it.
+
+One Slurm task per rank: srun starts nodes × ntasks-per-node tasks, each runs ``distlaunch run --launcher slurm``
+which maps its SLURM_* variables to the rank environment and execs the script.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from distlaunch.errors import UsageError
+from distlaunch.launcher.parallel import Parallel, groups, parse_parallel
+from distlaunch.launcher.spec import LaunchOptions, build_command, parse_env, resolve_port
+
+
+class SlurmJobOptions(BaseModel):
+    """What the user asked ``distlaunch slurm run`` / ``sbatch`` for; None means: take it from the allocation."""
+
+    program: list[str]
+    module: bool = False
+    no_python: bool = False
+    nodes: int | None = None
+    ntasks_per_node: int | None = None
+    nproc_per_node: int | None = None  # distlaunch's name for the same thing; both given must agree
+    ntasks: int | None = None
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    job_name: str | None = None
+    parallel: str | None = None
+    master_addr: str | None = None
+    master_port: str = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    env: list[str] = Field(default_factory=list)
+    python: str = sys.executable
+
+
+class JobShape(BaseModel):
+    """How many nodes, tasks and GPUs, and where: the part of a job that srun and #SBATCH lines say."""
+
+    nodes: int
+    ntasks_per_node: int
+    world_size: int
+    gpus_per_node: int
+    cpus_per_task: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    job_name: str | None = None
+
+
+class SlurmJob(JobShape):
+    """A checked job shape and the commands that run it."""
+
+    parallel: Parallel
+    allocation: str | None  # the job id when already inside an allocation (srun then starts a step in it)
+    rank_command: list[str]  # what every task runs
+    srun: list[str]
+
+
+def _positive(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise UsageError(f"{flag} {value} must be at least 1", f"give a positive {flag}")
+
+
+def _count(environ: Mapping[str, str], name: str) -> int | None:
+    """An allocation's count variable; GPU counts may carry a type, e.g. SLURM_GPUS_PER_NODE=a100:4."""
+    match = re.search(r"(\d+)$", environ.get(name, ""))
+    return int(match.group(1)) if match else None
+
+
+def tasks_per_node(opts: SlurmJobOptions, nodes: int, environ: Mapping[str, str]) -> int:
+    """--ntasks-per-node (or -n), else the allocation's, else --ntasks / nodes, else one per GPU, else 1."""
+    given, nproc = opts.ntasks_per_node, opts.nproc_per_node
+    if given is not None and nproc is not None and given != nproc:
+        raise UsageError(f"--ntasks-per-node {given} and -n/--nproc-per-node {nproc} disagree: under Slurm each task is one "
+                         f"rank (distlaunch starts no extra processes), so {given} tasks × {nproc} processes would be "
+                         f"{given * nproc} ranks per node", f"give one of them: --ntasks-per-node {nproc}")
+    if given or nproc:
+        return given or nproc
+    if opts.ntasks is not None:
+        if opts.ntasks % nodes:
+            raise UsageError(f"--ntasks {opts.ntasks} does not split evenly over {nodes} node(s)",
+                             f"use a multiple of {nodes}, or give --ntasks-per-node")
+        return opts.ntasks // nodes
+    return _count(environ, "SLURM_NTASKS_PER_NODE") or opts.gpus_per_node or _count(environ, "SLURM_GPUS_PER_NODE") or 1
+
+
+def check_gpus(gpus: int, per_node: int) -> None:
+    """One GPU per rank: fewer means two ranks on one GPU, more means GPUs paid for and idle."""
+    if gpus and gpus < per_node:
+        raise UsageError(f"--ntasks-per-node {per_node} with --gpus-per-node {gpus}: two ranks would be given the same GPU",
+                         f"run one rank per GPU: --ntasks-per-node {gpus} (or --gpus-per-node {per_node})")
+    if gpus > per_node:
+        raise UsageError(f"--gpus-per-node {gpus} with --ntasks-per-node {per_node}: {gpus - per_node} GPU(s) per node would idle",
+                         f"run one rank per GPU: --ntasks-per-node {gpus}")
+
+
+def job_parallel(text: str | None, nodes: int, per_node: int) -> Parallel:
+    """Resolve --parallel against nodes × ntasks-per-node; tp groups must stay inside a node."""
+    spec, world = parse_parallel(text), nodes * per_node
+    mp = spec.tp * spec.pp
+    shape = f"-N {nodes} × --ntasks-per-node {per_node} = {world} ranks"
+    if spec.dp is None:
+        if world % mp:
+            raise UsageError(f"--parallel {text}: dp=auto needs a multiple of tp*pp = {mp} ranks, but {shape}",
+                             f"change -N / --ntasks-per-node so that the world size is a multiple of {mp}")
+        dp = world // mp
+    else:
+        dp = spec.dp
+        if dp * mp != world:
+            need = dp * mp
+            fix = f"-N {nodes} --ntasks-per-node {need // nodes}" if need % nodes == 0 else f"a world size of {need}"
+            raise UsageError(f"--parallel {text}: dp*tp*pp = {need} but {shape}", f"use dp=auto, or run {fix}")
+    parallel = Parallel(dp=dp, tp=spec.tp, pp=spec.pp, zero=spec.zero)
+    for group in groups(parallel)["tp"]:
+        if group[0] // per_node != group[-1] // per_node:
+            raise UsageError(f"--parallel tp={spec.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} would span nodes "
+                             f"({per_node} tasks per node)", f"use --ntasks-per-node a multiple of {spec.tp}, or lower tp")
+    return parallel
+
+
+def forwarded_options(opts: SlurmJobOptions) -> list[str]:
+    """The launch options every task's ``distlaunch run`` gets (the job shape is srun's business)."""
+    argv = []
+    for flag, value in (("--parallel", opts.parallel), ("--master-addr", opts.master_addr)):
+        if value:
+            argv += [flag, value]
+    if opts.master_port != "auto":
+        argv += ["--master-port", opts.master_port]
+    if opts.backend != "auto":
+        argv += ["--backend", opts.backend]
+    for pair in opts.env:
+        argv += ["--env", pair]
+    return argv + (["-m"] if opts.module else []) + (["--no-python"] if opts.no_python else [])
+
+
+def rank_command(opts: SlurmJobOptions) -> list[str]:
+    """``python -m distlaunch run --launcher slurm [launch options] -- PROGRAM``: what each task runs."""
+    return [opts.python, "-m", "distlaunch", "run", "--launcher", "slurm", *forwarded_options(opts), "--", *opts.program]
+
+
+def srun_command(shape: JobShape, opts: SlurmJobOptions) -> list[str]:
+    """srun with one task per rank; --kill-on-bad-exit so one failing rank stops the whole step."""
+    argv = ["srun", f"--nodes={shape.nodes}", f"--ntasks={shape.world_size}", f"--ntasks-per-node={shape.ntasks_per_node}",
+            "--kill-on-bad-exit=1", "--label"]
+    if shape.gpus_per_node:
+        # Every task sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun.
+        argv += [f"--gpus-per-node={shape.gpus_per_node}", "--gpu-bind=none"]
+    for flag in ("cpus_per_task", "partition", "account", "time", "job_name"):
+        value = getattr(shape, flag)
+        if value is not None:
+            argv.append(f"--{flag.replace('_', '-')}={value}")
+    return argv + rank_command(opts)
+
+
+def _check_program(opts: SlurmJobOptions) -> None:
+    build_command(LaunchOptions(program=opts.program, module=opts.module, no_python=opts.no_python))
+    if not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
+        raise UsageError(f"script {opts.program[0]!r} does not exist", "check the path (tasks start in this directory), "
+                         "or use -m MODULE")
+
+
+def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
+    """Fill in what the allocation (if any) says, check the shape, and build the srun command."""
+    for flag, value in (("-N/--nodes", opts.nodes), ("--ntasks-per-node", opts.ntasks_per_node),
+                        ("-n/--nproc-per-node", opts.nproc_per_node), ("--ntasks", opts.ntasks),
+                        ("--cpus-per-task", opts.cpus_per_task)):
+        _positive(flag, value)
+    _check_program(opts)
+    parse_env(opts.env)
+    if opts.master_port != "auto":
+        resolve_port(LaunchOptions(program=opts.program, master_port=opts.master_port), master_is_local=False)
+    nodes = opts.nodes or _count(environ, "SLURM_JOB_NUM_NODES") or _count(environ, "SLURM_NNODES") or 1
+    per_node = tasks_per_node(opts, nodes, environ)
+    if opts.ntasks is not None and opts.ntasks != nodes * per_node:
+        raise UsageError(f"--ntasks {opts.ntasks} != -N {nodes} × --ntasks-per-node {per_node} = {nodes * per_node}",
+                         "give two of --nodes, --ntasks-per-node, --ntasks")
+    gpus = opts.gpus_per_node if opts.gpus_per_node is not None else (_count(environ, "SLURM_GPUS_PER_NODE") or 0)
+    check_gpus(gpus, per_node)
+    cpus = opts.cpus_per_task or _count(environ, "SLURM_CPUS_PER_TASK")  # srun >= 22.05 no longer inherits it
+    shape = JobShape(nodes=nodes, ntasks_per_node=per_node, world_size=nodes * per_node, gpus_per_node=gpus,
+                     cpus_per_task=cpus, partition=opts.partition, account=opts.account, time=opts.time,
+                     job_name=opts.job_name)
+    return SlurmJob(**shape.model_dump(), parallel=job_parallel(opts.parallel, nodes, per_node),
+                    allocation=environ.get("SLURM_JOB_ID"), rank_command=rank_command(opts), srun=srun_command(shape, opts))

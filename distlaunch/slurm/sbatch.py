@@ -1,0 +1,165 @@
+"""Render the sbatch template, submit it, and follow the job to its end.
+
+The template is a plain bash script with ``{{name}}`` placeholders (not ``$name``, which is bash's own syntax).
+A line whose placeholders all render empty is left out, so optional ``#SBATCH`` lines vanish when not asked for.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+from pydantic import BaseModel
+
+from distlaunch.errors import HostError, UsageError
+from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, forwarded_options
+from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S, wait_for_job
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}( ?)")
+DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's own default, in the submit directory
+
+
+def packaged_template() -> str:
+    """The sbatch template shipped inside the package (templates/sbatch.sh in the repository links to it)."""
+    return resources.files("distlaunch").joinpath("templates/sbatch.sh").read_text(encoding="utf-8")
+
+
+def render(template: str, values: dict[str, str], name: str = "sbatch template") -> str:
+    """Fill ``{{name}}`` placeholders; drop lines whose placeholders are all empty; unknown names are an error."""
+    unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - set(values))
+    if unknown:
+        raise UsageError(f"{name} uses unknown placeholder(s) {', '.join('{{' + u + '}}' for u in unknown)}",
+                         f"known placeholders: {', '.join(sorted(values))}")
+    lines = []
+    for line in template.splitlines(keepends=True):
+        names = [m.group(1) for m in _PLACEHOLDER.finditer(line)]
+        if names and not any(values[n] for n in names):
+            continue
+        lines.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)] + m.group(2) if values[m.group(1)] else "", line))
+    return "".join(lines)
+
+
+def default_job_name(opts: SlurmJobOptions) -> str:
+    """The script's stem (train.py → train), or the module's last part."""
+    first = opts.program[0]
+    return first.rsplit(".", 1)[-1] if opts.module else Path(first).stem or "distlaunch"
+
+
+def _optional(value: object) -> str:
+    """An optional #SBATCH value: empty (so the line is left out) when not given."""
+    return "" if value in (None, 0, "") else str(value)
+
+
+def script_values(job: SlurmJob, opts: SlurmJobOptions, output: str | None) -> dict[str, str]:
+    """The placeholder values of one job."""
+    return {
+        "job_name": job.job_name or default_job_name(opts), "nodes": str(job.nodes),
+        "ntasks_per_node": str(job.ntasks_per_node), "gpus_per_node": _optional(job.gpus_per_node),
+        "cpus_per_task": _optional(job.cpus_per_task), "time": _optional(job.time), "partition": _optional(job.partition),
+        "account": _optional(job.account), "output": _optional(output),
+        "distlaunch": f"{shlex.quote(opts.python)} -m distlaunch", "launch_options": shlex.join(forwarded_options(opts)),
+        "program": shlex.join(opts.program),
+    }
+
+
+def render_script(job: SlurmJob, opts: SlurmJobOptions, output: str | None, template: Path | None = None) -> str:
+    """The batch script for a job, from the packaged template or the user's own copy."""
+    if template is None:
+        return render(packaged_template(), script_values(job, opts, output))
+    try:
+        text = template.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read --template {template}: {exc.strerror}", "give the path of your sbatch template") from None
+    return render(text, script_values(job, opts, output), name=f"template {template}")
+
+
+class SbatchResult(BaseModel):
+    """A submitted job; ``exit_code`` is set when distlaunch waited for it."""
+
+    job_id: str
+    output: str | None  # the job's output file, with %j / %x / %u filled in where possible
+    exit_code: int | None = None
+
+
+def output_path(pattern: str | None, job_id: str, job_name: str) -> str | None:
+    """The job's output file; None when the pattern uses per-node or per-task fields distlaunch cannot fill in."""
+    text = pattern or DEFAULT_OUTPUT
+    fills = {"j": job_id, "A": job_id, "x": job_name, "u": getpass.getuser(), "%": "%"}
+    unknown = [c for c in re.findall(r"%(.)", text) if c not in fills]
+    return None if unknown else re.sub(r"%(.)", lambda m: fills[m.group(1)], text)
+
+
+class _Follower(threading.Thread):
+    """Copies new lines of a growing file to ``out`` until stopped (``tail -f`` for the job's output)."""
+
+    def __init__(self, path: Path, out: TextIO):
+        super().__init__(daemon=True)
+        self.path, self.out, self.stop, self.pos, self.partial = path, out, threading.Event(), 0, ""
+
+    def run(self):
+        while not self.stop.wait(0.2):
+            self.read()
+        self.read()
+        if self.partial:
+            self.out.write(self.partial + "\n")
+
+    def read(self):
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                f.seek(self.pos)
+                data = f.read()
+                self.pos = f.tell()
+        except OSError:
+            return
+        *lines, self.partial = (self.partial + data).split("\n")
+        for line in lines:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+
+def make_output_dir(output: str | None) -> None:
+    """Create the output file's folder: Slurm does not, and the job then fails without a word of output."""
+    if output and "%" not in str(Path(output).parent):
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+
+
+def submit(script: str, *, wait: bool, job_name: str, output: str | None, out: TextIO | None = None) -> SbatchResult:
+    """Submit with ``sbatch --parsable`` (script on stdin); with ``wait``, follow the job's output until it ends."""
+    out = out or sys.stdout
+    make_output_dir(output)
+    try:
+        done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True,
+                              timeout=SLURM_CMD_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        raise HostError("'sbatch' not found: Slurm's client commands are not installed here",
+                        "run on a Slurm login node, or install slurm-client") from None
+    job_id = done.stdout.strip().split(";")[0]  # --parsable: "JOBID" or "JOBID;CLUSTER"
+    if done.returncode or not job_id:
+        err = done.stderr.strip().splitlines()
+        raise HostError(f"sbatch refused the job: {err[-1] if err else f'exit code {done.returncode}'}",
+                        "check --partition, --account, --time and the node/GPU counts against sinfo")
+    result = SbatchResult(job_id=job_id, output=output_path(output, job_id, job_name))
+    out.write(f"submitted batch job {job_id}\n")
+    out.flush()
+    if not wait:
+        return result
+    follower = _Follower(Path(result.output), out) if result.output else None
+    if follower:
+        follower.start()
+    try:
+        code = wait_for_job(job_id)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"distlaunch: stopped following; job {job_id} keeps running (scancel {job_id} stops it)\n")
+        raise
+    finally:
+        if follower:
+            follower.stop.set()
+            follower.join()
+    return result.model_copy(update={"exit_code": code})

@@ -1,0 +1,72 @@
+"""``distlaunch run`` inside an srun task: map the task to its rank and exec the script (the task becomes the rank)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NoReturn
+
+from distlaunch.errors import UsageError
+from distlaunch.launcher.parallel import parse_parallel
+from distlaunch.launcher.spec import LaunchOptions, build_command, local_gpu_count, parse_env, resolve_port
+from distlaunch.slurm.address import master_address
+from distlaunch.slurm.env import SlurmRank, map_rank
+from distlaunch.slurm.step import read_step
+
+
+def check_task_options(opts: LaunchOptions) -> None:
+    """Options that choose hosts have no meaning under srun: Slurm placed the tasks already."""
+    for flag, value in (("-H/--hostfile", opts.hostfile), ("-i/--include", opts.include), ("-e/--exclude", opts.exclude)):
+        if value:
+            raise UsageError(f"{flag} {value} cannot be used under srun: Slurm has placed the tasks",
+                             "choose nodes with srun/sbatch (-N, --nodelist, --exclude), or use --launcher agent")
+
+
+def master_port_for(opts: LaunchOptions, environ: Mapping[str, str]) -> int | None:
+    """--master-port, else an exported MASTER_PORT, else None (derived from the job id)."""
+    if opts.master_port != "auto":
+        return resolve_port(opts, master_is_local=False)
+    exported = environ.get("MASTER_PORT")
+    if exported:
+        return resolve_port(opts.model_copy(update={"master_port": exported}), master_is_local=False)
+    return None
+
+
+def rank_for_task(opts: LaunchOptions, environ: Mapping[str, str]) -> SlurmRank:
+    """Read this srun task's SLURM_* variables and map them to a checked rank."""
+    check_task_options(opts)
+    step = read_step(environ)
+    rank = map_rank(step, master_address(step.nodes[0], opts.master_addr, environ),
+                    master_port=master_port_for(opts, environ), parallel=parse_parallel(opts.parallel),
+                    backend=opts.backend, gpus_here=local_gpu_count(), nproc_per_node=opts.nproc_per_node)
+    return rank.model_copy(update={"argv": build_command(opts)})
+
+
+def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
+    """The task's environment, plus --env, plus the rank contract (which wins)."""
+    env = dict(environ)
+    env.update(parse_env(opts.env))
+    if rank.local_world_size > 1:
+        # As torchrun: N ranks on a node each starting one thread per core oversubscribe it badly.
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")  # srun forwards output as it comes; Python would hold it back in a pipe
+    env.update(rank.env)
+    return env
+
+
+def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> NoReturn:
+    """Replace this process by the rank's program: no extra process sits between srun and the script."""
+    command = rank.argv
+    if not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
+        raise UsageError(f"script {opts.program[0]!r} does not exist on {rank.node} (cwd {os.getcwd()})",
+                         "use a path every node can see (a shared filesystem), or -m MODULE")
+    env = task_env(rank, opts, environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        raise UsageError(f"cannot start {command[0]!r} on {rank.node}: {exc.strerror}",
+                         "check --python and the script path on every node") from None

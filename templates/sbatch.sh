@@ -1,0 +1,1 @@
+../distlaunch/templates/sbatch.sh

@@ -1,0 +1,23 @@
+#!/bin/bash
+# A Slurm batch script for distlaunch: one rank per Slurm task.
+# `distlaunch slurm sbatch` fills in the placeholders in double braces and leaves out a line whose
+# placeholders are all empty.
+# Copy it, edit it, and render your copy with `distlaunch slurm sbatch --template my-sbatch.sh ...`,
+# or fill it in by hand and submit it with plain sbatch.
+#SBATCH --job-name=gpt
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=8
+#SBATCH --time=2:00:00
+#SBATCH --partition=gpu
+#SBATCH --account=proj42
+#SBATCH --output=logs/%x-%j.out
+set -euo pipefail
+
+# `distlaunch slurm run` reads nodes, tasks, GPUs and CPUs per node from the #SBATCH lines above (through
+# SLURM_JOB_NUM_NODES, SLURM_NTASKS_PER_NODE, SLURM_GPUS_PER_NODE, SLURM_CPUS_PER_TASK) and runs
+#   srun --kill-on-bad-exit=1 --label ... python -m distlaunch run --launcher slurm ... SCRIPT ARGS
+# Every task maps its SLURM_* variables to MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE ... and
+# execs the script. One failing rank stops the step; the job exits with that rank's exit code.
+exec /opt/venv/bin/python -m distlaunch slurm run --parallel dp=auto,tp=2,pp=2 --env NCCL_DEBUG=WARN -- train.py --config 'my cfg.toml'
