@@ -58,6 +58,11 @@ class StartedAgent:
             self.channel.settimeout(None)
         return output
 
+    def exit_status(self, timeout: float = 5.0) -> int:
+        """The agent command's exit status once it ended (-1 if sshd has not said within ``timeout``)."""
+        self.channel.status_event.wait(timeout)
+        return self.channel.exit_status
+
     def close(self) -> None:
         self.channel.close()
 

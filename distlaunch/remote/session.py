@@ -5,10 +5,11 @@ node's agent gets its plan; connections are closed in finally."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from distlaunch.errors import HostError
-from distlaunch.remote.agent_conn import StartedAgent, SshAgent
+from distlaunch.remote.agent_conn import HELLO_TIMEOUT_S, StartedAgent, SshAgent
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
 
@@ -42,10 +43,11 @@ class RemoteHosts:
                 self.started[alias] = StartedAgent.start(client, alias, self.python, self.workdir, job_id)
             except SshError as exc:
                 errors.append(exc)
+        deadline = time.monotonic() + HELLO_TIMEOUT_S  # one deadline for all: they started together
         for alias, agent in self.started.items():
-            output = agent.wait_hello()
+            output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
             if output is not None:
-                errors.append(self._why(alias, output, agent.channel.exit_status))
+                errors.append(self._why(alias, output, agent.exit_status()))
         if errors:
             raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
 
@@ -53,12 +55,12 @@ class RemoteHosts:
         """Why the agent did not start, from what the remote shell or Python printed."""
         text = "\n".join(output)
         last = output[-1] if output else f"exit status {status}"
-        if status == 127 or (self.python in text and "not found" in text):
-            return HostError(f"{alias}: Python {self.python!r} not found ({last})",
-                             "install Python there, or pass --remote-python PATH (an interpreter with distlaunch installed)")
         if "cd" in text and self.workdir in text:
             return HostError(f"{alias}: working directory {self.workdir!r} is not usable ({last})",
                              f"create it on {alias} (the same checkout as here), or pass --workdir DIR")
+        if status == 127 or self.python in text and ("not found" in text or "No such file" in text):
+            return HostError(f"{alias}: Python {self.python!r} not found ({last})",
+                             "install Python there, or pass --remote-python PATH (an interpreter with distlaunch installed)")
         if "No module named" in text:
             return HostError(f"{alias}: {self.python} cannot import distlaunch ({last})",
                              f"install distlaunch for that Python on {alias} (pip install distlaunch), or pass --remote-python / --workdir")

@@ -165,3 +165,10 @@ def test_remote_python_that_cannot_run_the_agent_is_exit_3(sshd_cluster, tmp_pat
     assert "node1: Python '/nonexistent/python3' not found" in r.stderr and "--remote-python" in r.stderr
     r = run_cli(*launch_args(sshd_cluster, "--workdir", str(tmp_path / "missing"), WORKER, "dump"), env=cli_env(), timeout=60)
     assert r.returncode == 3 and f"working directory {str(tmp_path / 'missing')!r} is not usable" in r.stderr, r.stderr
+
+
+def test_max_restarts_restart_every_host(sshd_cluster):
+    restart = str(Path(__file__).parents[1] / "launcher" / "scripts" / "restart.py")  # rank 1 fails on try 0 only
+    r = run_cli(*launch_args(sshd_cluster, "--max-restarts", "1", restart), env=cli_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "[node3 rank 5] rank 5 try 1" in r.stdout and "after 1 restart(s)" in r.stderr
