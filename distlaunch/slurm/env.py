@@ -53,8 +53,7 @@ def check_nproc_per_node(step: SlurmStep, nproc_per_node: int | None) -> None:
         f"-n/--nproc-per-node {nproc_per_node} inside a Slurm step of {step.local_world_size} task(s) on {step.node_name or 'this node'}: "
         f"under srun every task is one rank, so {step.local_world_size} tasks × {nproc_per_node} processes would be "
         f"{step.local_world_size * nproc_per_node} ranks per node",
-        f"drop -n and let srun start the ranks (srun --ntasks-per-node={nproc_per_node} distlaunch run ...), "
-        "or use --launcher agent to start them from one task per node")
+        f"drop -n and let srun start one task per rank: srun --ntasks-per-node={nproc_per_node} distlaunch run ...")
 
 
 def srun_shape(ntasks: int, nnodes: int) -> str:
