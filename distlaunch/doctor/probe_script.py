@@ -6,7 +6,6 @@ standard library, and it never imports torch: versions come from package metadat
 ``version.py``, which takes milliseconds instead of the seconds an import of torch (and CUDA) costs.
 """
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -48,10 +47,25 @@ def run(argv, timeout=5.0):
 
 
 def dist_version(name):
+    import importlib.metadata  # only where needed: it costs more than the rest of the probe together
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def package_version(name):
+    """``__version__`` of an importable package, read from its source (nothing is imported)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    for module in ("version.py", "__init__.py"):
+        found = re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", read(os.path.join(root, module)) or "", re.M)
+        if found:
+            return found.group(1)
+    return dist_version(name)
 
 
 def torch_facts():
@@ -61,11 +75,12 @@ def torch_facts():
     root = list(spec.submodule_search_locations)[0]
     version_py = read(os.path.join(root, "version.py")) or ""
     cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", version_py, re.M)
-    nccl = next((v for v in map(dist_version, NCCL_DISTS) if v), None)
-    libs = os.listdir(os.path.join(root, "lib")) if os.path.isdir(os.path.join(root, "lib")) else []
-    bundled = any(lib.startswith("libnccl") for lib in libs)
-    return {"version": dist_version("torch") or re.search(r"__version__\s*=\s*['\"]([^'\"]+)", version_py).group(1),
-            "cuda": cuda.group(1) if cuda else None, "nccl": nccl or ("bundled" if bundled else None), "path": root}
+    nccl = None
+    if cuda:  # CPU builds have no NCCL: skip the (slow) package metadata scan
+        libs = os.listdir(os.path.join(root, "lib")) if os.path.isdir(os.path.join(root, "lib")) else []
+        bundled = "bundled" if any(lib.startswith("libnccl") for lib in libs) else None
+        nccl = next((v for v in map(dist_version, NCCL_DISTS) if v), bundled)
+    return {"version": package_version("torch"), "cuda": cuda.group(1) if cuda else None, "nccl": nccl, "path": root}
 
 
 def gpu_facts():
@@ -78,27 +93,43 @@ def gpu_facts():
         return {"source": "none", "names": []}
 
 
-def interface_facts():
-    out = run(["ip", "-j", "addr"])
-    if out:
+def ipv4_of(name):
+    """The interface's IPv4 address via the SIOCGIFADDR ioctl (no subprocess: the probe runs on every host)."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            return [{"name": i["ifname"], "up": "UP" in i.get("flags", []),
-                     "addrs": [a["local"] for a in i.get("addr_info", []) if "local" in a]} for i in json.loads(out)]
-        except (ValueError, KeyError):
-            pass
-    names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
-    return [{"name": n, "up": read(f"/sys/class/net/{n}/operstate") in ("up", "unknown"), "addrs": []} for n in names]
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return []
+    return [socket.inet_ntoa(packed[20:24])]
+
+
+def ipv6_by_interface():
+    found = {}
+    for line in (read("/proc/net/if_inet6") or "").splitlines():
+        fields = line.split()
+        if len(fields) == 6:
+            found.setdefault(fields[5], []).append(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0])))
+    return found
+
+
+def interface_facts():
+    names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else [n for _, n in socket.if_nameindex()]
+    v6 = ipv6_by_interface()
+    out = []
+    for name in names:
+        flags = read(f"/sys/class/net/{name}/flags")
+        up = bool(int(flags, 16) & 1) if flags else read(f"/sys/class/net/{name}/operstate") in ("up", "unknown")
+        out.append({"name": name, "up": up, "addrs": ipv4_of(name) + v6.get(name, [])})
+    return out
 
 
 def route_to(address, interfaces):
-    out = run(["ip", "-j", "route", "get", address])
-    if out:
-        try:
-            route = json.loads(out)[0]
-            return {"dev": route.get("dev"), "src": route.get("prefsrc")}
-        except (ValueError, IndexError, AttributeError):
-            pass
-    try:  # no iproute2: the kernel's source address for a UDP "connection" names the interface
+    """The source address the kernel picks toward ``address`` (a UDP "connection" sends nothing), and the
+    interface that owns it: on the master itself that is the interface of MASTER_ADDR, not lo."""
+    try:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect((address, 9))
@@ -157,7 +188,7 @@ def main():
         "machine_id": read("/etc/machine-id") or read("/var/lib/dbus/machine-id"),
         "boot_id": read("/proc/sys/kernel/random/boot_id"),
         "python": {"executable": sys.executable, "version": ".".join(map(str, sys.version_info[:3]))},
-        "distlaunch": dist_version("distlaunch") if importlib.util.find_spec("distlaunch") else None,
+        "distlaunch": package_version("distlaunch"),
         "torch": torch_facts(), "gpus": gpu_facts(), "interfaces": interfaces,
         "shm_bytes": shm_bytes, "memlock": -1 if memlock == resource.RLIM_INFINITY else memlock,
         "infiniband": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
