@@ -58,3 +58,11 @@ def test_launched_ranks_read_the_env_contract_and_parallel_spec(tmp_path):
     per_rank = summary["mem_bytes_per_rank"]
     # tp=2: each rank holds about half the parameters (norms and position embedding replicated)
     assert all(0.5 * 4 * summary["n_params"] < r["params"] < 0.7 * 4 * summary["n_params"] for r in per_rank)
+
+
+def test_engine_never_imports_cli_code():
+    code = ("import sys, distlaunch.engine.__main__, distlaunch.engine.loop; "
+            "bad = [m for m in ('typer', 'rich', 'paramiko', 'distlaunch.cli') if m in sys.modules]; "
+            "sys.exit(f'engine imported {bad}' if bad else 0)")
+    (result,) = spawn([sys.executable, "-c", code], world_size=0, timeout=120)
+    assert result.returncode == 0, result.stderr

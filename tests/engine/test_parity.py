@@ -15,6 +15,7 @@ from tests.engine.harness import run_layouts
 BASE = ["model.preset='tiny'", "train.steps=20", "train.global_batch_size=8", "train.seq_len=64",
         "train.lr=1e-3", "train.seed=7"]
 LOSS_RTOL = 1e-5  # the issue's bar: relative difference per step
+NORM_RTOL = 1e-4  # gradient norm per step (measured: <= 3e-6; headroom for other CPUs' kernels)
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-6  # one step's gradients: summation order differs per layout
 
 LAYOUTS: dict[int, dict[str, list[str]]] = {
@@ -26,6 +27,7 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
         "tp2": ["parallel.tp=2"],
         "pp2-gpipe": ["parallel.pp=2", "parallel.schedule='gpipe'"],
         "pp2-interleaved": ["parallel.pp=2", "parallel.schedule='interleaved'"],
+        "dp2-zero3-ac": ["parallel.zero=3", "train.activation_checkpointing=true"],
     },
     4: {
         "dp4": [],
@@ -37,6 +39,7 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
         "dp2-tp2": ["parallel.tp=2"],
         "dp2-pp2": ["parallel.pp=2"],
         "tp2-pp2": ["parallel.tp=2", "parallel.pp=2"],
+        "tp2-pp2-ac": ["parallel.tp=2", "parallel.pp=2", "train.activation_checkpointing=true"],
         "dp2-tp2-zero2": ["parallel.tp=2", "parallel.zero=2"],
         "dp2-pp2-zero3-interleaved": ["parallel.pp=2", "parallel.zero=3", "parallel.schedule='interleaved'"],
     },
@@ -82,7 +85,7 @@ def test_loss_curve_matches_single_process(world_size, name, reference, layout_r
     assert len(losses) == len(reference["losses"]) == 20
     assert all(r["losses"] == losses for r in ranks), "every rank must report the same loss"
     assert max(_relative(losses, reference["losses"])) <= LOSS_RTOL, (losses, reference["losses"])
-    assert max(_relative(ranks[0]["grad_norms"], reference["grad_norms"])) <= LOSS_RTOL
+    assert max(_relative(ranks[0]["grad_norms"], reference["grad_norms"])) <= NORM_RTOL
 
 
 @pytest.mark.parametrize("world_size,name", CASES, ids=[n for _, n in CASES])
