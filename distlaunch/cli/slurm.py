@@ -100,7 +100,7 @@ def slurm_run(
     if dry_run:
         print_json(job) if json_output else print(shlex.join(job.srun))
         return 0
-    result = run_srun(job.srun)
+    result = run_srun(job.srun, out=sys.stderr if json_output else None)  # --json: stdout is the report only
     _report(result)
     if json_output:
         print_json(result)

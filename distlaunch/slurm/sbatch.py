@@ -104,6 +104,7 @@ class _Follower(threading.Thread):
         self.path, self.out, self.stop, self.pos, self.partial = path, out, threading.Event(), 0, ""
 
     def run(self):
+        """Poll the file until stopped, then read what is left."""
         while not self.stop.wait(0.2):
             self.read()
         self.read()
@@ -111,6 +112,7 @@ class _Follower(threading.Thread):
             self.out.write(self.partial + "\n")
 
     def read(self):
+        """Copy the complete lines added since the last read."""
         try:
             with open(self.path, encoding="utf-8", errors="replace") as f:
                 f.seek(self.pos)

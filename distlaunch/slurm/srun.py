@@ -87,11 +87,11 @@ class _Forward:
             self.proc.send_signal(signum)
 
 
-def run_srun(argv: list[str], err: TextIO | None = None) -> SrunResult:
-    """Run srun with stdout passed through and stderr echoed line by line while its report lines are read."""
+def run_srun(argv: list[str], err: TextIO | None = None, out: TextIO | None = None) -> SrunResult:
+    """Run srun with stdout passed through (to ``out``) and stderr echoed line by line while its report lines are read."""
     err = err or sys.stderr
     try:
-        proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
     except FileNotFoundError:
         raise HostError(f"{argv[0]!r} not found: Slurm's client commands are not installed here",
                         "run on a Slurm login node, or install slurm-client") from None

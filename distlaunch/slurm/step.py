@@ -33,6 +33,7 @@ class SlurmStep(BaseModel):
 
     @property
     def local_world_size(self) -> int:
+        """Tasks (ranks) on this task's node."""
         return self.tasks_per_node[self.node_rank]
 
 
