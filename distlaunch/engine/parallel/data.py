@@ -14,6 +14,7 @@ must follow it), ``zero_grad``, and read-only views for the gradient norm, memor
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Iterable
 
 import torch
@@ -153,6 +154,9 @@ class FullyShardedDP(DataParallelBase):
     zero = 3
 
     def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory):
+        # with tp the root returns its vocab shard of the logits as a view (DTensor.to_local);
+        # the loss only reads it out of place, so FSDP's in-place warning does not apply
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         for chunk in chunks:
             # one FSDP unit per block: only one block's parameters are unsharded at a time
             for block in chunk.blocks.values():
