@@ -13,6 +13,7 @@ from typing import Callable, Protocol
 
 from pydantic import BaseModel
 
+from distlaunch.errors import UsageError
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.report import RankExit, RunReport, exit_code_of
 from distlaunch.launcher.transport import AgentConnection
@@ -174,7 +175,11 @@ class _Attempt:
 def execute(plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect) -> RunReport:
     """Run the plan to completion (with up to ``max_restarts`` restarts) and report how it ended."""
     if options.log_dir is not None:
-        Path(options.log_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(options.log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--log-dir {str(options.log_dir)!r} cannot be created: {exc.strerror}",
+                             "give a folder path that you can write to") from None
     started = time.monotonic()
     failures: list[RankExit] = []
     restarts = 0

@@ -47,6 +47,7 @@ def test_options_after_the_script_belong_to_the_script():
     (["run", "--frobnicate", "x.py"], 2, "No such option: --frobnicate"),
     (["run", "-n", "2", "missing_script.py"], 2, "script 'missing_script.py' does not exist"),
     (["run", "-H", HOSTFILE, "-n", "8", "--dry-run", "x.py"], 2, "more than the 4 slots of node1"),
+    (["run", "-n", "1", "--log-dir", "{bad}", str(ROOT / "tests/launcher/scripts/env_dump.py")], 2, "cannot be created: File exists"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, code, fragment, tmp_path):
     bad = tmp_path / "hosts"
