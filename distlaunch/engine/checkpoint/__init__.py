@@ -1,0 +1,9 @@
+"""Sharded, atomic checkpoints that any layout can resume from (docs/checkpointing.md).
+
+- ``manifest``: the directory layout, ``meta.json`` and the ``latest`` pointer (torch-free),
+- ``shards``: model and optimizer state under single-process names, ready for DCP resharding,
+- ``state``: registered train-state parts (LR schedule, loss scaler, ...) and per-rank RNG,
+- ``store``: one atomic save, one load from any layout,
+- ``session``: the training loop's hooks (resume, step watchdog, fault injection, saves),
+- ``export``: one consolidated state dict for the plain single-process model.
+"""

@@ -1,0 +1,135 @@
+"""Model and optimizer state under single-process names, in a form DCP can reshard.
+
+Every tensor is saved with its *global* shape under the name the plain model uses
+(``model.blocks.0.attn.wq.weight``, ``optim.blocks.0.attn.wq.weight.exp_avg``), so any layout can
+read any other's checkpoint; DCP (``torch.distributed.checkpoint``) writes each rank's chunk and
+reads, on load, whatever chunks overlap the reader's own shard.
+
+- Parameters: already in that form. Replicated tensors are whole; tensor-parallel ones are
+  DTensors over the tp mesh; ZeRO-3's are DTensors over dp (and tp); pipeline stages hold disjoint
+  names. DCP saves one copy of replicated chunks (its plan de-duplicates them).
+- Optimizer state of ZeRO 0 and 3: shaped (and placed) like its parameter, saved as it is.
+- Optimizer state of ZeRO 1/2: a flat 1/dp slice of the parameter's local tensor, which is not a
+  rectangular chunk of the global tensor. It is all-gathered over dp, one parameter at a time,
+  into the parameter's own shape and placement (gather-on-save); on load each rank reads that
+  shape and keeps its slice. docs/checkpointing.md has the measured cost and the alternative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from distlaunch.engine.parallel.data import DataParallelBase, local
+from distlaunch.engine.parallel.zero import ShardedDP, _all_gather, _ParamShard
+from distlaunch.errors import UsageError
+
+MODEL, OPTIM = "model.", "optim."
+
+
+@dataclass
+class ParamEntry:
+    """One parameter: its single-process name, the tensor, and what the optimizer updates."""
+
+    name: str
+    param: nn.Parameter
+    opt_param: torch.Tensor  # the parameter itself, or its ZeRO-1/2 slice
+    shard: Optional[_ParamShard]  # set for ZeRO-1/2
+
+
+def param_entries(data_parallel: DataParallelBase) -> list[ParamEntry]:
+    """Every parameter this rank holds, whatever the ZeRO stage."""
+    if isinstance(data_parallel, ShardedDP):
+        return [ParamEntry(n, p, s.master, s) for (n, p), s in zip(data_parallel.named_params, data_parallel.shards)]
+    return [ParamEntry(n, p, p, None) for n, p in data_parallel.named_params]
+
+
+def _is_elementwise(value: Any, entry: ParamEntry) -> bool:
+    """Optimizer state with one value per parameter element (Adam's moments), not a scalar."""
+    return torch.is_tensor(value) and value.ndim > 0 and value.shape == entry.opt_param.shape
+
+
+def _gather_slice(value: torch.Tensor, entry: ParamEntry, data_parallel: ShardedDP) -> torch.Tensor:
+    """A ZeRO-1/2 state slice all-gathered over dp into the parameter's shape and placement."""
+    shard = entry.shard
+    slot = value.new_zeros(shard.size)
+    slot[: shard.stop - shard.start] = value
+    gathered = slot.new_empty(shard.size * data_parallel.dp)
+    _all_gather(gathered, slot, group=data_parallel.group)
+    full_local = gathered[: shard.numel].view(local(entry.param).shape)
+    if isinstance(entry.param, DTensor):
+        return DTensor.from_local(full_local, entry.param.device_mesh, entry.param.placements,
+                                  shape=entry.param.shape, stride=entry.param.stride())
+    return full_local
+
+
+def save_tensors(data_parallel: DataParallelBase) -> dict[str, Any]:
+    """``model.*`` and ``optim.*`` entries of this rank (collective over dp for ZeRO-1/2)."""
+    out: dict[str, Any] = {}
+    optimizer_state = data_parallel.optimizer.state
+    for entry in param_entries(data_parallel):
+        out[MODEL + entry.name] = entry.param.detach()
+        # sorted: every dp rank runs the gathers of one parameter in the same order
+        for key, value in sorted(optimizer_state.get(entry.opt_param, {}).items()):
+            if entry.shard is not None and _is_elementwise(value, entry):
+                value = _gather_slice(value, entry, data_parallel)
+            out[f"{OPTIM}{entry.name}.{key}"] = value
+    return out
+
+
+def load_templates(data_parallel: DataParallelBase, saved: dict[str, Any]) -> dict[str, Any]:
+    """Destinations for DCP's load: the parameters themselves (loaded in place) and empty
+    optimizer state shaped as saved. ``saved`` is the checkpoint's fqn -> storage metadata.
+
+    Raises UsageError when the checkpoint lacks a parameter this rank holds.
+    """
+    out: dict[str, Any] = {}
+    missing = []
+    for entry in param_entries(data_parallel):
+        if MODEL + entry.name not in saved:
+            missing.append(entry.name)
+            continue
+        out[MODEL + entry.name] = entry.param.detach()
+        prefix = f"{OPTIM}{entry.name}."
+        for key, meta in saved.items():
+            if key.startswith(prefix) and "." not in key[len(prefix):]:
+                out[key] = _optimizer_template(entry, meta)
+    if missing:
+        raise UsageError(f"the checkpoint has no weights for {len(missing)} parameter(s) of this model, e.g. {missing[0]}",
+                         "resume with the same model.preset the checkpoint was written with")
+    return out
+
+
+def _optimizer_template(entry: ParamEntry, meta: Any) -> Any:
+    """An empty destination for one optimizer state entry (None for a non-tensor value)."""
+    size = getattr(meta, "size", None)
+    if size is None:
+        return None  # saved as bytes: DCP replaces the value
+    dtype = meta.properties.dtype
+    if len(size) > 0 and tuple(size) == tuple(entry.param.shape):
+        return torch.empty_like(entry.param.detach(), dtype=dtype)  # placed like the parameter
+    return torch.empty(size, dtype=dtype, device=local(entry.param).device)
+
+
+def apply_optimizer_state(data_parallel: DataParallelBase, loaded: dict[str, Any]) -> int:
+    """Install loaded optimizer state (ZeRO-1/2 keep their slice); returns the tensors set."""
+    count = 0
+    for entry in param_entries(data_parallel):
+        prefix = f"{OPTIM}{entry.name}."
+        state = {}
+        for key, value in loaded.items():
+            if not key.startswith(prefix):
+                continue
+            name = key[len(prefix):]
+            if entry.shard is not None and torch.is_tensor(value) and tuple(value.shape) == tuple(entry.param.shape):
+                value = local(value).reshape(-1)[entry.shard.start : entry.shard.stop].clone()
+            state[name] = value
+            count += 1
+        if state:
+            data_parallel.optimizer.state[entry.opt_param] = state
+    return count
+

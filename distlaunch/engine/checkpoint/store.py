@@ -1,0 +1,127 @@
+"""Save and load one checkpoint with torch.distributed.checkpoint (DCP), atomically.
+
+A save writes every rank's shards into ``step_N.tmp-<tag>``, waits for every rank (barrier), and
+only then does rank 0 write ``meta.json``, rename the directory to ``step_N`` and move ``latest``.
+A rank that dies anywhere before that leaves a ``.tmp-`` directory nobody reads, and the previous
+checkpoint untouched; the next save deletes the leftover.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from distlaunch.engine.checkpoint.manifest import (
+    CheckpointMeta,
+    ComponentSize,
+    Layout,
+    directory_bytes,
+    prune,
+    publish,
+    read_meta,
+    remove_leftovers,
+    step_dir_name,
+    write_meta,
+)
+from distlaunch.engine.checkpoint.shards import apply_optimizer_state, load_templates, save_tensors
+from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
+from distlaunch.errors import UsageError
+
+EXTRA, RNG = "extra.", "rng.rank"
+
+
+def _to_bytes(obj: Any) -> bytes:
+    # one opaque value per part: DCP would otherwise flatten nested dicts and tuples key by key
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)  # our own file, written by save_checkpoint
+
+
+def build_state(engine, train_state: TrainState, rank: int) -> dict[str, Any]:
+    """Everything one rank contributes to a checkpoint, keyed by single-process names."""
+    state = save_tensors(engine.data_parallel)
+    for name, part in train_state.parts.items():
+        state[EXTRA + name] = _to_bytes(part.state_dict())
+    state[f"{RNG}{rank}"] = _to_bytes(rng_state())
+    return state
+
+
+def component_sizes(metadata: Metadata) -> dict[str, ComponentSize]:
+    """Entries, elements and bytes per top-level component (model, optim, extra, rng)."""
+    sizes: dict[str, ComponentSize] = {}
+    for fqn, item in metadata.state_dict_metadata.items():
+        part = sizes.setdefault(fqn.split(".", 1)[0], ComponentSize())
+        part.entries += 1
+        if isinstance(item, TensorStorageMetadata):
+            numel = 1
+            for dim in item.size:
+                numel *= dim
+            part.numel += numel
+            part.bytes += numel * item.properties.dtype.itemsize
+    return sizes
+
+
+def save_checkpoint(engine, train_state: TrainState, step: int, root: Path, keep: int, tag: str,
+                    before_publish: Callable[[], None]) -> Path | None:
+    """Write, then publish, the checkpoint of ``step`` (collective); rank 0 returns its path."""
+    started = time.perf_counter()
+    rank = dist.get_rank()
+    tmp = root / f"{step_dir_name(step)}.tmp-{tag}"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(root)  # unfinished saves of crashed tries, old half-deleted checkpoints
+    metadata = dcp.save(build_state(engine, train_state, rank), storage_writer=dcp.FileSystemWriter(tmp))
+    before_publish()  # the crash-in-save fault point: shards on disk, nothing published
+    dist.barrier()  # every rank has finished writing
+    final = None
+    if rank == 0:
+        dims = engine.dims
+        write_meta(tmp, CheckpointMeta(
+            step=step, preset=engine.cfg.model.preset,
+            layout=Layout(dp=dims.dp, tp=dims.tp, pp=dims.pp, zero=dims.zero, world_size=dims.world_size),
+            components=component_sizes(metadata), files_bytes=directory_bytes(tmp),
+            extras=sorted(train_state.parts), job=tag, saved_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            torch_version=torch.__version__, save_seconds=round(time.perf_counter() - started, 3)))
+        final = publish(root, tmp, step, tag)
+        prune(root, keep, tag)
+    dist.barrier()  # nobody trains on until the checkpoint is published
+    return final
+
+
+def load_checkpoint(engine, train_state: TrainState, path: Path) -> CheckpointMeta:
+    """Load ``path`` into this rank's model, optimizer and train state, from any saved layout."""
+    meta = read_meta(path)
+    if meta.preset != engine.cfg.model.preset:
+        raise UsageError(f"checkpoint {path} holds model.preset={meta.preset!r}, the config says "
+                         f"{engine.cfg.model.preset!r}", f"resume with --set model.preset={meta.preset}")
+    rank = dist.get_rank()
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    state = load_templates(engine.data_parallel, saved)
+    extras = [name for name in train_state.parts if EXTRA + name in saved]
+    for name in extras:
+        state[EXTRA + name] = b""
+    # a rank's random stream only means something for the same rank in the same world
+    rng_key = f"{RNG}{rank}"
+    restore_rng = meta.layout.world_size == dist.get_world_size() and rng_key in saved
+    if restore_rng:
+        state[rng_key] = b""
+    with torch.no_grad():
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+    apply_optimizer_state(engine.data_parallel, state)
+    for name in extras:
+        train_state.parts[name].load_state_dict(_from_bytes(state[EXTRA + name]))
+    if restore_rng:
+        set_rng_state(_from_bytes(state[rng_key]))
+    return meta

@@ -1,0 +1,83 @@
+"""Fault injection for rehearsing failures: ``fault.rank`` crashes or hangs at ``fault.step``.
+
+- ``crash``: the rank exits with ``FAULT_EXIT`` at the start of step ``fault.step``, abruptly
+  (``os._exit``: no cleanup, no process-group shutdown), as a segfault or an OOM kill would.
+- ``hang``: the rank stops at the start of that step and never comes back; the step timeout
+  (``train.step_timeout``) must catch it.
+- ``crash-in-save``: the rank exits in the first checkpoint save at or after that step, after
+  its shards are on disk and before the checkpoint is published.
+
+By default a fault fires only on the first try (``DISTLAUNCH_RESTART_COUNT`` 0 or unset), so a
+job started with ``--max-restarts`` recovers; ``fault.every_try = true`` fires it on every try.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from distlaunch.engine.config import FaultSection
+from distlaunch.errors import UsageError
+
+FAULT_EXIT = 42  # exit code of an injected crash, distinct from Python's 1 and signals' 128+N
+
+
+def restart_count(environ: dict[str, str] | None = None) -> int:
+    """Which try this is: distlaunch's DISTLAUNCH_RESTART_COUNT, else torchrun's."""
+    env = os.environ if environ is None else environ
+    for name in ("DISTLAUNCH_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """The fault this rank injects on this try, if any."""
+
+    kind: Optional[str]  # None: nothing to inject here
+    step: int = 0
+
+    @classmethod
+    def for_rank(cls, section: FaultSection, rank: int, world_size: int, tries: int, step_timeout: float) -> "FaultPlan":
+        """The configured fault if it targets ``rank`` on this try; checks the settings."""
+        if section.rank is None and section.step is None:
+            return cls(None)
+        if section.rank is None or section.step is None:
+            raise UsageError("fault.rank and fault.step must be set together",
+                             "for example --set fault.rank=1 --set fault.step=12")
+        if section.rank >= world_size:
+            raise UsageError(f"fault.rank={section.rank} but the job has {world_size} rank(s)",
+                             f"use a rank in [0, {world_size})")
+        if section.kind == "hang" and step_timeout <= 0:
+            raise UsageError("fault.kind='hang' with train.step_timeout=0 would hang forever",
+                             "set train.step_timeout (seconds) so the hang is detected")
+        if section.rank != rank or (tries > 0 and not section.every_try):
+            return cls(None)
+        return cls(section.kind, section.step)
+
+    def at_step(self, step: int, rank: int) -> None:
+        """Crash or hang here if this is the step (the start of the step, before any work)."""
+        if self.kind not in ("crash", "hang") or step != self.step:
+            return
+        _say(f"fault injection: rank {rank} {'crashes' if self.kind == 'crash' else 'hangs'} at step {step} "
+             f"(fault.kind={self.kind!r})")
+        if self.kind == "crash":
+            os._exit(FAULT_EXIT)
+        threading.Event().wait()  # forever: only the watchdog (or the launcher) ends this process
+
+    def in_save(self, step: int, rank: int) -> None:
+        """Crash in the middle of the save of ``step``, if it is at or after the fault step."""
+        if self.kind == "crash-in-save" and step >= self.step:
+            _say(f"fault injection: rank {rank} crashes while saving the step-{step} checkpoint, after writing "
+                 f"its shards and before publishing (fault.kind='crash-in-save')")
+            os._exit(FAULT_EXIT)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
