@@ -30,7 +30,7 @@ FORMAT_VERSION = 1
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
-_LEFTOVER = re.compile(r"^step_\d{6,}\.(tmp|trash)-")
+LEFTOVER = re.compile(r"^step_\d{6,}\.(tmp|trash)-")
 
 
 class ComponentSize(BaseModel):
@@ -164,13 +164,13 @@ def publish(root: Path, tmp_dir: Path, step: int, tag: str) -> Path:
     return final
 
 
-def remove_leftovers(root: Path, keep_tmp: Path | None = None) -> list[Path]:
+def remove_leftovers(root: Path) -> list[Path]:
     """Delete unfinished saves (``*.tmp-*``) and half-deleted old checkpoints (``*.trash-*``)."""
     removed = []
     if not root.is_dir():
         return removed
     for path in root.iterdir():
-        if _LEFTOVER.match(path.name) and path != keep_tmp:
+        if LEFTOVER.match(path.name):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

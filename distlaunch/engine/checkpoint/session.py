@@ -21,7 +21,6 @@ from typing import Iterator, Optional
 import torch.distributed as dist
 
 from distlaunch.engine.checkpoint.manifest import latest_checkpoint, resolve_checkpoint
-from distlaunch.engine.checkpoint.store import load_checkpoint, save_checkpoint
 from distlaunch.engine.fault import FaultPlan, restart_count
 from distlaunch.engine.watchdog import Watchdog
 from distlaunch.errors import DistlaunchError, UsageError
@@ -77,6 +76,8 @@ class Checkpointing:
         if decision[0] is None:
             return 1
         path = Path(decision[0])
+        from distlaunch.engine.checkpoint.store import load_checkpoint  # DCP costs ~1 s to import: only when used
+
         with self.watchdog.guard(f"loading checkpoint {path}", self.cfg.checkpoint.timeout, "checkpoint.timeout"):
             meta = load_checkpoint(self.engine, self.engine.train_state, path)
         if self.rank == 0:
@@ -101,6 +102,8 @@ class Checkpointing:
         """Save the checkpoint of ``step`` when due (collective); rank 0 gets the published path."""
         if not self.due(step):
             return None
+        from distlaunch.engine.checkpoint.store import save_checkpoint  # DCP costs ~1 s to import: only when used
+
         ckpt = self.cfg.checkpoint
         with self.watchdog.guard(f"checkpoint save of step {step}", ckpt.timeout, "checkpoint.timeout"):
             return save_checkpoint(self.engine, self.engine.train_state, step, Path(ckpt.dir).expanduser(),

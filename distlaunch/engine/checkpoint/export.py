@@ -1,0 +1,74 @@
+"""One consolidated state dict from a sharded checkpoint, for the plain single-process model.
+
+No process group is needed: DCP reads every shard in this one process (``no_dist``) into
+full-size tensors, keyed by the names ``GPT.load_state_dict`` expects. The output is safetensors
+(``OUT.safetensors``, or any suffix but ``.pt``/``.pth``) or ``torch.save`` (``.pt``/``.pth``)::
+
+    from safetensors.torch import load_file
+    model = GPT(PRESETS["tiny"]); model.load_state_dict(load_file("model.safetensors"))
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from pydantic import BaseModel
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from distlaunch.engine.checkpoint.manifest import read_meta, resolve_checkpoint
+from distlaunch.engine.checkpoint.shards import MODEL
+from distlaunch.errors import UsageError
+
+TORCH_SUFFIXES = (".pt", ".pth")
+
+
+class ExportReport(BaseModel):
+    """What ``export_checkpoint`` wrote."""
+
+    source: str
+    output: str
+    format: str  # safetensors or torch
+    step: int
+    preset: str
+    tensors: int
+    bytes: int
+
+
+def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch.Tensor]:
+    """Full tensors of every ``prefix`` entry (default: the model), prefix removed."""
+    checkpoint = resolve_checkpoint(path)
+    saved = dcp.FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    state = {
+        fqn: torch.empty(item.size, dtype=item.properties.dtype)
+        for fqn, item in saved.items()
+        if fqn.startswith(prefix) and isinstance(item, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # DCP warns that it runs without a process group: that is the point
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
+        dcp.load(state, storage_reader=dcp.FileSystemReader(checkpoint), no_dist=True)
+    return {fqn[len(prefix):]: tensor for fqn, tensor in state.items()}
+
+
+def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
+    """Write the model weights of checkpoint ``path`` (or a root's latest) to ``output``."""
+    checkpoint = resolve_checkpoint(path)
+    meta = read_meta(checkpoint)
+    output = Path(output).expanduser()
+    if output.is_dir():
+        raise UsageError(f"export output {output} is a directory", "name a file, e.g. model.safetensors")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    weights = consolidated_state(checkpoint)
+    if output.suffix in TORCH_SUFFIXES:
+        torch.save(weights, output)
+        fmt = "torch"
+    else:
+        from safetensors.torch import save_file  # a dependency; imported where it is needed
+
+        save_file(weights, str(output), metadata={"step": str(meta.step), "preset": meta.preset,
+                                                  "source": str(checkpoint)})
+        fmt = "safetensors"
+    return ExportReport(source=str(checkpoint), output=str(output), format=fmt, step=meta.step,
+                        preset=meta.preset, tensors=len(weights), bytes=output.stat().st_size)
