@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import queue
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Protocol
@@ -16,6 +15,7 @@ from pydantic import BaseModel
 from distlaunch.errors import UsageError
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.report import RankExit, RunReport, exit_code_of
+from distlaunch.launcher.signals import SignalTrap
 from distlaunch.launcher.transport import AgentConnection
 
 TAIL_LINES = 10
@@ -40,34 +40,11 @@ class ExecOptions(BaseModel):
 Connect = Callable[[NodePlan, "queue.Queue[tuple[int, dict]]"], AgentConnection]
 
 
-class _Interrupts:
-    """SIGINT/SIGTERM while the job runs: the first stops the job in order, a second ^C kills at once."""
-
-    def __init__(self):
-        self.first: int | None = None
-        self.count = 0
-        self._saved: dict[int, object] = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._saved[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame):
-        self.first = self.first or signum
-        self.count += 1
-
-
 class _Attempt:
     """One start of every rank; ends when every agent has reported its ranks' exits."""
 
     def __init__(self, plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect, restart_count: int,
-                 interrupts: _Interrupts):
+                 interrupts: SignalTrap):
         self.plan, self.options, self.sink, self.connect = plan, options, sink, connect
         self.restart_count, self.interrupts = restart_count, interrupts
         self.events: queue.Queue[tuple[int, dict]] = queue.Queue()
@@ -183,7 +160,7 @@ def execute(plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect
     started = time.monotonic()
     failures: list[RankExit] = []
     restarts = 0
-    with _Interrupts() as interrupts:
+    with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
         for restart_count in range(options.max_restarts + 1):
             restarts = restart_count
             failures = _Attempt(plan, options, sink, connect, restart_count, interrupts).run()

@@ -10,12 +10,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from typing import TextIO
 
 from pydantic import BaseModel
 
 from distlaunch.errors import HostError
+from distlaunch.launcher.signals import SignalTrap
 
 _REPORT = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+)$")
 _EXITED = re.compile(r"Exited with exit code (\d+)")
@@ -65,28 +65,6 @@ def root_cause(failures: list[TaskFailure]) -> TaskFailure | None:
     return failures[0] if failures else None
 
 
-class _Forward:
-    """While srun runs, SIGINT/SIGTERM sent to distlaunch go to srun (a second ^C makes srun kill the step)."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc, self.first, self._saved = proc, None, {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._saved[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame):
-        self.first = self.first or signum
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-
-
 def run_srun(argv: list[str], err: TextIO | None = None, out: TextIO | None = None) -> SrunResult:
     """Run srun with stdout passed through (to ``out``) and stderr echoed line by line while its report lines are read."""
     err = err or sys.stderr
@@ -96,7 +74,11 @@ def run_srun(argv: list[str], err: TextIO | None = None, out: TextIO | None = No
         raise HostError(f"{argv[0]!r} not found: Slurm's client commands are not installed here",
                         "run on a Slurm login node, or install slurm-client") from None
     failures: list[TaskFailure] = []
-    with _Forward(proc) as forward:
+    def forward_to_srun(signum: int) -> None:  # a second ^C makes srun itself kill the step
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    with SignalTrap(forward_to_srun) as forward:
         for line in proc.stderr:
             err.write(line)
             err.flush()
