@@ -13,6 +13,7 @@ import typer
 from distlaunch import __version__
 from distlaunch.cli.doctor import doctor
 from distlaunch.cli.run import run
+from distlaunch.cli.checkpoint import checkpoint_app
 from distlaunch.cli.slurm import slurm_app
 from distlaunch.errors import DistlaunchError, ExitCode
 
@@ -34,6 +35,7 @@ _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 app.command("run", context_settings=_SCRIPT_CONTEXT)(run)
 app.command("doctor")(doctor)
 app.add_typer(slurm_app)
+app.add_typer(checkpoint_app)
 
 
 def _version(value: bool) -> None:

@@ -1,8 +1,7 @@
 """Training config: a TOML file plus ``--set section.key=value`` overrides, validated by pydantic.
 
-Every problem becomes a ``UsageError`` naming the key, the value and what is allowed. Keys that
-the engine declares but does not act on yet (``checkpoint.*``, ``fault.*``) are validated all
-the same, so a config written today stays valid when they start to matter.
+Every problem becomes a ``UsageError`` naming the key, the value and what is allowed.
+``checkpoint.*``, ``fault.*`` and ``train.step_timeout`` are documented in docs/checkpointing.md.
 """
 
 from __future__ import annotations
@@ -48,6 +47,8 @@ class TrainSection(_Section):
     precision: Precision = "fp32"
     activation_checkpointing: bool = False
     log_every: int = Field(1, ge=1)
+    # seconds one step may take before the rank's watchdog ends it (exit 124); 0: no limit
+    step_timeout: float = Field(900.0, ge=0)
 
 
 class ParallelSection(_Section):
@@ -68,12 +69,16 @@ class CheckpointSection(_Section):
     dir: Optional[str] = None
     every: int = Field(0, ge=0)
     keep: int = Field(2, ge=1)
+    # auto: the latest in dir if any; latest: the same, required; never; or a checkpoint path
+    resume: str = Field("auto", min_length=1)
+    timeout: float = Field(1800.0, ge=0)  # seconds one save or load may take; 0: no limit
 
 
 class FaultSection(_Section):
     rank: Optional[int] = Field(None, ge=0)
     step: Optional[int] = Field(None, ge=1)
     kind: FaultKind = "crash"
+    every_try: bool = False  # False: only when DISTLAUNCH_RESTART_COUNT is 0, so a restart recovers
 
 
 class TrainingConfig(_Section):
