@@ -25,9 +25,10 @@ def _mib(n: int) -> str:
 def render_checkpoint(report: CheckpointReport, console: Console) -> None:
     """The manifest as a table of components, then the checkpoints beside it."""
     meta, layout = report.meta, report.meta.layout
-    console.print(f"[bold]{report.path}[/bold]: step {meta.step}, model {meta.preset}, written by "
-                  f"dp={layout.dp},tp={layout.tp},pp={layout.pp},zero={layout.zero} ({layout.world_size} ranks) "
-                  f"at {meta.saved_at} in {meta.save_seconds:g}s")
+    console.print(f"[bold]{report.path}[/bold]")
+    console.print(f"step {meta.step}, model {meta.preset}, written by dp={layout.dp},tp={layout.tp},pp={layout.pp},"
+                  f"zero={layout.zero} ({layout.world_size} ranks)")
+    console.print(f"saved {meta.saved_at} in {meta.save_seconds:g}s by job {meta.job}, torch {meta.torch_version}")
     table = Table(title=f"{_mib(meta.files_bytes)} on disk")
     for col in ("component", "entries", "elements", "tensor bytes"):
         table.add_column(col, justify="left" if col == "component" else "right")
@@ -36,7 +37,7 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
     console.print(table)
     console.print(f"train state parts: {', '.join(meta.extras) or 'none'}")
     steps = ", ".join(f"{c.step}{' (latest)' if c.path == report.latest else ''}" for c in report.checkpoints)
-    console.print(f"checkpoints in {report.root}: {steps}")
+    console.print(f"checkpoints in this directory: {steps}")
     for leftover in report.leftovers:
         console.print(f"[yellow]unfinished save[/yellow] {leftover} (never read; the next save deletes it)")
 
