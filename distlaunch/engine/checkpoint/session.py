@@ -59,8 +59,8 @@ class Checkpointing:
         self.watchdog = Watchdog(rank)
         self.tag = f"{self.job or 'job'}-r{self.tries}"  # start() replaces it with one all ranks agree on
 
-    def start(self) -> int:
-        """Agree on the resume source and the save tag (collective), load; returns the first step."""
+    def _agree(self) -> tuple[Optional[Path], str]:
+        """Rank 0 picks the resume source and the save tag; every rank gets them (or its error)."""
         decision: list = [None, None, None]
         if self.rank == 0:
             try:
@@ -72,10 +72,13 @@ class Checkpointing:
         dist.broadcast_object_list(decision, src=0)
         if decision[1] is not None:
             raise decision[1]
-        self.tag = decision[2]
-        if decision[0] is None:
+        return (Path(decision[0]) if decision[0] else None), decision[2]
+
+    def start(self) -> int:
+        """Agree on the resume source and the save tag (collective), load; returns the first step."""
+        path, self.tag = self._agree()
+        if path is None:
             return 1
-        path = Path(decision[0])
         from distlaunch.engine.checkpoint.store import load_checkpoint  # DCP costs ~1 s to import: only when used
 
         with self.watchdog.guard(f"loading checkpoint {path}", self.cfg.checkpoint.timeout, "checkpoint.timeout"):
