@@ -15,6 +15,7 @@ from distlaunch.cli.doctor import doctor
 from distlaunch.cli.run import run
 from distlaunch.cli.checkpoint import checkpoint_app
 from distlaunch.cli.slurm import slurm_app
+from distlaunch.cli.train import train
 from distlaunch.errors import DistlaunchError, ExitCode
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -34,6 +35,7 @@ app = typer.Typer(
 _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 app.command("run", context_settings=_SCRIPT_CONTEXT)(run)
 app.command("doctor")(doctor)
+app.command("train")(train)
 app.add_typer(slurm_app)
 app.add_typer(checkpoint_app)
 

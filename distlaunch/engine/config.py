@@ -24,6 +24,9 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 ZeroStage = Literal[0, 1, 2, 3]
 FaultKind = Literal["crash", "hang", "crash-in-save"]
+LrSchedule = Literal["cosine", "constant"]
+DataFormat = Literal["auto", "text", "tokens"]
+TokenDtype = Literal["uint16", "uint8"]
 PARALLEL_KEYS = ("dp", "tp", "pp", "zero", "schedule", "microbatches", "virtual_stages")
 
 
@@ -41,14 +44,26 @@ class TrainSection(_Section):
     # None: the whole per-dp-rank batch at once (pp=1) or split into parallel.microbatches (pp>1)
     micro_batch_size: Optional[int] = Field(None, ge=1)
     seq_len: int = Field(128, ge=2)
+    # forward/backward rounds per step; global batch = dp x grad_accum_steps x micro-batches x
+    # micro_batch_size (docs/train.md, "Batch arithmetic")
+    grad_accum_steps: int = Field(1, ge=1)
     lr: float = Field(1e-3, gt=0)
+    lr_schedule: LrSchedule = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr: Optional[float] = Field(None, ge=0)  # None: lr / 10, the end of the cosine
     weight_decay: float = Field(0.0, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 turns clipping off
     seed: int = Field(1337, ge=0)
     precision: Precision = "fp32"
+    loss_scale: float = Field(2.0**16, gt=0)  # fp16 only: the dynamic loss scale's start value
     activation_checkpointing: bool = False
     log_every: int = Field(1, ge=1)
     # seconds one step may take before the rank's watchdog ends it (exit 124); 0: no limit
     step_timeout: float = Field(900.0, ge=0)
+    eval_every: int = Field(0, ge=0)  # evaluate the held-out split every N steps; 0: never
+    eval_batches: int = Field(4, ge=1)  # global batches per evaluation
 
 
 class ParallelSection(_Section):
@@ -63,6 +78,10 @@ class ParallelSection(_Section):
 
 class DataSection(_Section):
     path: Optional[str] = None  # None: the corpus bundled in distlaunch/data
+    # auto: a .bin file holds tokens, anything else is UTF-8 text (byte tokens)
+    format: DataFormat = "auto"
+    token_dtype: TokenDtype = "uint16"  # element type of a token file (little-endian, no header)
+    val_fraction: float = Field(0.1, ge=0, lt=1)  # the tail of the data, held out for evaluation
 
 
 class CheckpointSection(_Section):

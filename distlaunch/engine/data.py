@@ -4,6 +4,11 @@ The tokenizer is the identity on UTF-8 bytes (vocabulary 256), so no download is
 A batch depends only on (seed, step): every layout sees the same global batch at every step,
 and dp rank i takes rows [i*B/dp, (i+1)*B/dp) of it. Because the sampler has no state beyond
 the step number, resuming from a checkpoint needs only the step.
+
+Data comes as UTF-8 text (its bytes are the tokens) or as a pre-tokenized token file: a flat
+array of little-endian ``uint16`` (or ``uint8``) token ids with no header, the nanoGPT
+``.bin`` layout, memory-mapped so a file larger than RAM costs only the pages a batch touches.
+The last ``data.val_fraction`` of the tokens is held out for evaluation.
 """
 
 from __future__ import annotations
@@ -28,6 +33,46 @@ def decode(tokens: torch.Tensor) -> str:
     return bytes(tokens.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
 
 
+TOKEN_DTYPES = {"uint16": torch.uint16, "uint8": torch.uint8}
+
+
+def is_token_file(path: str | None, data_format: str) -> bool:
+    """``data.format``: tokens, text, or auto (a ``.bin`` file holds tokens)."""
+    if data_format != "auto":
+        return data_format == "tokens"
+    return path is not None and Path(path).suffix == ".bin"
+
+
+def map_token_file(path: str, token_dtype: str) -> torch.Tensor:
+    """A token file as a read-only memory map (pages are read when a batch touches them)."""
+    source = Path(path).expanduser()
+    dtype = TOKEN_DTYPES[token_dtype]
+    try:
+        nbytes = source.stat().st_size
+    except FileNotFoundError:
+        raise UsageError(f"data.path not found: {source}", "point data.path at a token file") from None
+    itemsize = dtype.itemsize
+    if nbytes % itemsize:
+        raise UsageError(
+            f"token file {source} has {nbytes} bytes, not a whole number of {token_dtype} tokens",
+            "write the tokens as a flat little-endian array, or set data.token_dtype",
+        )
+    # shared=False maps the file copy-on-write: nothing is written back, nothing read up front
+    return torch.from_file(str(source), shared=False, size=nbytes // itemsize, dtype=dtype)
+
+
+def load_split(path: str | None, data_format: str, token_dtype: str, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training tokens, held-out tokens): the held-out part is the last ``val_fraction``."""
+    if is_token_file(path, data_format):
+        if path is None:
+            raise UsageError("data.format='tokens' needs data.path", "point data.path at a token file")
+        tokens = map_token_file(path, token_dtype)
+    else:
+        tokens = load_tokens(path)
+    split = tokens.numel() - int(tokens.numel() * val_fraction)
+    return tokens[:split], tokens[split:]
+
+
 def load_tokens(path: str | None) -> torch.Tensor:
     """The bytes of a text file (``data.path``), or of the bundled corpus when ``path`` is None."""
     source = Path(path).expanduser() if path else BUNDLED_CORPUS
@@ -43,12 +88,14 @@ def load_tokens(path: str | None) -> torch.Tensor:
 class BatchSampler:
     """Random windows of ``seq_len + 1`` tokens, drawn from a generator seeded by (seed, step)."""
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, global_batch_size: int, seed: int):
+    def __init__(self, tokens: torch.Tensor, seq_len: int, global_batch_size: int, seed: int,
+                 split: str = "training", vocab_size: int = VOCAB_SIZE):
         if tokens.numel() < seq_len + 2:
             raise UsageError(
-                f"the training text has {tokens.numel()} tokens, fewer than seq_len+2={seq_len + 2}",
-                "use a longer text file or a smaller train.seq_len",
+                f"the {split} data has {tokens.numel()} tokens, fewer than seq_len+2={seq_len + 2}",
+                "use a longer file, a smaller train.seq_len or another data.val_fraction",
             )
+        self.vocab_size = vocab_size
         self.tokens = tokens
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
@@ -61,6 +108,11 @@ class BatchSampler:
         starts = torch.randint(0, high, (self.global_batch_size,), generator=gen)  # (B,)
         offsets = torch.arange(self.seq_len + 1)  # (T+1,)
         windows = self.tokens[starts[:, None] + offsets].long()  # (B, T+1)
+        if int(windows.max()) >= self.vocab_size:
+            raise UsageError(
+                f"token id {int(windows.max())} in data.path is outside the model's vocabulary of {self.vocab_size}",
+                "the byte tokenizer has ids 0-255: re-tokenize, or check data.token_dtype",
+            )
         return windows[:, :-1], windows[:, 1:]
 
     def local_batch(self, step: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from distlaunch.engine.checkpoint.session import Checkpointing
 from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.memory import device_peak_bytes
 from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
 from distlaunch.engine.model import PRESETS, num_params
 from distlaunch.engine.parallel.dims import ParallelDims, resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_group, pick_device
+from distlaunch.engine.progress import ProgressReport, write_loss_curve
 from distlaunch.engine.trainer import Engine, StepResult
 
 
@@ -34,43 +37,76 @@ def step_record(engine: Engine, result: StepResult, mfu_scale: float | None) -> 
         "mem": mem,  # rank 0's params / grads / optimizer bytes, measured from storages
         "device_peak_bytes": device_peak_bytes(engine.device),
         "step_time_s": result.seconds,
+        "skipped": result.skipped,
+        "loss_scale": engine.scaler.scale if engine.scaler.enabled else None,
     }
 
 
-def _console_line(record: dict[str, Any], steps: int) -> str:
-    return (
-        f"step {record['step']}/{steps} | loss {record['loss']:.4f} | grad_norm {record['grad_norm']:.3f}"
-        f" | {record['tokens_per_s']:.0f} tok/s | state {record['mem_bytes'] / 2**20:.1f} MiB"
-    )
+def train_one_step(engine: Engine, step: int, mfu_scale: float | None) -> dict[str, Any]:
+    """Step ``step`` and, when due, the held-out evaluation; returns the metrics record."""
+    record = step_record(engine, engine.train_step(step), mfu_scale)
+    every = engine.cfg.train.eval_every
+    if every and (step % every == 0 or step == engine.cfg.train.steps):
+        record["val_loss"] = engine.evaluate()
+    return record
 
 
-def train(engine: Engine, writer: MetricsWriter, rank: int) -> dict[str, Any]:
-    """Run ``train.steps`` steps; returns the summary record (identical on every rank)."""
+def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | None) -> dict[str, Any]:
+    """The final record (identical on every rank; gathers every rank's state bytes)."""
     cfg, dims = engine.cfg, engine.dims
-    peak = peak_flops(engine.device, cfg.train.precision)
-    mfu_scale = flops_per_token(engine.model_cfg, cfg.train.seq_len) / (peak * dims.world_size) if peak else None
-    records = []
-    for step in range(1, cfg.train.steps + 1):
-        record = step_record(engine, engine.train_step(step), mfu_scale)
-        records.append(record)
-        writer.write(record)
-        if rank == 0 and (step % cfg.train.log_every == 0 or step == cfg.train.steps):
-            print(_console_line(record, cfg.train.steps), flush=True)
     per_rank: list[Any] = [None] * dims.world_size
     dist.all_gather_object(per_rank, engine.state_bytes())
     # the first step includes warm-up (pipeline shape inference, allocator growth)
-    steady = [r["tokens_per_s"] for r in records[1:]] or [records[0]["tokens_per_s"]]
+    # (no records at all: resumed from the checkpoint of the last step, nothing left to run)
+    steady = [r["tokens_per_s"] for r in records[1:]] or [r["tokens_per_s"] for r in records] or [0.0]
+    evals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+    tokens_per_s = statistics.median(steady)
     return {
         "event": "summary",
         "steps": cfg.train.steps,
-        "final_loss": records[-1]["loss"],
-        "first_loss": records[0]["loss"],
-        "tokens_per_s": statistics.median(steady),
+        "final_loss": records[-1]["loss"] if records else None,
+        "first_loss": records[0]["loss"] if records else None,
+        "final_val_loss": evals[-1] if evals else None,
+        "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * mfu_scale if mfu_scale else None,
+        "skipped_steps": engine.scaler.skipped_steps,
         "layout": dims.describe(),
         "world_size": dims.world_size,
+        "preset": cfg.model.preset,
+        "precision": cfg.train.precision,
         "n_params": num_params(engine.model_cfg),
         "mem_bytes_per_rank": per_rank,
     }
+
+
+def train(engine: Engine, writer: MetricsWriter, rank: int, first_step: int = 1,
+          checkpoints: Checkpointing | None = None) -> dict[str, Any]:
+    """Run steps ``first_step``..``train.steps``; returns the summary record (identical on every rank).
+
+    ``checkpoints`` (after its ``start``, which resumes and gives ``first_step``) saves when due,
+    guards each step with the watchdog and injects the configured fault.
+    """
+    checkpoints = checkpoints or Checkpointing(engine, rank)
+    cfg, dims = engine.cfg, engine.dims
+    peak = peak_flops(engine.device, cfg.train.precision)
+    mfu_scale = flops_per_token(engine.model_cfg, cfg.train.seq_len) / (peak * dims.world_size) if peak else None
+    progress = ProgressReport(cfg.train.steps, cfg.train.log_every, enabled=rank == 0, first_step=first_step)
+    started = time.perf_counter()
+    records = []
+    for step in range(first_step, cfg.train.steps + 1):
+        with checkpoints.step(step):
+            record = train_one_step(engine, step, mfu_scale)
+        records.append(record)
+        writer.write(record)
+        progress.update(record)
+        checkpoints.after_step(step)
+    summary = summarize(engine, records, mfu_scale)
+    summary["wall_s"] = time.perf_counter() - started
+    if rank == 0 and writer.path is not None:
+        curve = write_loss_curve(records, writer.path.with_name("loss_curve.png"))
+        summary["loss_curve"] = str(curve) if curve else None
+    progress.finish(summary)
+    return summary
 
 
 def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[str, Any]:
@@ -81,9 +117,11 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
     writer = MetricsWriter(metrics_file, enabled=env.rank == 0)
     try:
         engine = Engine(cfg, dims, build_mesh(dims, device), device)
+        checkpoints = Checkpointing(engine, env.rank)
+        first_step = checkpoints.start()  # resumes from a checkpoint when there is one to resume
         writer.write({"event": "start", "layout": dims.describe(), "world_size": dims.world_size,
                       "device": str(device), "config": cfg.model_dump()})
-        summary = train(engine, writer, env.rank)
+        summary = train(engine, writer, env.rank, first_step, checkpoints)
         writer.write(summary)
         return summary
     finally:

@@ -56,6 +56,7 @@ class MetricsWriter:
 
     def __init__(self, path: Path | None, enabled: bool):
         self._file: IO[str] | None = None
+        self.path = path if enabled else None
         if enabled and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")

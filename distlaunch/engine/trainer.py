@@ -8,10 +8,15 @@ Parallelism is applied to the built model in a fixed order, each step one small 
 3. tensor parallel: shard the stage's weights over the tp group (``apply_tp``),
 4. activation checkpointing (``train.activation_checkpointing``),
 5. ZeRO / FSDP over the dp group, which also builds the optimizer (``build_data_parallel``).
+
+A step (``train_step``): ``grad_accum_steps`` forward/backward rounds under autocast, one
+gradient sync, one all-reduce for the loss and the global gradient norm, then ``apply_update``:
+unscale (fp16), clip, optimizer step, loss-scale and learning-rate updates.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -19,16 +24,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from distlaunch.engine.checkpoint.state import OptimizerHyperparams, TrainState
 from distlaunch.engine.config import TrainingConfig
-from distlaunch.engine.data import BatchSampler, load_tokens
+from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.memory import storage_bytes
 from distlaunch.engine.model import GPT, PRESETS, GPTConfig, init_weights
+from distlaunch.engine.optim import build_scheduler, clip_coefficient, make_optimizer_factory, scale_gradients
 from distlaunch.engine.parallel.activation import apply_activation_checkpointing
 from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP
 from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
 from distlaunch.engine.parallel.zero import ShardedDP
+from distlaunch.engine.precision import DynamicLossScaler, autocast
 
 
 @dataclass(frozen=True)
@@ -40,21 +48,7 @@ class StepResult:
     grad_norm: float
     lr: float
     seconds: float
-
-
-def make_optimizer_factory(lr: float, weight_decay: float):
-    """AdamW with weight decay on matrices only (not on norms); takes (param, decay) pairs."""
-
-    def make(params: list[tuple[torch.nn.Parameter, bool]]) -> torch.optim.Optimizer:
-        groups = [
-            {"params": [p for p, decay in params if decay], "weight_decay": weight_decay},
-            {"params": [p for p, decay in params if not decay], "weight_decay": 0.0},
-        ]
-        # foreach=False: the same per-tensor kernels whether a tensor is whole, a DTensor or a
-        # ZeRO slice, which keeps every layout bit-compatible with the single-process update
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, foreach=False)
-
-    return make
+    skipped: bool = False  # fp16: inf/nan gradients, no update (the loss scale was halved)
 
 
 def build_chunks(model_cfg: GPTConfig, dims: ParallelDims, pp_rank: int, seed: int, device) -> list[GPT]:
@@ -79,7 +73,12 @@ def build_data_parallel(chunks: list[GPT], dims: ParallelDims, dp_mesh: DeviceMe
 
 
 class Engine:
-    """One rank of a training job: its model chunks, data slice, ZeRO strategy and schedule."""
+    """One rank of a training job: its model chunks, data slice, ZeRO strategy and schedule.
+
+    The whole train state hangs off this object: ``chunks`` (model), ``data_parallel.optimizer``,
+    ``scheduler`` (learning rate), ``scaler`` (fp16 loss scale), the data position (a batch is a
+    function of the step number alone, see ``BatchSampler``) and the process's torch RNG.
+    """
 
     def __init__(self, cfg: TrainingConfig, dims: ParallelDims, mesh: DeviceMesh, device: torch.device):
         self.cfg, self.dims, self.mesh, self.device = cfg, dims, mesh, device
@@ -92,49 +91,90 @@ class Engine:
             apply_tp(chunk, mesh["tp"])
         if cfg.train.activation_checkpointing:
             apply_activation_checkpointing(self.chunks)
-        make_optimizer = make_optimizer_factory(cfg.train.lr, cfg.train.weight_decay)
+        train = cfg.train
+        make_optimizer = make_optimizer_factory(train.lr, train.weight_decay, (train.beta1, train.beta2))
         self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer)
+        self.scheduler = build_scheduler(self.data_parallel.optimizer, train)
+        self.scaler = DynamicLossScaler(train.precision == "fp16", train.loss_scale)
+        # what a checkpoint saves besides model and optimizer tensors (docs/checkpointing.md)
+        self.train_state = TrainState()
+        self.train_state.register("optimizer_hyperparams", OptimizerHyperparams(self.data_parallel.optimizer))
+        self.train_state.register("lr_scheduler", self.scheduler)
+        self.train_state.register("loss_scaler", self.scaler)
         self.schedule = None
         if dims.pp > 1:
             self.schedule = build_schedule(self.chunks, self.pp_rank, dims, mesh["pp"], device, self._loss_fn)
-        tokens = load_tokens(cfg.data.path)
-        self.sampler = BatchSampler(tokens, cfg.train.seq_len, cfg.train.global_batch_size, cfg.train.seed)
+        self.sampler, self.val_sampler = self._samplers()
+
+    def _samplers(self) -> tuple[BatchSampler, BatchSampler | None]:
+        train, data = self.cfg.train, self.cfg.data
+        tokens, held_out = load_split(data.path, data.format, data.token_dtype, data.val_fraction)
+        sampler = BatchSampler(tokens, train.seq_len, train.global_batch_size, train.seed)
+        if not train.eval_every:
+            return sampler, None
+        return sampler, BatchSampler(held_out, train.seq_len, train.global_batch_size, train.seed, split="held-out")
 
     @property
     def is_last_stage(self) -> bool:
         return self.pp_rank == self.dims.pp - 1
 
     def _loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # divided by the micro-batch count so the accumulated gradient is that of the batch mean
-        return cross_entropy(logits, targets, self.tp_mesh) / self.dims.microbatches
+        # divided by the micro-batch count of the whole step, so the accumulated gradient is that
+        # of the batch mean; times the fp16 loss scale (1 otherwise). fp32 logits: the softmax
+        # of a 16-bit autocast forward is computed in full precision.
+        rounds = self.dims.microbatches * self.dims.accum_steps
+        return cross_entropy(logits.float(), targets, self.tp_mesh) * (self.scaler.scale / rounds)
 
     def forward_backward(self, step: int) -> torch.Tensor:
         """Run all micro-batches of ``step``; returns this rank's loss (0 off the last stage)."""
         self.data_parallel.zero_grad()
         x, y = self.sampler.local_batch(step, self.dp_rank, self.dims.dp)
-        x, y = x.to(self.device), y.to(self.device)
-        total = torch.zeros((), device=self.device)
-        with loss_context(self.tp_mesh):
-            if self.schedule is None:
-                n = self.dims.microbatches
-                for xm, ym in zip(x.chunk(n), y.chunk(n)):
-                    loss = self._loss_fn(self.chunks[0](xm), ym)
-                    loss.backward()
-                    total += loss_value(loss)
-            else:
-                total += self._pipeline_step(x, y)
+        total = self._run_batch(x, y, backward=True)
         self.data_parallel.sync_grads()
         return total
 
-    def _pipeline_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _run_batch(self, x: torch.Tensor, y: torch.Tensor, backward: bool) -> torch.Tensor:
+        """This dp rank's batch in ``accum_steps`` rounds; the (unscaled) mean loss on the last stage."""
+        x, y = x.to(self.device), y.to(self.device)
+        total = torch.zeros((), device=self.device)
+        precision = self.cfg.train.precision
+        with loss_context(self.tp_mesh):
+            for xr, yr in zip(x.chunk(self.dims.accum_steps), y.chunk(self.dims.accum_steps)):
+                if self.schedule is not None:
+                    with autocast(precision, self.device):  # forward and backward interleave
+                        total += self._pipeline_step(xr, yr, backward)
+                    continue
+                n = self.dims.microbatches
+                for xm, ym in zip(xr.chunk(n), yr.chunk(n)):
+                    with autocast(precision, self.device):
+                        loss = self._loss_fn(self.chunks[0](xm), ym)
+                    if backward:
+                        loss.backward()
+                    total += loss_value(loss)
+        return total / self.scaler.scale
+
+    def _pipeline_step(self, x: torch.Tensor, y: torch.Tensor, backward: bool = True) -> torch.Tensor:
         losses: list[torch.Tensor] = []
+        run = self.schedule.step if backward else self.schedule.eval
         if self.pp_rank == 0:
-            self.schedule.step(x)
+            run(x)
         elif self.is_last_stage:
-            self.schedule.step(target=y, losses=losses)
+            run(target=y, losses=losses)
         else:
-            self.schedule.step()
+            run()
         return sum((loss_value(l) for l in losses), torch.zeros((), device=self.device))
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over ``train.eval_batches`` fixed held-out global batches (same on every rank)."""
+        total = torch.zeros((), device=self.device, dtype=torch.float64)
+        for i in range(1, self.cfg.train.eval_batches + 1):
+            x, y = self.val_sampler.local_batch(i, self.dp_rank, self.dims.dp)
+            local = self._run_batch(x, y, backward=False)
+            if self.is_last_stage:
+                total += local.double()
+        dist.all_reduce(total)
+        return total.item() / (self.dims.dp * self.dims.tp * self.cfg.train.eval_batches)
 
     def reduce_loss_and_norm(self, local_loss: torch.Tensor) -> tuple[float, float]:
         """Job-wide mean loss and global gradient norm, in one all-reduce over the world."""
@@ -150,14 +190,30 @@ class Engine:
         """Optimizer step (and ZeRO-1/2's parameter all-gather)."""
         self.data_parallel.step()
 
+    def apply_update(self, grad_norm: float) -> bool:
+        """Unscale, clip to ``train.grad_clip`` and step; False when fp16 found inf/nan (skipped).
+
+        ``grad_norm`` is the job-wide norm of the (unscaled) gradient, identical on every rank,
+        so every rank takes the same decision and applies the same coefficient to its pieces.
+        """
+        found_inf = not math.isfinite(grad_norm)
+        if not found_inf:
+            factor = clip_coefficient(grad_norm, self.cfg.train.grad_clip) / self.scaler.scale
+            scale_gradients(self.data_parallel.grad_pieces(), factor)
+            self.optimizer_step()
+        self.scaler.update(found_inf)
+        self.scheduler.step()
+        return not found_inf
+
     def train_step(self, step: int) -> StepResult:
         """One full training step, reduced for reporting."""
         start = time.perf_counter()
-        local_loss = self.forward_backward(step)
-        loss, grad_norm = self.reduce_loss_and_norm(local_loss)
-        self.optimizer_step()
         lr = self.data_parallel.optimizer.param_groups[0]["lr"]
-        return StepResult(step, loss, grad_norm, lr, time.perf_counter() - start)
+        local_loss = self.forward_backward(step)
+        loss, scaled_norm = self.reduce_loss_and_norm(local_loss)
+        grad_norm = scaled_norm / self.scaler.scale
+        applied = self.apply_update(grad_norm)
+        return StepResult(step, loss, grad_norm, lr, time.perf_counter() - start, skipped=not applied)
 
     def state_bytes(self) -> dict[str, int]:
         """This rank's parameter / gradient / optimizer-state bytes, measured from storages."""

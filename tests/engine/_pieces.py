@@ -24,7 +24,7 @@ from distlaunch.engine.parallel.data import ReplicatedDP, full_tensor
 from distlaunch.engine.parallel.mesh import init_process_group, read_env
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, tp_plan
 from distlaunch.engine.parallel.zero import ShardedDP
-from distlaunch.engine.trainer import make_optimizer_factory
+from distlaunch.engine.optim import make_optimizer_factory
 
 CFG = GPTConfig(n_layer=2, n_head=4, d_model=32, max_seq_len=16)
 

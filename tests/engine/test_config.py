@@ -88,7 +88,6 @@ def test_launcher_parallel_env_fills_and_conflicts():
         (1, ["train.global_batch_size=8", "train.micro_batch_size=3"], "cannot be split into"),
         (1, ["train.micro_batch_size=2", "parallel.microbatches=2", "train.global_batch_size=8"], r"!= global_batch_size/dp"),
         (1, ["train.seq_len=4096"], "exceeds the model's max_seq_len=256"),
-        (1, ["train.precision=bf16"], "not implemented"),
     ],
 )
 def test_layouts_that_cannot_work_are_refused_before_start(world, overrides, message):

@@ -13,7 +13,9 @@ import torch
 from tests.engine.harness import run_layouts
 
 BASE = ["model.preset='tiny'", "train.steps=20", "train.global_batch_size=8", "train.seq_len=64",
-        "train.lr=1e-3", "train.seed=7"]
+        "train.lr=1e-3", "train.seed=7",
+        # the plain-PyTorch reference below: constant lr, no clipping, AdamW's default betas, all data
+        "train.lr_schedule='constant'", "train.grad_clip=0", "train.beta2=0.999", "data.val_fraction=0"]
 LOSS_RTOL = 1e-5  # the issue's bar: relative difference per step
 NORM_RTOL = 1e-4  # gradient norm per step (measured: <= 3e-6; headroom for other CPUs' kernels)
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-6  # one step's gradients: summation order differs per layout

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlaunch.engine.config import TrainingConfig
-from distlaunch.engine.model import GPTConfig
+from distlaunch.engine.presets import GPTConfig
 from distlaunch.errors import UsageError
 
 
@@ -23,8 +23,9 @@ class ParallelDims:
     zero: int
     schedule: str  # gpipe, 1f1b, interleaved; only used when pp > 1
     virtual_stages: int  # model chunks per pp rank (interleaved), else 1
-    microbatches: int  # micro-batches per step on each dp rank
+    microbatches: int  # micro-batches per accumulation round on each dp rank
     micro_batch_size: int  # sequences per micro-batch
+    accum_steps: int = 1  # accumulation rounds per step (one pipeline schedule run each)
 
     @property
     def world_size(self) -> int:
@@ -37,6 +38,17 @@ class ParallelDims:
     def describe(self) -> str:
         """``dp=2,tp=2,pp=2,zero=1`` (the launcher's spelling)."""
         return f"dp={self.dp},tp={self.tp},pp={self.pp},zero={self.zero}"
+
+
+def stage_layer_counts(n_layer: int, n_stages: int) -> list[int]:
+    """Blocks per stage, differing by at most one; spare blocks go to the middle stages first,
+    because the first and last stages also carry the embeddings and the head."""
+    counts = [n_layer // n_stages] * n_stages
+    middle = list(range(1, n_stages - 1))
+    order = middle + [i for i in (n_stages - 1, 0) if i not in middle]
+    for i in order[: n_layer % n_stages]:
+        counts[i] += 1
+    return counts
 
 
 def _resolve_degrees(cfg: TrainingConfig, world_size: int) -> tuple[int, int, int]:
@@ -82,17 +94,25 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
             f"train.global_batch_size={global_batch} is not divisible by dp={dp}",
             f"use a multiple of {dp}",
         )
-    local = global_batch // dp
+    accum = cfg.train.grad_accum_steps
+    if (global_batch // dp) % accum:
+        raise UsageError(
+            f"the per-dp-rank batch of {global_batch // dp} sequences (global_batch_size/dp) cannot be "
+            f"split into train.grad_accum_steps={accum} equal rounds",
+            f"use a grad_accum_steps that divides {global_batch // dp}",
+        )
+    local = global_batch // dp // accum  # sequences per accumulation round
+    per = "global_batch_size/dp" if accum == 1 else "global_batch_size/dp/grad_accum_steps"
     mbs, n_micro = cfg.train.micro_batch_size, cfg.parallel.microbatches
     if mbs is not None and n_micro is not None and mbs * n_micro != local:
         raise UsageError(
             f"train.micro_batch_size({mbs})*parallel.microbatches({n_micro}) != "
-            f"global_batch_size/dp = {local}",
+            f"{per} = {local}",
             "set only one of them, the other is derived",
         )
     if mbs is not None and local % mbs:
         raise UsageError(
-            f"the per-dp-rank batch of {local} sequences (global_batch_size/dp) cannot be split "
+            f"the per-dp-rank batch of {local} sequences ({per}) cannot be split "
             f"into micro-batches of train.micro_batch_size={mbs}",
             f"use a micro_batch_size that divides {local}",
         )
@@ -131,11 +151,6 @@ def resolve_parallel_dims(cfg: TrainingConfig, model: GPTConfig, world_size: int
     """Turn the config into checked degrees for ``world_size`` processes, or raise UsageError."""
     dp, tp, pp = _resolve_degrees(cfg, world_size)
     _check_model(model, tp, cfg.train.seq_len)
-    if cfg.train.precision != "fp32":
-        raise UsageError(
-            f"train.precision={cfg.train.precision!r} is not implemented by this engine yet",
-            "use train.precision=fp32",
-        )
     schedule = cfg.parallel.schedule
     if schedule == "interleaved" and cfg.parallel.virtual_stages < 2:
         raise UsageError(
@@ -145,4 +160,4 @@ def resolve_parallel_dims(cfg: TrainingConfig, model: GPTConfig, world_size: int
     v = cfg.parallel.virtual_stages if schedule == "interleaved" and pp > 1 else 1
     n_micro, mbs = _resolve_microbatches(cfg, dp, pp)
     _check_pipeline(model, pp, schedule, v, n_micro)
-    return ParallelDims(dp, tp, pp, cfg.parallel.zero, schedule, v, n_micro, mbs)
+    return ParallelDims(dp, tp, pp, cfg.parallel.zero, schedule, v, n_micro, mbs, cfg.train.grad_accum_steps)

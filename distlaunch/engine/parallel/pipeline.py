@@ -23,20 +23,9 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from distlaunch.engine.model import GPT
-from distlaunch.engine.parallel.dims import ParallelDims
+from distlaunch.engine.parallel.dims import ParallelDims, stage_layer_counts  # noqa: F401 - re-exported
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-
-
-def stage_layer_counts(n_layer: int, n_stages: int) -> list[int]:
-    """Blocks per stage, differing by at most one; spare blocks go to the middle stages first,
-    because the first and last stages also carry the embeddings and the head."""
-    counts = [n_layer // n_stages] * n_stages
-    middle = list(range(1, n_stages - 1))
-    order = middle + [i for i in (n_stages - 1, 0) if i not in middle]
-    for i in order[: n_layer % n_stages]:
-        counts[i] += 1
-    return counts
 
 
 def stage_ids(pp_rank: int, dims: ParallelDims) -> list[int]:

@@ -1,0 +1,97 @@
+"""``distlaunch train``: the bundled GPT trainer on every rank, config checked before anything starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from distlaunch.cli import options as o
+from distlaunch.cli.output import RankPrinter
+from distlaunch.cli.render import print_json, render_plan, render_report
+from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
+from distlaunch.engine.planner import MemoryPlan
+from distlaunch.launcher.job import ExecOptions
+from distlaunch.launcher.launch import launch
+from distlaunch.launcher.spec import LaunchOptions
+from distlaunch.launcher.train import default_nproc, engine_program, parallel_spec, read_train_config, train_plan
+
+Config = Annotated[Optional[Path], typer.Argument(help="TOML training config (default: the embedded one: the tiny GPT on the bundled corpus, 4 CPU processes, dp=2 x pp=2).", show_default=False)]
+Set = Annotated[Optional[list[str]], typer.Option("--set", help="Override one config key, e.g. --set train.steps=50 (repeatable).")]
+GpuMemory = Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU for the planner, e.g. 80GiB (default: nvidia-smi here, if present).")]
+Resume = Annotated[Optional[str], typer.Option("--resume", metavar="latest|auto|never|PATH", help="Resume from a checkpoint: 'latest' in checkpoint.dir, a checkpoint.dir or step_N directory (any layout), 'never'; the same as --set checkpoint.resume (default auto: the latest one if there is one, docs/checkpointing.md).")]
+MetricsFile = Annotated[Optional[Path], typer.Option("--metrics-file", help="Rank 0's metrics.jsonl (default: LOG_DIR/metrics.jsonl with --log-dir).")]
+
+
+def train(
+    config: Config = None, set_: Set = None, gpu_memory: GpuMemory = None, metrics_file: MetricsFile = None,
+    resume: Resume = None,
+    hostfile: o.Hostfile = None, nproc_per_node: o.NprocPerNode = None, parallel: o.ParallelOpt = None,
+    include: o.Include = None, exclude: o.Exclude = None, master_addr: o.MasterAddr = None,
+    master_port: o.MasterPort = "auto", backend: o.Backend = "auto", max_restarts: o.MaxRestarts = 0,
+    log_dir: o.LogDir = None, env: o.Env = None, ssh_config: o.SshConfig = None, python: o.Python = None,
+    accept_new_host_keys: o.AcceptNewHostKeys = False, remote_python: o.RemotePython = None, workdir: o.Workdir = None,
+    grace_period: o.GracePeriod = 10.0, dry_run: o.DryRun = False, json_output: o.Json = False,
+    launcher: o.Launcher = "auto",
+) -> int:
+    """Train the bundled GPT on every rank: config validated first, then the same launch as `run`.
+
+    With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state, activations) against the GPU's memory.
+
+    Exit code: 0 on success, 2 for a bad config or option (before any process starts), 3 when a host cannot be reached, the first failing rank's code otherwise, 130/143 after Ctrl-C / SIGTERM.
+    """
+    overrides = list(set_ or [])
+    if resume is not None:  # a JSON string is a valid TOML basic string, whatever the path holds
+        overrides.append(f"checkpoint.resume={json.dumps(resume)}")
+    cfg = read_train_config(config, overrides, parallel)
+    metrics = metrics_file or (log_dir / "metrics.jsonl" if log_dir else None)
+    opts = LaunchOptions(program=engine_program(config, overrides, metrics), module=True, hostfile=hostfile,
+                         nproc_per_node=default_nproc(cfg, hostfile, nproc_per_node), parallel=parallel_spec(cfg),
+                         include=include, exclude=exclude, master_addr=master_addr, master_port=master_port,
+                         backend=backend, env=env or [], ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
+                         remote_python=remote_python, **({"python": python or remote_python} if python or remote_python else {}))
+    if use_slurm_launcher(launcher):  # under srun this task becomes one rank (docs/slurm.md)
+        return run_in_step(opts, dry_run=dry_run, json_output=json_output, max_restarts=max_restarts, log_dir=log_dir)
+    plan = train_plan(opts, cfg, config, gpu_memory)
+    console = Console(stderr=json_output)
+    if dry_run:
+        print_json(plan.masked()) if json_output else (render_plan(plan, console), render_memory(plan.memory, console))
+        return 0
+    exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir, workdir=workdir)
+    report = launch(plan, opts, exec_opts, RankPrinter(multi_host=plan.nnodes > 1, out=console.file if json_output else None))
+    render_report(report, Console(stderr=True))
+    if json_output:
+        print_json(report)
+    return report.exit_code
+
+
+def _ranks(ranks: list[int]) -> str:
+    contiguous = ranks[-1] - ranks[0] == len(ranks) - 1
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and contiguous else ",".join(map(str, ranks))
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+def render_memory(memory: MemoryPlan, console: Console) -> None:
+    """Per-rank memory estimate; ranks with identical numbers share one row."""
+    table = Table(title=f"memory per rank ({memory.precision}, zero={memory.zero}, micro-batch {memory.micro_batch_size}"
+                        f"{', activation checkpointing' if memory.activation_checkpointing else ''})")
+    for col in ("ranks", "params", "grads", "optimizer", "activations (est.)", "total", "fits"):
+        table.add_column(col, justify="right" if col != "ranks" else "left")
+    rows: dict[tuple, list[int]] = {}
+    for r in memory.ranks:
+        rows.setdefault((r.params, r.grads, r.optimizer, r.activations, r.total, r.fits), []).append(r.rank)
+    for (params, grads, opt, act, total, fits), ranks in rows.items():
+        verdict = "?" if fits is None else ("yes" if fits else "[red]no[/red]")
+        table.add_row(_ranks(ranks), _gib(params), _gib(grads), _gib(opt), _gib(act), _gib(total), verdict)
+    console.print(table)
+    capacity = "unknown" if memory.capacity_bytes is None else _gib(memory.capacity_bytes)
+    verdict = {None: "cannot tell", True: "[green]fits[/green]", False: "[red]does not fit[/red]"}[memory.fits]
+    console.print(f"  device: {memory.device}, {capacity} per rank ({memory.capacity_source}); "
+                  f"the plan {verdict} within 90% of it")

@@ -1,0 +1,66 @@
+"""AdamW, the warmup + cosine learning-rate schedule, and global-norm gradient clipping.
+
+Clipping needs the norm of the *whole* gradient, which no single rank holds under tp, pp or
+ZeRO. The trainer computes it with one all-reduce over the world from each strategy's
+``grad_pieces`` (every element counted once), and every rank then multiplies its own pieces by
+the same coefficient, so the clipped update equals the single-process one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+from distlaunch.engine.config import TrainSection
+
+CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_, so a single process matches it exactly
+
+
+def make_optimizer_factory(lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)):
+    """AdamW with weight decay on matrices only (not on norms); takes (param, decay) pairs."""
+
+    def make(params: list[tuple[torch.nn.Parameter, bool]]) -> torch.optim.Optimizer:
+        groups = [
+            {"params": [p for p, decay in params if decay], "weight_decay": weight_decay},
+            {"params": [p for p, decay in params if not decay], "weight_decay": 0.0},
+        ]
+        # foreach=False: the same per-tensor kernels whether a tensor is whole, a DTensor or a
+        # ZeRO slice, which keeps every layout bit-compatible with the single-process update
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, foreach=False)
+
+    return make
+
+
+def lr_factor(step: int, train: TrainSection) -> float:
+    """Multiplier of ``train.lr`` for 1-based ``step``: linear warmup, then cosine or constant."""
+    if step <= train.warmup_steps:
+        return step / train.warmup_steps
+    if train.lr_schedule == "constant":
+        return 1.0
+    min_ratio = (train.lr / 10 if train.min_lr is None else train.min_lr) / train.lr
+    decay_steps = max(1, train.steps - train.warmup_steps)
+    progress = min(1.0, (step - train.warmup_steps - 1) / decay_steps)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainSection) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR whose epoch e holds the rate of step e+1 (stepped once after every step)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(epoch + 1, train))
+
+
+def clip_coefficient(grad_norm: float, max_norm: float) -> float:
+    """The factor that brings ``grad_norm`` down to ``max_norm`` (1 when below it or clipping is off)."""
+    if max_norm <= 0:
+        return 1.0
+    return min(1.0, max_norm / (grad_norm + CLIP_EPS))
+
+
+@torch.no_grad()
+def scale_gradients(pieces: Iterable[tuple[torch.Tensor, float]], factor: float) -> None:
+    """Multiply every local gradient piece in place (each rank scales exactly what it optimises)."""
+    if factor == 1.0:
+        return
+    for grad, _ in pieces:
+        grad.mul_(factor)

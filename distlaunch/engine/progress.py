@@ -1,0 +1,132 @@
+"""What rank 0 shows while training: a live rich progress bar on a terminal, compact lines when
+the output is piped (the launcher streams whole lines), a summary table, a loss-curve PNG.
+
+rich and matplotlib are imported only when used, so importing the engine stays light (and
+matplotlib stays optional: ``pip install 'distlaunch[plot]'``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(max(0.0, seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def compact_line(record: dict[str, Any], steps: int, eta_s: float) -> str:
+    """One step as a single line (what a piped rank 0 prints every ``train.log_every`` steps)."""
+    line = (
+        f"step {record['step']}/{steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e}"
+        f" | grad_norm {record['grad_norm']:.3f} | {record['tokens_per_s']:.0f} tok/s"
+        f" | eta {_eta(eta_s)} | state {record['mem_bytes'] / 2**20:.1f} MiB"
+    )
+    if record.get("val_loss") is not None:
+        line += f" | val_loss {record['val_loss']:.4f}"
+    if record.get("skipped"):
+        line += " | skipped (fp16 overflow, loss scale halved)"
+    return line
+
+
+class ProgressReport:
+    """Rank 0's view of the run; every other rank holds one that prints nothing."""
+
+    def __init__(self, steps: int, log_every: int, enabled: bool, first_step: int = 1, out: TextIO | None = None):
+        self.steps, self.log_every, self.enabled = steps, log_every, enabled
+        self.out = out or sys.stdout
+        self.first_step = first_step
+        self.started = time.perf_counter()
+        self.bar = None
+        if enabled and self.out.isatty():
+            self._start_bar()
+
+    def _start_bar(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(
+            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
+            TextColumn("eta"), TimeRemainingColumn(),
+        )
+        self.task = self.bar.add_task("train", total=self.steps, completed=self.first_step - 1,
+                                      loss="-", lr="-", tps="-")
+        self.bar.start()
+
+    def eta_s(self, step: int) -> float:
+        """Seconds left, from the mean time per step of this run so far."""
+        done = step - self.first_step + 1
+        return (time.perf_counter() - self.started) / max(done, 1) * (self.steps - step)
+
+    def update(self, record: dict[str, Any]) -> None:
+        """Show one step's record (a redraw on a terminal, a line every log_every steps otherwise)."""
+        if not self.enabled:
+            return
+        step = record["step"]
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                            tps=f"{record['tokens_per_s']:.0f}")
+            if record.get("val_loss") is not None:
+                self.bar.console.print(f"step {step}: val_loss {record['val_loss']:.4f}")
+        elif step % self.log_every == 0 or step == self.steps or record.get("val_loss") is not None:
+            print(compact_line(record, self.steps, self.eta_s(step)), file=self.out, flush=True)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Stop the bar and print the summary table."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.stop()
+        from rich.console import Console
+
+        Console(file=self.out).print(summary_table(summary))
+
+
+def summary_table(summary: dict[str, Any]):
+    """The final summary as a rich table (two columns: what, value)."""
+    from rich.table import Table
+
+    table = Table(title="training summary", show_header=False)
+    rows = [
+        ("layout", f"{summary['layout']} ({summary['world_size']} ranks)"),
+        ("model", f"{summary['preset']} ({summary['n_params'] / 1e6:.2f}M parameters), {summary['precision']}"),
+        ("steps", str(summary["steps"])),
+        ("loss", f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}"),
+        ("val_loss", "-" if summary.get("final_val_loss") is None else f"{summary['final_val_loss']:.4f}"),
+        ("tokens/s (median)", f"{summary['tokens_per_s']:.0f}"),
+        ("mfu", "n/a (no known peak)" if summary.get("mfu") is None else f"{summary['mfu']:.1%}"),
+        ("state bytes rank 0", f"{summary['mem_bytes_per_rank'][0]['total'] / 2**20:.1f} MiB"),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+    ]
+    if summary.get("loss_curve"):
+        rows.append(("loss curve", summary["loss_curve"]))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def write_loss_curve(records: list[dict[str, Any]], path: Path) -> Path | None:
+    """Training (and held-out) loss against the step as a PNG; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train")
+    evals = [r for r in records if r.get("val_loss") is not None]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["val_loss"] for r in evals], "o-", label="held-out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

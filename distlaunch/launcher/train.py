@@ -1,0 +1,119 @@
+"""``distlaunch train``'s core: validate the training config in the launcher, turn it into launch
+options for ``python -m distlaunch.engine``, and plan every rank's memory. Torch-free: only the
+engine's pydantic config, its layout checks and the planner are imported.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from distlaunch.engine.config import TrainingConfig, load_config
+from distlaunch.engine.parallel.dims import resolve_parallel_dims
+from distlaunch.engine.planner import MemoryPlan, plan_memory
+from distlaunch.engine.presets import PRESETS
+from distlaunch.errors import UsageError
+from distlaunch.launcher.launch import plan_for
+from distlaunch.launcher.parallel import parse_parallel
+from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.launcher.spec import LaunchOptions
+
+EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "templates" / "train-tiny-cpu.toml"
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+class TrainPlan(LaunchPlan):
+    """The launch plan of a training job, plus its config file and per-rank memory estimate."""
+
+    config: str
+    memory: MemoryPlan
+
+
+def read_train_config(config: Path | None, overrides: list[str], parallel: str | None) -> TrainingConfig:
+    """The config as every rank will see it (file, --set, --parallel); one-line UsageError otherwise."""
+    parse_parallel(parallel)  # the launcher's own syntax check and messages for --parallel
+    return load_config(config or EMBEDDED_CONFIG, overrides, parallel)
+
+
+def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: int | None) -> int | None:
+    """Processes on this machine when neither -n nor a hostfile says: the config's dp*tp*pp if it
+    names dp, else the launcher's default (the GPUs here, or 1)."""
+    if hostfile is not None or nproc_per_node is not None or cfg.parallel.dp is None:
+        return nproc_per_node
+    return cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp
+
+
+def parallel_spec(cfg: TrainingConfig) -> str:
+    """The config's layout in --parallel spelling (what DISTLAUNCH_PARALLEL will carry)."""
+    p = cfg.parallel
+    return f"dp={p.dp if p.dp is not None else 'auto'},tp={p.tp},pp={p.pp},zero={p.zero}"
+
+
+def engine_program(config: Path | None, overrides: list[str], metrics_file: Path | None) -> list[str]:
+    """``-m distlaunch.engine CONFIG [--set ...] [--metrics-file ...]`` (config path made absolute)."""
+    program = ["distlaunch.engine", str((config or EMBEDDED_CONFIG).resolve())]
+    for assignment in overrides:
+        program += ["--set", assignment]
+    if metrics_file is not None:
+        program += ["--metrics-file", str(metrics_file.resolve())]
+    return program
+
+
+def parse_size(text: str) -> int:
+    """``80GiB``, ``80GB``, ``81920MiB`` or plain bytes as an integer number of bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise UsageError(f"--gpu-memory {text!r} is not a size", "write e.g. 80GiB, 40GB or 24576MiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def nvidia_smi_memory() -> int | None:
+    """The smallest GPU's memory on this machine from nvidia-smi, or None without it."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return min(int(line) for line in out.split()) * 2**20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def host_memory() -> int | None:
+    """MemTotal from /proc/meminfo, or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def device_capacity(backend: str, gpu_memory: str | None, ranks_per_node: int) -> tuple[str, int | None, str]:
+    """(device, bytes per rank, where that number came from)."""
+    if gpu_memory is not None:
+        return "gpu", parse_size(gpu_memory), "--gpu-memory"
+    if backend == "nccl":
+        detected = nvidia_smi_memory()
+        return ("gpu", detected, "nvidia-smi on this machine") if detected else ("gpu", None, "unknown (pass --gpu-memory)")
+    total = host_memory()
+    share = total // ranks_per_node if total else None
+    return "no GPU: host memory", share, f"/proc/meminfo / {ranks_per_node} ranks per host"
+
+
+def train_plan(opts: LaunchOptions, cfg: TrainingConfig, config: Path | None, gpu_memory: str | None) -> TrainPlan:
+    """The launch plan with the layout checked against the model and every rank's memory planned."""
+    plan = plan_for(opts)
+    model = PRESETS[cfg.model.preset]
+    dims = resolve_parallel_dims(cfg, model, plan.world_size)
+    ranks_per_node = max(len(node.ranks) for node in plan.nodes)
+    device, capacity, source = device_capacity(plan.backend, gpu_memory, ranks_per_node)
+    memory = plan_memory(model, dims, cfg.train.seq_len, cfg.train.precision, cfg.train.activation_checkpointing,
+                         device, capacity, source)
+    return TrainPlan(**plan.model_dump(), config=str((config or EMBEDDED_CONFIG).resolve()), memory=memory)
