@@ -1,0 +1,76 @@
+"""``distlaunch checkpoint inspect|export`` on real checkpoints, and what a crash inside a save
+leaves on disk (one plain process of the engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from distlaunch.engine.checkpoint.manifest import LEFTOVER, latest_checkpoint
+from distlaunch.engine.config import load_config
+from distlaunch.engine.data import BatchSampler, load_split
+from distlaunch.engine.model import GPT, PRESETS
+from tests.checkpoint.conftest import BASE, REPO, cli_env, engine_args, step_losses
+from tests.helpers import invoke
+
+EXPORT_RTOL = 1e-6  # one process vs the dp=2 job's loss on the same weights and batch
+
+
+def test_inspect_shows_step_layout_and_sizes_as_a_table_and_json(reference):
+    table = invoke(["checkpoint", "inspect", str(reference.ckpt)])
+    assert table.exit_code == 0, table.stderr
+    assert "step 20, model tiny, written by dp=2,tp=1,pp=1,zero=0 (2 ranks)" in table.stdout
+    assert "model" in table.stdout and "optim" in table.stdout and "15, 20 (latest)" in table.stdout
+    report = json.loads(invoke(["checkpoint", "inspect", str(reference.ckpt / "step_000015"), "--json"]).stdout)
+    assert report["meta"]["step"] == 15 and report["meta"]["layout"]["world_size"] == 2
+    model = report["meta"]["components"]["model"]
+    assert model["bytes"] == 4 * model["numel"] and report["meta"]["components"]["optim"]["bytes"] > 2 * model["bytes"]
+
+
+def test_inspect_does_not_import_torch(reference):
+    code = ("import sys; from distlaunch.cli.app import main; "
+            f"code = main(['checkpoint', 'inspect', {str(reference.ckpt)!r}, '--json']); "
+            "sys.exit(code or ('torch' in sys.modules and 'torch was imported'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+
+
+def test_export_reloads_into_the_plain_model_with_the_same_loss(reference, tmp_path):
+    out = tmp_path / "model.safetensors"
+    result = invoke(["checkpoint", "export", str(reference.ckpt / "step_000015"), str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["format"] == "safetensors"
+    cfg = load_config(None, BASE)
+    model = GPT(PRESETS[cfg.model.preset])
+    model.load_state_dict(load_file(out))  # strict: every name of the single-process model
+    tokens, _ = load_split(cfg.data.path, cfg.data.format, cfg.data.token_dtype, cfg.data.val_fraction)
+    x, y = BatchSampler(tokens, cfg.train.seq_len, cfg.train.global_batch_size, cfg.train.seed).global_batch(16)
+    with torch.no_grad():
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    expected = reference.losses[16]  # step 16's loss is computed with the weights saved after step 15
+    assert abs(loss - expected) / expected <= EXPORT_RTOL
+
+
+def test_crash_inside_a_save_leaves_the_previous_checkpoint_published_and_loadable(tmp_path):
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    args = engine_args(ckpt, metrics, "train.steps=10")[1:]  # drop "-m": run the module directly
+    crash = ["--set", "fault.rank=0", "--set", "fault.step=10", "--set", "fault.kind='crash-in-save'"]
+    r = subprocess.run([sys.executable, "-m", *args, *crash], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **cli_env()}, cwd=REPO)
+    assert r.returncode == 42 and "while saving the step-10 checkpoint" in r.stderr, r.stderr
+    unfinished = [p for p in ckpt.iterdir() if LEFTOVER.match(p.name)]
+    assert len(unfinished) == 1 and (unfinished[0] / ".metadata").exists()  # shards fully written, unpublished
+    assert latest_checkpoint(ckpt) == ckpt / "step_000005" and not (ckpt / "step_000010").exists()
+    inspected = invoke(["checkpoint", "inspect", str(ckpt)])
+    assert "step 5," in inspected.stdout and "unfinished save" in inspected.stdout
+    r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **cli_env()}, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {ckpt / 'step_000005'} (step 5" in r.stdout
+    assert sorted(step_losses(metrics)) == list(range(1, 11))
+    assert latest_checkpoint(ckpt) == ckpt / "step_000010" and not [p for p in ckpt.iterdir() if LEFTOVER.match(p.name)]
