@@ -9,7 +9,6 @@ from rich.console import Console
 
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
-from distlaunch.doctor import DoctorOptions, parse_size, render_report, run_doctor
 from distlaunch.errors import ExitCode
 
 MasterPort = Annotated[int, typer.Option("--master-port", min=1, max=65535, help="Rendezvous port to check (default 29500, as torchrun).")]
@@ -26,6 +25,8 @@ def doctor(hostfile: o.Hostfile = None, nproc_per_node: o.NprocPerNode = None, p
 
     Exit code: 0 when no check failed (warnings allowed), 1 when at least one did.
     """
+    from distlaunch.doctor import DoctorOptions, parse_size, render_report, run_doctor  # SSH stack: only when used
+
     opts = DoctorOptions(hostfile=hostfile, nproc_per_node=nproc_per_node, parallel=parallel, include=include, exclude=exclude,
                          master_addr=master_addr, master_port=master_port, env=env or [], ssh_config=ssh_config,
                          bench=bench, bench_max_bytes=parse_size(bench_max), **({"remote_python": remote_python} if remote_python else {}))

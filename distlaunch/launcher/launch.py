@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from distlaunch.errors import HostError
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
@@ -10,8 +11,9 @@ from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.spec import LaunchOptions, check_script, is_local_host, make_spec, resolve_hosts
 from distlaunch.launcher.transport import LocalAgent
-from distlaunch.remote.session import RemoteHosts
-from distlaunch.remote.sshconfig import resolve_targets
+
+if TYPE_CHECKING:
+    from distlaunch.remote.session import RemoteHosts
 
 
 def host_addresses(opts: LaunchOptions) -> dict[str, str]:
@@ -19,6 +21,8 @@ def host_addresses(opts: LaunchOptions) -> dict[str, str]:
     remote = [h.host for h in resolve_hosts(opts) if not is_local_host(h.host)]
     if not remote:
         return {}
+    from distlaunch.remote.sshconfig import resolve_targets  # paramiko: only paid when a host is remote
+
     return {alias: target.hostname for alias, target in resolve_targets(remote, opts.ssh_config).items()}
 
 
@@ -46,6 +50,8 @@ def launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: 
     remote = [node.host for node in plan.nodes if not is_local_host(node.host)]
     if not remote:
         return execute(plan, exec_opts, sink, make_connect(opts))
+    from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote
+
     # Preflight: every remote host connected and able to run the agent before any rank starts anywhere.
     with RemoteHosts.open(remote, ssh_config=opts.ssh_config, accept_new_host_keys=opts.accept_new_host_keys,
                           python=opts.remote_python or opts.python, workdir=exec_opts.workdir or os.getcwd(),
