@@ -1,0 +1,88 @@
+"""Tokens/s of ``distlaunch train`` (dp=2) against a textbook torchrun + DDP loop, same invocation.
+
+    python bench/engine_throughput.py [--preset tiny] [--rounds 3] [--steps 30] [--precision fp32]
+
+Each round runs both, one after the other, on the same model, initial weights, batches, AdamW
+settings, clipping and schedule: ``distlaunch train`` with ``--parallel dp=2,tp=1,pp=1,zero=0``,
+and ``torchrun --nproc-per-node 2 bench/ddp_reference.py``. Both time every step inside the
+ranks (start-up excluded) and report the median tokens/s over steps 2..N; this script prints the
+median over rounds and the ratio engine / reference (goal: >= 0.95). On GPUs (one per rank) it
+also prints the engine's MFU against the GPU's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--global-batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    return parser.parse_args()
+
+
+def run_engine(args: argparse.Namespace, out: Path) -> dict:
+    """One ``distlaunch train`` job; rank 0's summary record."""
+    metrics = out / "engine.jsonl"
+    metrics.unlink(missing_ok=True)
+    sets = [f"model.preset='{args.preset}'", f"train.steps={args.steps}", f"train.seq_len={args.seq_len}",
+            f"train.global_batch_size={args.global_batch_size}", f"train.precision='{args.precision}'",
+            "train.eval_every=0", f"train.log_every={args.steps}", "parallel.pp=1", "parallel.zero=0", "parallel.dp=2"]
+    argv = [sys.executable, "-m", "distlaunch", "train", "-n", "2", "--metrics-file", str(metrics)]
+    for assignment in sets:
+        argv += ["--set", assignment]
+    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return json.loads(metrics.read_text().splitlines()[-1])
+
+
+def run_reference(args: argparse.Namespace, out: Path) -> dict:
+    """One torchrun + DDP job; its JSON result."""
+    result = out / "reference.json"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(REPO / "bench" / "ddp_reference.py"),
+            "--preset", args.preset, "--steps", str(args.steps), "--global-batch-size", str(args.global_batch_size),
+            "--seq-len", str(args.seq_len), "--precision", args.precision, "--out", str(result)]
+    # torchrun sets OMP_NUM_THREADS=1 for multi-process jobs, as distlaunch does
+    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return json.loads(result.read_text())
+
+
+def main() -> None:
+    args = parse_args()
+    engine, reference, mfu = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        for i in range(args.rounds):  # alternate, so drift in machine load hits both alike
+            summary = run_engine(args, out)
+            engine.append(summary["tokens_per_s"])
+            mfu.append(summary["mfu"])
+            reference.append(run_reference(args, out)["tokens_per_s"])
+            print(f"round {i + 1}: engine {engine[-1]:.0f} tok/s, reference {reference[-1]:.0f} tok/s", flush=True)
+    e, r = statistics.median(engine), statistics.median(reference)
+    print(f"preset {args.preset}, {args.precision}, dp=2, global batch {args.global_batch_size} x {args.seq_len} tokens, "
+          f"{args.steps} steps, {args.rounds} rounds")
+    print(f"distlaunch train  {e:10.0f} tok/s (median)")
+    print(f"torchrun + DDP    {r:10.0f} tok/s (median)")
+    print(f"ratio             {e / r:10.3f}  (goal >= 0.95)")
+    if all(m is not None for m in mfu):
+        print(f"engine MFU        {statistics.median(mfu):10.1%}")
+    print(json.dumps({"engine_tokens_per_s": e, "reference_tokens_per_s": r, "ratio": e / r,
+                      "mfu": statistics.median(mfu) if all(m is not None for m in mfu) else None}))
+
+
+if __name__ == "__main__":
+    main()
