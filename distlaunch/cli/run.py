@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -13,6 +14,7 @@ from distlaunch.cli.render import print_json, render_plan, render_report
 from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.launch import launch, plan_for
+from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import LaunchOptions
 
 
@@ -47,7 +49,13 @@ def run(
         print_json(plan.masked()) if json_output else render_plan(plan, console)
         return 0
     exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir, workdir=workdir)
-    sink = RankPrinter(multi_host=plan.nnodes > 1, out=console.file if json_output else None)
+    return launch_and_report(plan, opts, exec_opts, json_output)
+
+
+def launch_and_report(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, json_output: bool) -> int:
+    """Run a plan with live rank output, then the root-cause table (and the JSON report with --json)."""
+    # With --json, stdout carries only the report: rank output goes to stderr.
+    sink = RankPrinter(multi_host=plan.nnodes > 1, out=sys.stderr if json_output else None)
     report = launch(plan, opts, exec_opts, sink)
     render_report(report, Console(stderr=True))
     if json_output:

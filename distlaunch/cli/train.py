@@ -11,12 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from distlaunch.cli import options as o
-from distlaunch.cli.output import RankPrinter
-from distlaunch.cli.render import print_json, render_plan, render_report
+from distlaunch.cli.render import print_json, render_plan
+from distlaunch.cli.run import launch_and_report
 from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
 from distlaunch.engine.planner import MemoryPlan
 from distlaunch.launcher.job import ExecOptions
-from distlaunch.launcher.launch import launch
 from distlaunch.launcher.spec import LaunchOptions
 from distlaunch.launcher.train import default_nproc, engine_program, parallel_spec, read_train_config, train_plan
 
@@ -62,11 +61,7 @@ def train(
         print_json(plan.masked()) if json_output else (render_plan(plan, console), render_memory(plan.memory, console))
         return 0
     exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir, workdir=workdir)
-    report = launch(plan, opts, exec_opts, RankPrinter(multi_host=plan.nnodes > 1, out=console.file if json_output else None))
-    render_report(report, Console(stderr=True))
-    if json_output:
-        print_json(report)
-    return report.exit_code
+    return launch_and_report(plan, opts, exec_opts, json_output)
 
 
 def _ranks(ranks: list[int]) -> str:
