@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from distlaunch.engine.config import load_config
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -39,8 +41,14 @@ def run_engine(args: argparse.Namespace, out: Path) -> dict:
     """One ``distlaunch train`` job; rank 0's summary record."""
     metrics = out / "engine.jsonl"
     metrics.unlink(missing_ok=True)
+    # ddp_reference.py's settings: the engine's defaults, not those of the template `distlaunch
+    # train` embeds (its micro_batch_size=2 would split each rank's batch into 4 forward/backward
+    # passes where DDP runs one; its lr, warmup and weight decay differ too)
+    train = load_config(None, []).train
     sets = [f"model.preset='{args.preset}'", f"train.steps={args.steps}", f"train.seq_len={args.seq_len}",
             f"train.global_batch_size={args.global_batch_size}", f"train.precision='{args.precision}'",
+            f"train.micro_batch_size={args.global_batch_size // 2}", f"train.lr={train.lr}",
+            f"train.warmup_steps={train.warmup_steps}", f"train.weight_decay={train.weight_decay}",
             "train.eval_every=0", f"train.log_every={args.steps}", "parallel.pp=1", "parallel.zero=0", "parallel.dp=2"]
     argv = [sys.executable, "-m", "distlaunch", "train", "-n", "2", "--metrics-file", str(metrics)]
     for assignment in sets:

@@ -2,8 +2,9 @@
 
 Clipping needs the norm of the *whole* gradient, which no single rank holds under tp, pp or
 ZeRO. The trainer computes it with one all-reduce over the world from each strategy's
-``grad_pieces`` (every element counted once), and every rank then multiplies its own pieces by
-the same coefficient, so the clipped update equals the single-process one.
+``grad_pieces`` (every element counted once; with plain data parallelism every rank already
+holds the whole averaged gradient and needs none), and every rank then multiplies its own pieces
+by the same coefficient, so the clipped update equals the single-process one.
 """
 
 from __future__ import annotations
@@ -58,9 +59,24 @@ def clip_coefficient(grad_norm: float, max_norm: float) -> float:
 
 
 @torch.no_grad()
+def weighted_sq_norm(pieces: list[tuple[torch.Tensor, float]], device: torch.device) -> torch.Tensor:
+    """Sum of ``weight * ||grad||^2`` over the pieces, as a float64 scalar.
+
+    One fused kernel for the per-piece norms (``_foreach_norm``, as ``clip_grad_norm_``) instead
+    of a Python loop of small ops per tensor; squares and weights are summed in float64.
+    """
+    if not pieces:
+        return torch.zeros((), device=device, dtype=torch.float64)
+    norms = torch.stack(torch._foreach_norm([grad.detach() for grad, _ in pieces])).double()
+    weights = torch.tensor([weight for _, weight in pieces], device=norms.device, dtype=torch.float64)
+    return (weights * norms.square()).sum().to(device)
+
+
+@torch.no_grad()
 def scale_gradients(pieces: Iterable[tuple[torch.Tensor, float]], factor: float) -> None:
     """Multiply every local gradient piece in place (each rank scales exactly what it optimises)."""
     if factor == 1.0:
         return
-    for grad, _ in pieces:
-        grad.mul_(factor)
+    grads = [grad for grad, _ in pieces]
+    if grads:
+        torch._foreach_mul_(grads, factor)  # one fused call, not one small op per tensor

@@ -10,8 +10,9 @@ Parallelism is applied to the built model in a fixed order, each step one small 
 5. ZeRO / FSDP over the dp group, which also builds the optimizer (``build_data_parallel``).
 
 A step (``train_step``): ``grad_accum_steps`` forward/backward rounds under autocast, one
-gradient sync, one all-reduce for the loss and the global gradient norm, then ``apply_update``:
-unscale (fp16), clip, optimizer step, loss-scale and learning-rate updates.
+gradient sync, one all-reduce for the loss and the global gradient norm (with plain data
+parallelism the loss rides in the gradient all-reduce and the norm is local), then
+``apply_update``: unscale (fp16), clip, optimizer step, loss-scale and learning-rate updates.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.memory import storage_bytes
 from distlaunch.engine.model import GPT, PRESETS, GPTConfig, init_weights
-from distlaunch.engine.optim import build_scheduler, clip_coefficient, make_optimizer_factory, scale_gradients
+from distlaunch.engine.optim import (
+    build_scheduler,
+    clip_coefficient,
+    make_optimizer_factory,
+    scale_gradients,
+    weighted_sq_norm,
+)
 from distlaunch.engine.parallel.activation import apply_activation_checkpointing
 from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP
 from distlaunch.engine.parallel.dims import ParallelDims
@@ -101,6 +108,9 @@ class Engine:
         self.train_state.register("optimizer_hyperparams", OptimizerHyperparams(self.data_parallel.optimizer))
         self.train_state.register("lr_scheduler", self.scheduler)
         self.train_state.register("loss_scaler", self.scaler)
+        # plain data parallelism: every rank ends the gradient all-reduce with the whole averaged
+        # gradient, so the loss can ride in that collective and the gradient norm is local
+        self.replicas_only = dims.zero == 0 and dims.tp == 1 and dims.pp == 1
         self.schedule = None
         if dims.pp > 1:
             self.schedule = build_schedule(self.chunks, self.pp_rank, dims, mesh["pp"], device, self._loss_fn)
@@ -126,11 +136,15 @@ class Engine:
         return cross_entropy(logits.float(), targets, self.tp_mesh) * (self.scaler.scale / rounds)
 
     def forward_backward(self, step: int) -> torch.Tensor:
-        """Run all micro-batches of ``step``; returns this rank's loss (0 off the last stage)."""
+        """Run all micro-batches of ``step``; returns this rank's loss (0 off the last stage),
+        already the dp mean with ``replicas_only``."""
         self.data_parallel.zero_grad()
         x, y = self.sampler.local_batch(step, self.dp_rank, self.dims.dp)
         total = self._run_batch(x, y, backward=True)
-        self.data_parallel.sync_grads()
+        if self.replicas_only:
+            self.data_parallel.sync_grads(total)
+        else:
+            self.data_parallel.sync_grads()
         return total
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor, backward: bool) -> torch.Tensor:
@@ -177,10 +191,13 @@ class Engine:
         return total.item() / (self.dims.dp * self.dims.tp * self.cfg.train.eval_batches)
 
     def reduce_loss_and_norm(self, local_loss: torch.Tensor) -> tuple[float, float]:
-        """Job-wide mean loss and global gradient norm, in one all-reduce over the world."""
-        sq = torch.zeros((), device=self.device, dtype=torch.float64)
-        for grad, weight in self.data_parallel.grad_pieces():
-            sq += weight * grad.detach().double().pow(2).sum()
+        """Job-wide mean loss and global gradient norm, in one all-reduce over the world (none
+        with ``replicas_only``: the gradient all-reduce already carried the loss)."""
+        sq = weighted_sq_norm(list(self.data_parallel.grad_pieces()), self.device)
+        if self.replicas_only:
+            # the loss was averaged with the gradients; grad_pieces weighs each rank's whole
+            # gradient 1/dp (one of dp identical copies), so dp * sq is the job-wide square
+            return local_loss.item(), (sq * self.dims.dp).sqrt().item()
         # only the last stage's dp*tp ranks hold a loss; all of them hold the same dp-slice mean
         packed = torch.stack([local_loss.double() if self.is_last_stage else sq.new_zeros(()), sq])
         dist.all_reduce(packed)

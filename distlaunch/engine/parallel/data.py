@@ -121,13 +121,17 @@ class ReplicatedDP(DataParallelBase):
         super().__init__(named_params, dp_mesh, tp)
         self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])
 
-    def sync_grads(self) -> None:
+    def sync_grads(self, loss: torch.Tensor | None = None) -> None:
+        """As the base class; ``loss`` (a scalar) is dp-averaged in place too, riding in the last
+        bucket, so the step needs no separate collective for it."""
         for p in self.params:
             align_grad(p)
         if self.dp == 1:
             return
-        grads = [local(p.grad) for p in self.params if p.grad is not None]
-        for bucket in _buckets(grads, BUCKET_NUMEL):
+        tensors = [local(p.grad) for p in self.params if p.grad is not None]
+        if loss is not None:
+            tensors.append(loss.view(1))
+        for bucket in _buckets(tensors, BUCKET_NUMEL):
             flat = _flatten_dense_tensors(bucket)
             dist.all_reduce(flat, group=self.dp_mesh.get_group())
             flat.div_(self.dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
