@@ -56,13 +56,17 @@ def main() -> None:
     ddp = DistributedDataParallel(model)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=train.lr, betas=(train.beta1, train.beta2))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=train.lr,
+        betas=(train.beta1, train.beta2),
+    )
     scheduler = build_scheduler(optimizer, train)
     tokens, _ = load_split(None, "auto", "uint16", 0.1)
     sampler = BatchSampler(tokens, args.seq_len, args.global_batch_size, train.seed)
-    autocast = torch.autocast(device.type, DTYPES[args.precision]) if args.precision != "fp32" else contextlib.nullcontext()
+    autocast = (
+        torch.autocast(device.type, DTYPES[args.precision]) if args.precision != "fp32" else contextlib.nullcontext()
+    )
     times, losses = [], []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fixtures.sshd import start_sshd  # noqa: E402
+from fixtures.sshd import start_sshd
 
 HOST_COUNTS = (1, 8)
 RATIO_GOAL = 1.5
@@ -40,8 +40,19 @@ def free_port() -> int:
 
 def doctor(cluster, hostfile: Path) -> tuple[float, float]:
     """One doctor run: (wall seconds, CPU seconds of the doctor process itself); it must pass."""
-    cmd = [sys.executable, "-m", "distlaunch", "doctor", "-H", str(hostfile), "--ssh-config", str(cluster.ssh_config),
-           "--master-port", str(free_port()), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "distlaunch",
+        "doctor",
+        "-H",
+        str(hostfile),
+        "--ssh-config",
+        str(cluster.ssh_config),
+        "--master-port",
+        str(free_port()),
+        "--json",
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
@@ -76,11 +87,15 @@ def main() -> None:
             cluster.stop()
     medians = {n: statistics.median(t) for n, t in times.items()}
     for n in HOST_COUNTS:
-        print(f"{n} host(s): median {medians[n]:.2f} s  (min {min(times[n]):.2f}, max {max(times[n]):.2f}, {args.repeats} runs); "
-              f"doctor's own CPU median {statistics.median(cpus[n]):.2f} s")
+        print(
+            f"{n} host(s): median {medians[n]:.2f} s  (min {min(times[n]):.2f}, max {max(times[n]):.2f}, {args.repeats} runs); "
+            f"doctor's own CPU median {statistics.median(cpus[n]):.2f} s"
+        )
     ratio = medians[8] / medians[1]
     verdict = "meets" if ratio <= RATIO_GOAL and medians[8] < SECONDS_GOAL else "MISSES"
-    print(f"8 hosts / 1 host = {ratio:.2f} (goal <= {RATIO_GOAL}, and 8 hosts < {SECONDS_GOAL:g} s): {verdict} the goal")
+    print(
+        f"8 hosts / 1 host = {ratio:.2f} (goal <= {RATIO_GOAL}, and 8 hosts < {SECONDS_GOAL:g} s): {verdict} the goal"
+    )
     # The "hosts" and their sshd share this machine's cores: under load, their CPU (not the doctor's) sets the pace.
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
 

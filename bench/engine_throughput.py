@@ -45,11 +45,22 @@ def run_engine(args: argparse.Namespace, out: Path) -> dict:
     # train` embeds (its micro_batch_size=2 would split each rank's batch into 4 forward/backward
     # passes where DDP runs one; its lr, warmup and weight decay differ too)
     train = load_config(None, []).train
-    sets = [f"model.preset='{args.preset}'", f"train.steps={args.steps}", f"train.seq_len={args.seq_len}",
-            f"train.global_batch_size={args.global_batch_size}", f"train.precision='{args.precision}'",
-            f"train.micro_batch_size={args.global_batch_size // 2}", f"train.lr={train.lr}",
-            f"train.warmup_steps={train.warmup_steps}", f"train.weight_decay={train.weight_decay}",
-            "train.eval_every=0", f"train.log_every={args.steps}", "parallel.pp=1", "parallel.zero=0", "parallel.dp=2"]
+    sets = [
+        f"model.preset='{args.preset}'",
+        f"train.steps={args.steps}",
+        f"train.seq_len={args.seq_len}",
+        f"train.global_batch_size={args.global_batch_size}",
+        f"train.precision='{args.precision}'",
+        f"train.micro_batch_size={args.global_batch_size // 2}",
+        f"train.lr={train.lr}",
+        f"train.warmup_steps={train.warmup_steps}",
+        f"train.weight_decay={train.weight_decay}",
+        "train.eval_every=0",
+        f"train.log_every={args.steps}",
+        "parallel.pp=1",
+        "parallel.zero=0",
+        "parallel.dp=2",
+    ]
     argv = [sys.executable, "-m", "distlaunch", "train", "-n", "2", "--metrics-file", str(metrics)]
     for assignment in sets:
         argv += ["--set", assignment]
@@ -60,12 +71,35 @@ def run_engine(args: argparse.Namespace, out: Path) -> dict:
 def run_reference(args: argparse.Namespace, out: Path) -> dict:
     """One torchrun + DDP job; its JSON result."""
     result = out / "reference.json"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(REPO / "bench" / "ddp_reference.py"),
-            "--preset", args.preset, "--steps", str(args.steps), "--global-batch-size", str(args.global_batch_size),
-            "--seq-len", str(args.seq_len), "--precision", args.precision, "--out", str(result)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(REPO / "bench" / "ddp_reference.py"),
+        "--preset",
+        args.preset,
+        "--steps",
+        str(args.steps),
+        "--global-batch-size",
+        str(args.global_batch_size),
+        "--seq-len",
+        str(args.seq_len),
+        "--precision",
+        args.precision,
+        "--out",
+        str(result),
+    ]
     # torchrun sets OMP_NUM_THREADS=1 for multi-process jobs, as distlaunch does
-    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    subprocess.run(
+        argv,
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     return json.loads(result.read_text())
 
 
@@ -81,15 +115,25 @@ def main() -> None:
             reference.append(run_reference(args, out)["tokens_per_s"])
             print(f"round {i + 1}: engine {engine[-1]:.0f} tok/s, reference {reference[-1]:.0f} tok/s", flush=True)
     e, r = statistics.median(engine), statistics.median(reference)
-    print(f"preset {args.preset}, {args.precision}, dp=2, global batch {args.global_batch_size} x {args.seq_len} tokens, "
-          f"{args.steps} steps, {args.rounds} rounds")
+    print(
+        f"preset {args.preset}, {args.precision}, dp=2, global batch {args.global_batch_size} x {args.seq_len} tokens, "
+        f"{args.steps} steps, {args.rounds} rounds"
+    )
     print(f"distlaunch train  {e:10.0f} tok/s (median)")
     print(f"torchrun + DDP    {r:10.0f} tok/s (median)")
     print(f"ratio             {e / r:10.3f}  (goal >= 0.95)")
     if all(m is not None for m in mfu):
         print(f"engine MFU        {statistics.median(mfu):10.1%}")
-    print(json.dumps({"engine_tokens_per_s": e, "reference_tokens_per_s": r, "ratio": e / r,
-                      "mfu": statistics.median(mfu) if all(m is not None for m in mfu) else None}))
+    print(
+        json.dumps(
+            {
+                "engine_tokens_per_s": e,
+                "reference_tokens_per_s": r,
+                "ratio": e / r,
+                "mfu": statistics.median(mfu) if all(m is not None for m in mfu) else None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def commands(script: Path, nproc: int) -> dict[str, list[str]]:
 def measure(script: Path, nproc: int, repeats: int) -> dict[str, float]:
     cmds = commands(script, nproc)
     times: dict[str, list[float]] = {name: [] for name in cmds}
-    for name, cmd in cmds.items():  # one warm-up each: page cache, .pyc files
+    for cmd in cmds.values():  # one warm-up each: page cache, .pyc files
         timed(cmd)
     for _ in range(repeats):
         for name, cmd in cmds.items():
@@ -55,7 +55,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"launch overhead, {args.nproc} processes, median of {args.repeats} alternating runs")
     print(f"{'workload':<28} {'distlaunch':>11} {'torchrun':>10} {'ratio':>7}  goal")
-    for label, script, goal in (("(a) no torch import", HERE / "noop.py", 0.5), ("(b) gloo init + barrier", HERE / "barrier.py", 0.9)):
+    for label, script, goal in (
+        ("(a) no torch import", HERE / "noop.py", 0.5),
+        ("(b) gloo init + barrier", HERE / "barrier.py", 0.9),
+    ):
         m = measure(script, args.nproc, args.repeats)
         ratio = m["distlaunch"] / m["torchrun"]
         verdict = "ok" if ratio <= goal else "MISSED"

@@ -12,8 +12,8 @@ medians and the 8-host / 1-host ratio.
 from __future__ import annotations
 
 import argparse
-import resource
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fixtures.sshd import start_sshd  # noqa: E402
+from fixtures.sshd import start_sshd
 
 HOST_COUNTS = (1, 4, 8)
 RANK = "import time; print('STARTED', time.time(), flush=True)"
@@ -31,8 +31,18 @@ GOAL = 1.5
 
 def launch(cluster, hostfile: Path) -> tuple[float, float, float]:
     """One launch: (seconds until every rank started, total seconds, the launcher's own CPU seconds)."""
-    cmd = ["distlaunch", "run", "-H", str(hostfile), "--ssh-config", str(cluster.ssh_config), "--no-python",
-           sys.executable, "-c", RANK]
+    cmd = [
+        "distlaunch",
+        "run",
+        "-H",
+        str(hostfile),
+        "--ssh-config",
+        str(cluster.ssh_config),
+        "--no-python",
+        sys.executable,
+        "-c",
+        RANK,
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.time()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}).stdout
@@ -67,15 +77,19 @@ def main() -> None:
     print(f"SSH fan-out, 1 rank per loopback host, median of {args.repeats} alternating runs")
     print(f"{'hosts':>5} {'all ranks started':>18} {'total':>8} {'launcher CPU':>13}")
     for n in HOST_COUNTS:
-        print(f"{n:>5} {statistics.median(started[n]):>17.3f}s {statistics.median(total[n]):>7.3f}s "
-              f"{statistics.median(cpu[n]):>12.3f}s")
+        print(
+            f"{n:>5} {statistics.median(started[n]):>17.3f}s {statistics.median(total[n]):>7.3f}s "
+            f"{statistics.median(cpu[n]):>12.3f}s"
+        )
     for label, series in (("all ranks started", started), ("total", total)):
         ratio = statistics.median(series[8]) / statistics.median(series[1])
         print(f"ratio 8/1 hosts ({label}): {ratio:.2f}  goal <= {GOAL} {'ok' if ratio <= GOAL else 'MISSED'}")
     # On one machine the simulated hosts' own work (sshd login, agent and rank interpreters) shares its
     # cores; on a real cluster it runs on every host at once. The launcher's CPU is what distlaunch adds.
-    print(f"launcher CPU 8/1 hosts: {statistics.median(cpu[8]) / statistics.median(cpu[1]):.2f}  "
-          f"(machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)")
+    print(
+        f"launcher CPU 8/1 hosts: {statistics.median(cpu[8]) / statistics.median(cpu[1]):.2f}  "
+        f"(machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)"
+    )
 
 
 if __name__ == "__main__":

@@ -49,18 +49,42 @@ def _free_port() -> int:
 def run_stage(zero: int, preset: str, ranks: int, out: Path) -> dict:
     """One ``ranks``-process job at ZeRO stage ``zero``; returns rank 0's summary record."""
     metrics = out / f"zero{zero}.jsonl"
-    argv = [sys.executable, "-m", "distlaunch.engine", "--metrics-file", str(metrics),
-            "--set", f"model.preset={preset}", "--set", "train.steps=1", "--set", "train.seq_len=64",
-            "--set", f"train.global_batch_size={ranks}", "--set", f"parallel.zero={zero}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "distlaunch.engine",
+        "--metrics-file",
+        str(metrics),
+        "--set",
+        f"model.preset={preset}",
+        "--set",
+        "train.steps=1",
+        "--set",
+        "train.seq_len=64",
+        "--set",
+        f"train.global_batch_size={ranks}",
+        "--set",
+        f"parallel.zero={zero}",
+    ]
     port = _free_port()
     procs = []
     for rank in range(ranks):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-        procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(ranks),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPO),
+            PYTHONWARNINGS="ignore",
+        )
+        procs.append(
+            subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        )
     errors = [p.communicate()[1] for p in procs]
-    for rank, (proc, err) in enumerate(zip(procs, errors)):
+    for rank, (proc, err) in enumerate(zip(procs, errors, strict=False)):
         if proc.returncode != 0:
             raise SystemExit(f"zero={zero}: rank {rank} exited {proc.returncode}:\n{err[-2000:]}")
     return json.loads(metrics.read_text().splitlines()[-1])
@@ -72,7 +96,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     args = parser.parse_args()
     n = args.ranks
-    print(f"preset={args.preset}, dp={n} ranks (gloo, CPU), fp32 params/grads, fp32 AdamW; MiB per rank (max over ranks)")
+    print(
+        f"preset={args.preset}, dp={n} ranks (gloo, CPU), fp32 params/grads, fp32 AdamW; MiB per rank (max over ranks)"
+    )
     print(f"{'stage':<7}{'params':>9}{'grads':>9}{'adam':>9}{'total':>10}{'formula':>10}{'ratio':>8}   formula terms")
     terms = ["4Ψ+4Ψ+8Ψ", "4Ψ+4Ψ+8Ψ/N", "4Ψ+4Ψ/N+8Ψ/N", "4Ψ/N+4Ψ/N+8Ψ/N"]
     worst = 0.0
@@ -86,8 +112,10 @@ def main() -> None:
             ratio = peak["total"] / sum(expect.values())
             worst = max(worst, abs(ratio - 1))
             mib = [peak["params"] / 2**20, peak["grads"] / 2**20, peak["optimizer"] / 2**20, peak["total"] / 2**20]
-            print(f"zero={zero:<2}{mib[0]:9.1f}{mib[1]:9.1f}{mib[2]:9.1f}{mib[3]:10.1f}"
-                  f"{sum(expect.values()) / 2**20:10.1f}{ratio:8.4f}   {terms[zero]}")
+            print(
+                f"zero={zero:<2}{mib[0]:9.1f}{mib[1]:9.1f}{mib[2]:9.1f}{mib[3]:10.1f}"
+                f"{sum(expect.values()) / 2**20:10.1f}{ratio:8.4f}   {terms[zero]}"
+            )
     print(f"Ψ = {psi:,} parameters, N = {n}; largest deviation from the formula: {worst:.2%} (goal: within 5%)")
     if worst > 0.05:
         raise SystemExit(1)

@@ -6,8 +6,9 @@ its own process group, and reports on stdout, one JSON object per line:
 
     {"ev": "hello", "python": "3.11.7"}                      (at once, before the node plan is read)
     {"ev": "started", "rank": 3, "pid": 1234}
-    {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     (whole lines only)
+    {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     (a line, a \\r-redraw, or a piece of a long line)
     {"ev": "exit", "rank": 3, "code": 0}                      (negative: killed by that signal)
+    {"ev": "exit", "rank": 3, "code": 1, "error": {...}}      (a failed rank's TORCHELASTIC_ERROR_FILE, parsed)
     {"ev": "done"}
 
 Further stdin lines are commands: {"cmd": "stop"} (SIGTERM, grace period, SIGKILL) or {"cmd": "kill"}.
@@ -21,12 +22,15 @@ start fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 _PR_SET_PDEATHSIG = 1
@@ -34,6 +38,25 @@ _DRAIN_AFTER_EXIT_S = 1.0  # a rank's grandchild may hold its pipes open: stop w
 # With the launcher gone nobody waits for a graceful end, and its ranks must be gone within 5 s
 # (a dead launcher must not leave a GPU job running): cap the grace period then.
 _ORPHAN_GRACE_S = 3.0
+# Output lines longer than this travel in pieces, each but the last ending in SPLIT_MARK: the agent's
+# and the launcher's memory stay flat whatever a rank prints without a newline.
+MAX_LINE_BYTES = 16384
+# What may wait for the launcher before the agent stops reading its ranks' pipes (which slows them):
+# output is written without ever blocking, so a stalled launcher never keeps the agent from its ranks.
+OUT_PENDING_BYTES = 1 << 20
+SPLIT_MARK = " [distlaunch: line continues]"
+
+
+# Hang detection (``--hang-timeout``): Python ranks start through distlaunch.rankboot, which arms
+# faulthandler on this signal (a real-time one: no program uses it by accident) and a per-rank file.
+STACKS_SIGNAL = signal.SIGRTMIN + 5
+STACKS_WAIT_S = 1.0  # faulthandler writes from the signal handler: a second is plenty
+STACKS_MAX_BYTES = 256 * 1024
+PROGRESS_POLL_S = 1.0
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
 
 
 def _die_with_parent() -> None:
@@ -48,13 +71,43 @@ def _die_with_parent() -> None:
         os._exit(137)
 
 
+def read_error_file(path: str | None) -> dict | None:
+    """The exception a rank's ``@record`` wrote (torch's JSON format): type, message and the traceback's last frame."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            data = json.load(f)
+        os.unlink(path)
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, str):
+        text, stack = message, ""
+    elif isinstance(message, dict):
+        text, stack = str(message.get("message", "")), str((message.get("extraInfo") or {}).get("py_callstack", ""))
+    else:
+        return None
+    kind, sep, rest = text.partition(": ")
+    lines = stack.rstrip().splitlines()
+    files = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    frame = ""
+    if files:
+        frame = lines[files[-1]].strip()
+        code = lines[files[-1] + 1] if files[-1] + 1 < len(lines) else ""
+        if code.startswith("    ") and code.strip().strip("^~ "):
+            frame += ": " + code.strip()
+    return {"type": kind if sep else "", "message": rest if sep else text, "frame": frame[:500]}
+
+
 class Rank:
     """One rank process and the bookkeeping for its pipes."""
 
     def __init__(self, spec: dict, proc: subprocess.Popen):
         self.rank = spec["rank"]
+        self.error_file = spec["env"].get("TORCHELASTIC_ERROR_FILE")
         self.proc = proc
-        self.open_pipes = 2
+        self.pipes = {1: proc.stdout, 2: proc.stderr}  # the ones still open
         self.buffers = {1: b"", 2: b""}
         self.returncode: int | None = None
         self.exited_at = 0.0
@@ -62,7 +115,7 @@ class Rank:
 
 
 class Agent:
-    def __init__(self, node: dict, out=sys.stdout, commands: "_Lines | None" = None):
+    def __init__(self, node: dict, out=sys.stdout, commands: _Lines | None = None):
         self.node = node
         self.out = out
         self.sel = selectors.DefaultSelector()
@@ -71,39 +124,113 @@ class Agent:
         self.stdin_open = True
         self.out_open = True
         self.commands = commands or _Lines(0)
+        self.out_fd = _fileno(out)
+        self.pending = bytearray()  # events not yet taken by the launcher
+        self.paused = False  # rank pipes unregistered while ``pending`` is over its bound
+        # Heartbeats: the launcher sends {"cmd": "hb"} and we send {"ev": "hb"}, each every third of the
+        # timeout; a launcher silent for the whole timeout is taken for gone and the ranks are stopped.
+        self.heartbeat_timeout = float(node.get("heartbeat_timeout") or 0)
+        self.heard_at = self.sent_at = time.monotonic()
+        self.hang_timeout = float(node.get("hang_timeout") or 0)
+        self.scratch = tempfile.mkdtemp(prefix="distlaunch-agent-") if self.hang_timeout else None
+        self.progress_seen = 0.0  # newest progress-file mtime reported
+        self.progress_checked = 0.0
 
     def emit(self, **event) -> None:
         if not self.out_open:
             return
-        try:
-            self.out.write(json.dumps(event, ensure_ascii=False) + "\n")
+        self.pending += (json.dumps(event, ensure_ascii=False) + "\n").encode("utf-8")
+        self.sent_at = time.monotonic()
+        self.flush_out()
+
+    def flush_out(self) -> None:
+        """Write what the launcher's end takes now; never wait (see OUT_PENDING_BYTES)."""
+        if self.out_fd is None:  # an in-memory stream
+            self.out.write(self.pending.decode("utf-8"))
             self.out.flush()
-        except (BrokenPipeError, OSError, ValueError):
+            self.pending.clear()
+            return
+        try:
+            while self.pending:
+                n = os.write(self.out_fd, self.pending)
+                del self.pending[:n]
+        except BlockingIOError:
+            pass
+        except OSError:
             self.out_open = False  # the launcher is gone (SSH channel closed): keep going, stop the ranks
+            self.pending.clear()
+        self.pause_ranks(len(self.pending) > OUT_PENDING_BYTES)
+
+    def pause_ranks(self, pause: bool) -> None:
+        """Stop (or resume) reading rank output: a full pipe then slows the rank, not the agent."""
+        if pause == self.paused:
+            return
+        self.paused = pause
+        for rank in self.ranks:
+            for fd, pipe in rank.pipes.items():
+                if pause:
+                    self.sel.unregister(pipe)
+                else:
+                    self.sel.register(pipe, selectors.EVENT_READ, (rank, fd))
 
     def rank_env(self, spec: dict) -> dict:
         env = dict(os.environ) if self.node.get("inherit_env", True) else _minimal_env()
         env.update(spec["env"])
-        env["DISTLAUNCH_RESTART_COUNT"] = str(self.node.get("restart_count", 0))
+        env["DISTLAUNCH_RESTART_COUNT"] = env["TORCHELASTIC_RESTART_COUNT"] = str(self.node.get("restart_count", 0))
         env.setdefault("PYTHONUNBUFFERED", "1")  # live logs: ranks' prints reach the launcher as they happen
+        if self.scratch:
+            base = os.path.join(self.scratch, f"rank{spec['rank']}")
+            env["DISTLAUNCH_PROGRESS_FILE"] = base + ".progress"
+            if _is_python(spec["argv"]):
+                env["DISTLAUNCH_STACKS_FILE"] = base + ".stacks"
+                env["DISTLAUNCH_STACKS_SIGNAL"] = str(int(STACKS_SIGNAL))
+            # PyTorch's NCCL flight recorder (current names first, older ones after): recorded collectives,
+            # dumped per rank into the scratch folder on a collective timeout. Inert without NCCL.
+            env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+            env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
+            env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+            env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.scratch, "nccl_trace_rank_"))
+            env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", env["TORCH_FR_DUMP_TEMP_FILE"])
         return env
+
+    def rank_argv(self, spec: dict) -> list[str]:
+        """With hang detection, a Python rank starts through distlaunch.rankboot (arms its stack dumps)."""
+        argv = list(spec["argv"])
+        if self.scratch and _is_python(argv):
+            return [argv[0], "-m", "distlaunch.rankboot", *argv[1:]]
+        return argv
 
     def start(self) -> None:
         workdir = self.node.get("workdir") or None
         for spec in self.node["ranks"]:
+            with contextlib.suppress(OSError):  # an earlier attempt's error must not be blamed on this one
+                os.unlink(spec["env"].get("TORCHELASTIC_ERROR_FILE") or "")
             try:
-                proc = subprocess.Popen(spec["argv"], env=self.rank_env(spec), cwd=workdir, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                proc = subprocess.Popen(
+                    self.rank_argv(spec),
+                    env=self.rank_env(spec),
+                    cwd=workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
             except OSError as exc:
-                self.emit(ev="out", rank=spec["rank"], fd=2, line=f"distlaunch: cannot start {spec['argv'][0]!r}: {exc.strerror}")
+                self.emit(
+                    ev="out",
+                    rank=spec["rank"],
+                    fd=2,
+                    line=f"distlaunch: cannot start {spec['argv'][0]!r}: {exc.strerror}",
+                )
                 self.emit(ev="exit", rank=spec["rank"], code=127)
                 continue
             rank = Rank(spec, proc)
             self.ranks.append(rank)
-            for fd, pipe in ((1, proc.stdout), (2, proc.stderr)):
+            for fd, pipe in rank.pipes.items():
                 os.set_blocking(pipe.fileno(), False)
-                self.sel.register(pipe, selectors.EVENT_READ, (rank, fd))
+                if not self.paused:
+                    self.sel.register(pipe, selectors.EVENT_READ, (rank, fd))
             self.emit(ev="started", rank=rank.rank, pid=proc.pid)
 
     def read_pipe(self, pipe, rank: Rank, fd: int) -> None:
@@ -111,24 +238,41 @@ class Agent:
             chunk = pipe.read(65536)
         except BlockingIOError:
             return
-        if chunk:
-            data = rank.buffers[fd] + chunk
-            *lines, rank.buffers[fd] = data.split(b"\n")
-            for line in lines:
-                self.emit(ev="out", rank=rank.rank, fd=fd, line=line.decode("utf-8", "replace"))
+        if not chunk:
+            self.close_pipe(pipe, rank, fd)
             return
-        self.close_pipe(pipe, rank, fd)
+        *lines, rest = (rank.buffers[fd] + chunk).split(b"\n")
+        for line in lines:
+            self.emit_line(rank, fd, line.rstrip(b"\r"))
+        if b"\r" in rest:  # a progress bar redraws its line: show each state now, not at the next newline
+            *redraws, rest = rest.split(b"\r")
+            for line in redraws:
+                if line:
+                    self.emit_line(rank, fd, line)
+        while len(rest) > MAX_LINE_BYTES:  # a line without end must not grow without bound: split it
+            self.emit(ev="out", rank=rank.rank, fd=fd, line=_text(rest[:MAX_LINE_BYTES]) + SPLIT_MARK)
+            rest = rest[MAX_LINE_BYTES:]
+        rank.buffers[fd] = rest
+
+    def emit_line(self, rank: Rank, fd: int, line: bytes) -> None:
+        """One output line, in pieces of at most MAX_LINE_BYTES (every piece but the last marked)."""
+        while len(line) > MAX_LINE_BYTES:
+            self.emit(ev="out", rank=rank.rank, fd=fd, line=_text(line[:MAX_LINE_BYTES]) + SPLIT_MARK)
+            line = line[MAX_LINE_BYTES:]
+        self.emit(ev="out", rank=rank.rank, fd=fd, line=_text(line))
 
     def close_pipe(self, pipe, rank: Rank, fd: int) -> None:
         if rank.buffers[fd]:
-            self.emit(ev="out", rank=rank.rank, fd=fd, line=rank.buffers[fd].decode("utf-8", "replace"))
+            self.emit_line(rank, fd, rank.buffers[fd])
             rank.buffers[fd] = b""
-        self.sel.unregister(pipe)
+        if not self.paused:
+            self.sel.unregister(pipe)
         pipe.close()
-        rank.open_pipes -= 1
+        del rank.pipes[fd]
 
     def read_commands(self) -> None:
         lines = self.commands.read()
+        self.heard_at = time.monotonic()
         if lines is None:  # the launcher is gone: nobody will ever tell us to stop, so stop now
             self.stdin_open = False
             self.sel.unregister(self.commands.fd)
@@ -143,13 +287,66 @@ class Agent:
                 self.begin_stop()
             elif cmd == "kill":
                 self.signal_all(signal.SIGKILL)
+            elif cmd == "stacks":
+                self.send_stacks()
+            # "hb" needs nothing: any line counts as a sign of life
+
+    def send_stacks(self) -> None:
+        """Every running rank's Python stacks: py-spy where installed, else the rank's faulthandler."""
+        running = [r for r in self.ranks if r.returncode is None and r.proc.poll() is None]
+        armed = {}
+        for rank in running:
+            path = os.path.join(self.scratch or "", f"rank{rank.rank}.stacks")
+            if self.scratch and os.path.exists(path):
+                os.truncate(path, 0)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank.proc.pid, STACKS_SIGNAL)  # the leader only: its children are not armed
+                armed[rank.rank] = path
+        pyspy = shutil.which("py-spy")
+        if armed:
+            time.sleep(STACKS_WAIT_S)
+        for rank in running:
+            text, tool = "", "none"
+            if pyspy:
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    done = subprocess.run(
+                        [pyspy, "dump", "--pid", str(rank.proc.pid)], capture_output=True, timeout=20, check=False
+                    )
+                    if done.returncode == 0:
+                        text, tool = _text(done.stdout[:STACKS_MAX_BYTES]), "py-spy"
+            if not text and rank.rank in armed:
+                with open(armed[rank.rank], "rb") as f:
+                    text, tool = _text(f.read(STACKS_MAX_BYTES)), "faulthandler"
+            self.emit(ev="stacks", rank=rank.rank, tool=tool, text=text)
+
+    def check_progress(self) -> None:
+        """Report ranks' distlaunch.progress() calls (the mtime of their progress files), once a second."""
+        now = time.monotonic()
+        if not self.scratch or now - self.progress_checked < PROGRESS_POLL_S:
+            return
+        self.progress_checked = now
+        newest = self.progress_seen
+        for rank in self.ranks:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.stat(os.path.join(self.scratch, f"rank{rank.rank}.progress")).st_mtime)
+        if newest > self.progress_seen:
+            self.progress_seen = newest
+            self.emit(ev="progress")
+
+    def check_heartbeat(self) -> None:
+        """Send ours when due; stop the ranks when the launcher has been silent for the whole timeout."""
+        if not self.heartbeat_timeout:
+            return
+        now = time.monotonic()
+        if now - self.sent_at > self.heartbeat_timeout / 3:
+            self.emit(ev="hb")
+        if self.stdin_open and now - self.heard_at > self.heartbeat_timeout and self.stop_deadline is None:
+            self.begin_stop(_ORPHAN_GRACE_S)  # a frozen or cut-off launcher looks like this, not like EOF
 
     def signal_all(self, sig: int) -> None:
         for rank in self.ranks:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(rank.proc.pid, sig)  # the rank's own group: its children go too
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def begin_stop(self, max_grace: float | None = None) -> None:
         grace = float(self.node.get("grace_period", 10.0))
@@ -167,31 +364,128 @@ class Agent:
                 if rc is not None:
                     rank.returncode, rank.exited_at = rc, now
             if rank.returncode is not None and not rank.reported:
-                if rank.open_pipes and now - rank.exited_at < _DRAIN_AFTER_EXIT_S:
-                    continue
-                for key in list(self.sel.get_map().values()):
-                    if key.data and key.data[0] is rank:
-                        self.close_pipe(key.fileobj, rank, key.data[1])
+                if rank.pipes and (self.paused or now - rank.exited_at < _DRAIN_AFTER_EXIT_S):
+                    continue  # paused: its last output waits in the pipe until the launcher catches up
+                for fd, pipe in list(rank.pipes.items()):
+                    self.close_pipe(pipe, rank, fd)
                 rank.reported = True
-                self.emit(ev="exit", rank=rank.rank, code=rank.returncode)
+                error = read_error_file(rank.error_file) if rank.returncode else None
+                self.emit(ev="exit", rank=rank.rank, code=rank.returncode, **({"error": error} if error else {}))
 
     def run(self) -> int:
         self.sel.register(self.commands.fd, selectors.EVENT_READ, None)
+        if self.out_fd is not None:
+            os.set_blocking(self.out_fd, False)
         self.start()
         self.handle(self.commands.split())  # commands that arrived together with the node plan
         while not all(r.reported for r in self.ranks):
-            for key, _ in self.sel.select(timeout=0.05):
-                if key.data is None:
-                    self.read_commands()
-                else:
-                    self.read_pipe(key.fileobj, *key.data)
-            self.reap()
-            if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
-                self.signal_all(signal.SIGKILL)
+            self.step()
         # Every rank leader is gone; anything still in their groups (a stray child) goes too.
         self.signal_all(signal.SIGKILL)
+        ended = self.end_stragglers()
+        if ended:
+            self.emit(ev="stragglers", count=len(ended), pids=ended)
         self.emit(ev="done")
+        self.drain_out()
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         return 0
+
+    def step(self) -> None:
+        """One turn of the loop: commands, rank output, exits, heartbeats, the stop deadline."""
+        watch_out = bool(self.pending) and self.out_fd is not None
+        if watch_out:
+            self.sel.register(self.out_fd, selectors.EVENT_WRITE, "out")
+        try:
+            ready = self.sel.select(timeout=0.05)
+        finally:
+            if watch_out:
+                self.sel.unregister(self.out_fd)
+        for key, _ in ready:
+            if key.data is None:
+                self.read_commands()
+            elif key.data == "out":
+                self.flush_out()
+            else:
+                self.read_pipe(key.fileobj, *key.data)
+        self.reap()
+        self.check_heartbeat()
+        self.check_progress()
+        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+            self.signal_all(signal.SIGKILL)
+
+    def end_stragglers(self) -> list[int]:
+        """End what the ranks left behind outside their process groups (``setsid``, double fork): this
+        user's processes whose environment carries this job's id and this node's rank."""
+        env = (self.node["ranks"] or [{"env": {}}])[0]["env"]
+        if "DISTLAUNCH_JOB_ID" not in env:
+            return []
+        marks = {f"DISTLAUNCH_JOB_ID={env['DISTLAUNCH_JOB_ID']}".encode(), f"NODE_RANK={env.get('NODE_RANK')}".encode()}
+        found = [pid for pid in _pids_with(marks) if pid != os.getpid()]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 1.0
+            while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in found):
+                time.sleep(0.05)
+        return found
+
+    def drain_out(self) -> None:
+        """Hand the last events to the launcher, while it keeps taking them (never forever)."""
+        patience = max(self.heartbeat_timeout, 5.0)
+        taken_at = time.monotonic()
+        while self.pending and self.out_open and time.monotonic() - taken_at < patience:
+            before = len(self.pending)
+            select_write(self.out_fd, 0.1)
+            self.flush_out()
+            if len(self.pending) < before:
+                taken_at = time.monotonic()
+
+
+def _is_python(argv: list[str]) -> bool:
+    """A rank run by a Python interpreter on a script or module (what rankboot can start)."""
+    return len(argv) > 1 and os.path.basename(argv[0]).startswith("python") and argv[1] not in ("-c", "-")
+
+
+def _pids_with(marks: set[bytes]) -> list[int]:
+    """This user's processes whose environment holds every one of ``marks`` (NAME=VALUE)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marks <= set(f.read().split(b"\0")):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def select_write(fd: int, timeout: float) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_WRITE)
+        sel.select(timeout)
+
+
+def _fileno(stream) -> int | None:
+    try:
+        stream.flush()
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 class _Lines:
@@ -214,7 +508,10 @@ class _Lines:
 
     def read(self) -> list[str] | None:
         """Read once what is available; the complete lines, or None at end of input."""
-        chunk = os.read(self.fd, 65536)
+        try:
+            chunk = os.read(self.fd, 65536)
+        except BlockingIOError:  # stdin shares a non-blocking file description with stdout (a socket)
+            return []
         if not chunk:
             return None
         self.buffer += chunk

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+import stat
 import sys
 import tempfile
 import time
@@ -11,9 +13,13 @@ import traceback
 import typer
 
 from distlaunch import __version__
-from distlaunch.cli.doctor import doctor
-from distlaunch.cli.run import run
 from distlaunch.cli.checkpoint import checkpoint_app
+from distlaunch.cli.data import data_app
+from distlaunch.cli.doctor import doctor
+from distlaunch.cli.jobs import jobs, logs, status, stop
+from distlaunch.cli.k8s import k8s_app
+from distlaunch.cli.peers import check_peer_spellings, peer_equivalent
+from distlaunch.cli.run import run
 from distlaunch.cli.slurm import slurm_app
 from distlaunch.cli.train import train
 from distlaunch.errors import DistlaunchError, ExitCode
@@ -32,12 +38,20 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 # Everything after SCRIPT belongs to the script, as with torchrun and python itself.
-_SCRIPT_CONTEXT = {"allow_interspersed_args": False}
+# torchrun's underscore spellings (--nproc_per_node, --master_addr, --max_restarts ...) are accepted as aliases.
+_UNDERSCORES = {"token_normalize_func": lambda name: name.replace("_", "-")}
+_SCRIPT_CONTEXT = {"allow_interspersed_args": False, **_UNDERSCORES}
 app.command("run", context_settings=_SCRIPT_CONTEXT)(run)
-app.command("doctor")(doctor)
-app.command("train")(train)
+app.command("doctor", context_settings=_UNDERSCORES)(doctor)
+app.command("train", context_settings=_UNDERSCORES)(train)
+app.command("jobs")(jobs)
+app.command("status")(status)
+app.command("logs")(logs)
+app.command("stop")(stop)
 app.add_typer(slurm_app)
 app.add_typer(checkpoint_app)
+app.add_typer(k8s_app)
+app.add_typer(data_app)
 
 
 def _version(value: bool) -> None:
@@ -47,7 +61,9 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")) -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
     """Launch distributed PyTorch training on this machine, many machines over SSH, or Slurm."""
 
 
@@ -55,10 +71,34 @@ def _error(message: str) -> None:
     sys.stderr.write(f"error: {message}\n")
 
 
+def _private_dir() -> str:
+    """``$TMPDIR/distlaunch-<uid>``, mode 0700, when it is a real directory of ours that nobody else can
+    write into; else a fresh ``mkdtemp`` folder (random name, 0700)."""
+    base = os.path.join(tempfile.gettempdir(), f"distlaunch-{os.getuid()}")
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix="distlaunch-debug-")
+    info = os.lstat(base)  # lstat: a planted symlink is not followed, and fails the check below
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return tempfile.mkdtemp(prefix="distlaunch-debug-")
+    return base
+
+
+def write_debug_log(text: str) -> str:
+    """Write ``text`` to a new file in a private folder (O_EXCL|O_NOFOLLOW, mode 0600); returns its path."""
+    name = f"debug-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}.log"
+    path = os.path.join(_private_dir(), name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
 def _internal_error(exc: BaseException) -> int:
-    path = os.path.join(tempfile.gettempdir(), f"distlaunch-debug-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(traceback.format_exception(exc)))
+    path = write_debug_log("".join(traceback.format_exception(exc)))
     _error(f"internal error: {type(exc).__name__}: {exc} (hint: this is a distlaunch bug; the traceback is in {path})")
     return ExitCode.CHECK_FAILED
 
@@ -66,12 +106,17 @@ def _internal_error(exc: BaseException) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return the exit code; user errors are one line, never a traceback."""
     try:
+        check_peer_spellings(sys.argv[1:] if argv is None else argv)
         result = app(args=argv, prog_name="distlaunch", standalone_mode=False)
     except DistlaunchError as exc:
         _error(str(exc))
         return exc.exit_code
     except cx.NoArgsIsHelpError:
         return 0  # typer has printed the help already
+    except cx.NoSuchOption as exc:
+        where = exc.ctx.command_path if exc.ctx else "distlaunch"
+        _error(peer_equivalent(exc.option_name, where))
+        return ExitCode.USAGE
     except cx.UsageError as exc:
         where = f" '{exc.ctx.command_path} --help'" if exc.ctx else " 'distlaunch --help'"
         _error(f"{exc.format_message()} (hint: see{where})")
@@ -85,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.SIGINT
     except KeyboardInterrupt:
         return ExitCode.SIGINT
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: short message, traceback to a file
+    except Exception as exc:
         return _internal_error(exc)
     return result if isinstance(result, int) else 0
 

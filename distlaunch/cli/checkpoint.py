@@ -10,11 +10,19 @@ from rich.console import Console
 from rich.table import Table
 
 from distlaunch.cli.render import print_json
-from distlaunch.engine.checkpoint.report import CheckpointReport, inspect_checkpoint
+from distlaunch.engine.checkpoint.report import CheckpointReport, inspect_checkpoint, verify_folder
 
-checkpoint_app = typer.Typer(name="checkpoint", no_args_is_help=True,
-                             help="Inspect a training checkpoint or export it as one state dict (docs/checkpointing.md).")
-CheckpointPath = Annotated[Path, typer.Argument(help="A checkpoint.dir (its latest checkpoint) or one of its step_N directories.", show_default=False)]
+checkpoint_app = typer.Typer(
+    name="checkpoint",
+    no_args_is_help=True,
+    help="Inspect, verify or export a training checkpoint (docs/checkpointing.md).",
+)
+CheckpointPath = Annotated[
+    Path,
+    typer.Argument(
+        help="A checkpoint.dir (its latest checkpoint) or one of its step_N directories.", show_default=False
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 
 
@@ -23,11 +31,19 @@ def _mib(n: int) -> str:
 
 
 def render_checkpoint(report: CheckpointReport, console: Console) -> None:
-    """The manifest as a table of components, then the checkpoints beside it."""
-    meta, layout = report.meta, report.meta.layout
+    """The manifest as a table of components, then the checkpoints beside it, then any damage."""
     console.print(f"[bold]{report.path}[/bold]")
-    console.print(f"step {meta.step}, model {meta.preset}, written by dp={layout.dp},tp={layout.tp},pp={layout.pp},"
-                  f"zero={layout.zero} ({layout.world_size} ranks)")
+    if report.pointer_problem:
+        console.print(f"[red]damaged[/red] {report.pointer_problem}", soft_wrap=True)
+    for problem in report.damage:
+        console.print(f"[red]damaged[/red] {problem}", soft_wrap=True)
+    if report.meta is None:
+        return
+    meta, layout = report.meta, report.meta.layout
+    console.print(
+        f"step {meta.step}, model {meta.preset}, written by dp={layout.dp},tp={layout.tp},pp={layout.pp},"
+        f"zero={layout.zero} ({layout.world_size} ranks)"
+    )
     console.print(f"saved {meta.saved_at} in {meta.save_seconds:g}s by job {meta.job}, torch {meta.torch_version}")
     table = Table(title=f"{_mib(meta.files_bytes)} on disk")
     for col in ("component", "entries", "elements", "tensor bytes"):
@@ -36,7 +52,16 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
         table.add_row(name, str(size.entries), f"{size.numel:,}", _mib(size.bytes))
     console.print(table)
     console.print(f"train state parts: {', '.join(meta.extras) or 'none'}")
-    steps = ", ".join(f"{c.step}{' (latest)' if c.path == report.latest else ''}" for c in report.checkpoints)
+    if report.checksums:
+        console.print(
+            f"{report.checksums} files with recorded sizes and SHA-256 (check them: distlaunch checkpoint verify)"
+        )
+    else:
+        console.print("[yellow]no checksums recorded[/yellow] (written by an older distlaunch)")
+    steps = ", ".join(
+        f"{c.step}{' (latest)' if c.path == report.latest else ''}{' (damaged)' if c.damage else ''}"
+        for c in report.checkpoints
+    )
     console.print(f"checkpoints in this directory: {steps}")
     for leftover in report.leftovers:
         console.print(f"[yellow]unfinished save[/yellow] {leftover} (never read; the next save deletes it)")
@@ -44,16 +69,58 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
 
 @checkpoint_app.command("inspect")
 def inspect(path: CheckpointPath, json_output: Json = False) -> int:
-    """Show a checkpoint's step, layout and size per component (reads meta.json only; no torch)."""
+    """Show a checkpoint's step, layout and size per component, and missing or truncated files (no torch)."""
     report = inspect_checkpoint(path)
     print_json(report) if json_output else render_checkpoint(report, Console())
     return 0
 
 
+def _index_problem(checkpoint: Path) -> str | None:
+    from distlaunch.engine.checkpoint.safe import read_dcp_metadata  # torch: only for this command
+    from distlaunch.errors import DistlaunchError
+
+    try:
+        read_dcp_metadata(checkpoint)
+    except DistlaunchError as err:
+        return err.message
+    return None
+
+
+@checkpoint_app.command("verify")
+def verify(
+    path: Annotated[
+        Path,
+        typer.Argument(help="A checkpoint.dir (every checkpoint in it) or one step_N directory.", show_default=False),
+    ],
+    json_output: Json = False,
+) -> int:
+    """Check every file against the size and SHA-256 recorded at save; exit 0 intact, 1 damaged, 2 not found."""
+    report = verify_folder(path, _index_problem)
+    if json_output:
+        print_json(report)
+    else:
+        console = Console(highlight=False, soft_wrap=True)
+        if report.pointer_problem:
+            console.print(f"[red]damaged[/red] {report.pointer_problem}", soft_wrap=True)
+        for c in report.checkpoints:
+            if c.problems:
+                console.print(f"[red]damaged[/red] {c.path}: {'; '.join(c.problems)}")
+            elif c.files:
+                console.print(f"[green]ok[/green] {c.path} ({c.files} files, {_mib(c.bytes)})")
+            else:
+                console.print(f"[yellow]unverified[/yellow] {c.path} (no checksums recorded: an older distlaunch)")
+    return 0 if report.ok else 1
+
+
 @checkpoint_app.command("export")
-def export(path: CheckpointPath,
-           output: Annotated[Path, typer.Argument(help="Output file: .safetensors (default format) or .pt/.pth (torch.save).", show_default=False)],
-           json_output: Json = False) -> int:
+def export(
+    path: CheckpointPath,
+    output: Annotated[
+        Path,
+        typer.Argument(help="Output file: .safetensors (default format) or .pt/.pth (torch.save).", show_default=False),
+    ],
+    json_output: Json = False,
+) -> int:
     """Write the checkpoint's model weights as one state dict the plain single-process GPT loads."""
     from distlaunch.engine.checkpoint.export import export_checkpoint  # torch: only for this command
 
@@ -61,6 +128,8 @@ def export(path: CheckpointPath,
     if json_output:
         print_json(report)
     else:
-        Console().print(f"wrote {report.output} ({report.format}, {report.tensors} tensors, {_mib(report.bytes)}) "
-                        f"from step {report.step} of {report.source}")
+        Console().print(
+            f"wrote {report.output} ({report.format}, {report.tensors} tensors, {_mib(report.bytes)}) "
+            f"from step {report.step} of {report.source}"
+        )
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -11,25 +11,56 @@ from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
 from distlaunch.errors import ExitCode
 
-MasterPort = Annotated[int, typer.Option("--master-port", min=1, max=65535, help="Rendezvous port to check (default 29500, as torchrun).")]
-Bench = Annotated[bool, typer.Option("--bench", help="Also measure all-reduce bandwidth across the hosts (gloo on CPU, NCCL on GPUs).")]
-BenchMax = Annotated[Optional[str], typer.Option("--bench-max", help="Largest all-reduce message, e.g. 256M (default: 256M on GPUs, 16M on CPU).")]
+Bench = Annotated[
+    bool,
+    typer.Option("--bench", help="Also measure all-reduce bandwidth across the hosts (gloo on CPU, NCCL on GPUs)."),
+]
+BenchMax = Annotated[
+    str | None,
+    typer.Option("--bench-max", help="Largest all-reduce message, e.g. 256M (default: 256M on GPUs, 16M on CPU)."),
+]
 
 
-def doctor(hostfile: o.Hostfile = None, nproc_per_node: o.NprocPerNode = None, parallel: o.ParallelOpt = None,
-           include: o.Include = None, exclude: o.Exclude = None, master_addr: o.MasterAddr = None,
-           master_port: MasterPort = 29500, env: o.Env = None, ssh_config: o.SshConfig = None,
-           remote_python: o.RemotePython = None, bench: Bench = False, bench_max: BenchMax = None,
-           json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False) -> int:
+def doctor(
+    hostfile: o.Hostfile = None,
+    nproc_per_node: o.NprocPerNode = None,
+    parallel: o.ParallelOpt = None,
+    include: o.Include = None,
+    exclude: o.Exclude = None,
+    master_addr: o.MasterAddr = None,
+    master_port: o.MasterPort = "auto",
+    backend: o.Backend = "auto",
+    env: o.Env = None,
+    ssh_config: o.SshConfig = None,
+    remote_python: o.RemotePython = None,
+    bench: Bench = False,
+    bench_max: BenchMax = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> int:
     """Check DNS, SSH, Python/torch/NCCL versions, GPUs, the master's port and reachability, interfaces, /dev/shm and clocks on every host; print what to fix.
 
-    Exit code: 0 when no check failed (warnings allowed), 1 when at least one did.
+    MASTER_ADDR, --master-port and --backend resolve exactly as for run. Exit code: 0 when no check failed
+    (warnings allowed), 1 when at least one did, 2 when the hostfile or an option is wrong.
     """
     from distlaunch.doctor import DoctorOptions, parse_size, render_report, run_doctor  # SSH stack: only when used
 
-    opts = DoctorOptions(hostfile=hostfile, nproc_per_node=nproc_per_node, parallel=parallel, include=include, exclude=exclude,
-                         master_addr=master_addr, master_port=master_port, env=env or [], ssh_config=ssh_config,
-                         bench=bench, bench_max_bytes=parse_size(bench_max), **({"remote_python": remote_python} if remote_python else {}))
+    opts = DoctorOptions(
+        hostfile=hostfile,
+        nproc_per_node=nproc_per_node,
+        parallel=parallel,
+        include=include,
+        exclude=exclude,
+        master_addr=master_addr,
+        master_port=master_port,
+        backend=backend,
+        env=env or [],
+        ssh_config=ssh_config,
+        bench=bench,
+        bench_max_bytes=parse_size(bench_max),
+        **({"remote_python": remote_python} if remote_python else {}),
+    )
     report = run_doctor(opts)
     print_json(report) if json_output else render_report(report, Console())
+    if report.usage_error:
+        return ExitCode.USAGE
     return ExitCode.OK if report.ok else ExitCode.CHECK_FAILED

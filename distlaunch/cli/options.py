@@ -3,29 +3,239 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
+from distlaunch.errors import UsageError
+from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
+
 LAUNCH = "Launch options"
 
-Hostfile = Annotated[Optional[Path], typer.Option("-H", "--hostfile", help="Hostfile: 'node1 slots=8', 'node1:8' or 'node1' per line. Default: this machine only.", rich_help_panel=LAUNCH)]
-NprocPerNode = Annotated[Optional[int], typer.Option("-n", "--nproc-per-node", help="Processes per host (default: the host's slots; without a hostfile, the GPUs here or 1).", rich_help_panel=LAUNCH)]
-ParallelOpt = Annotated[Optional[str], typer.Option("--parallel", help="Parallel layout, e.g. 'dp=2,tp=2,pp=2,zero=1' (dp may be 'auto'). dp*tp*pp must equal the world size.", rich_help_panel=LAUNCH)]
-Include = Annotated[Optional[str], typer.Option("-i", "--include", help="Use only these hosts/slots, e.g. 'node1:0,1@node2'.", rich_help_panel=LAUNCH)]
-Exclude = Annotated[Optional[str], typer.Option("-e", "--exclude", help="Leave out these hosts/slots, e.g. 'node3@node1:7'.", rich_help_panel=LAUNCH)]
-MasterAddr = Annotated[Optional[str], typer.Option("--master-addr", help="Address of rank 0 as every host reaches it (default: the first host's address).", rich_help_panel=LAUNCH)]
-MasterPort = Annotated[str, typer.Option("--master-port", help="Rendezvous port: an integer or 'auto' (a free port).", rich_help_panel=LAUNCH)]
-Backend = Annotated[str, typer.Option("--backend", help="auto | nccl | gloo (auto: nccl where GPUs are found, else gloo).", rich_help_panel=LAUNCH)]
-MaxRestarts = Annotated[int, typer.Option("--max-restarts", min=0, help="Restart the whole job up to K times after a rank fails (DISTLAUNCH_RESTART_COUNT tells ranks which try it is).", rich_help_panel=LAUNCH)]
-LogDir = Annotated[Optional[Path], typer.Option("--log-dir", help="Keep one log file per rank (rank<N>.log) in this folder.", rich_help_panel=LAUNCH)]
-Env = Annotated[Optional[list[str]], typer.Option("--env", help="Set KEY=VALUE in every rank's environment (repeatable).", rich_help_panel=LAUNCH)]
-SshConfig = Annotated[Optional[Path], typer.Option("--ssh-config", help="OpenSSH client config to use instead of ~/.ssh/config.", rich_help_panel=LAUNCH)]
-AcceptNewHostKeys = Annotated[bool, typer.Option("--accept-new-host-keys", help="Accept and record SSH host keys not yet in known_hosts (default: refuse them and print the ssh-keyscan line). Changed keys are always refused.", rich_help_panel=LAUNCH)]
-RemotePython = Annotated[Optional[str], typer.Option("--remote-python", help="Python on remote hosts that runs the agent and, unless --python is given, the ranks (default: the launcher's own path).", rich_help_panel=LAUNCH)]
-Workdir = Annotated[Optional[str], typer.Option("--workdir", help="Working directory of the ranks on every host (default: the launcher's current directory).", rich_help_panel=LAUNCH)]
-Python = Annotated[Optional[str], typer.Option("--python", help="Python interpreter that runs each rank (default: the launcher's own).", rich_help_panel=LAUNCH)]
-GracePeriod = Annotated[float, typer.Option("--grace-period", min=0, help="Seconds between SIGTERM and SIGKILL when stopping ranks.", rich_help_panel=LAUNCH)]
+Hostfile = Annotated[
+    Path | None,
+    typer.Option(
+        "-H",
+        "--hostfile",
+        help="Hostfile: 'node1 slots=8', 'node1:8' or 'node1' per line. Default: this machine only.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+NprocPerNode = Annotated[
+    int | None,
+    typer.Option(
+        "-n",
+        "--nproc-per-node",
+        parser=parse_nproc,
+        metavar="N|auto|gpu",
+        help="Processes per host (default: the host's slots; without a hostfile, the GPUs here or 1). "
+        "auto: the GPUs here or 1; gpu: the GPUs here.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+ParallelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--parallel",
+        help="Parallel layout, e.g. 'dp=2,tp=2,pp=2,zero=1' (dp may be 'auto'). dp*tp*pp must equal the world size.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+Include = Annotated[
+    str | None,
+    typer.Option("-i", "--include", help="Use only these hosts/slots, e.g. 'node1:0,1@node2'.", rich_help_panel=LAUNCH),
+]
+Exclude = Annotated[
+    str | None,
+    typer.Option("-e", "--exclude", help="Leave out these hosts/slots, e.g. 'node3@node1:7'.", rich_help_panel=LAUNCH),
+]
+MasterAddr = Annotated[
+    str | None,
+    typer.Option(
+        "--master-addr",
+        help="Address of rank 0 as every host reaches it (default: the first host's address).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+MasterPort = Annotated[
+    str,
+    typer.Option("--master-port", help="Rendezvous port: an integer or 'auto' (a free port).", rich_help_panel=LAUNCH),
+]
+Backend = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        parser=parse_backend,
+        metavar="auto|nccl|gloo",
+        help="auto | nccl | gloo (auto: nccl where GPUs are found, else gloo).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+MaxRestarts = Annotated[
+    int,
+    typer.Option(
+        "--max-restarts",
+        min=0,
+        help="Restart the whole job up to K times after a rank fails (DISTLAUNCH_RESTART_COUNT tells ranks which try it is).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+LogDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--log-dir",
+        help="Keep every line of every rank in LOG_DIR/<job id>/rank<N>.log (time-stamped, with a header).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+Env = Annotated[
+    list[str] | None,
+    typer.Option("--env", help="Set KEY=VALUE in every rank's environment (repeatable).", rich_help_panel=LAUNCH),
+]
+SshConfig = Annotated[
+    Path | None,
+    typer.Option("--ssh-config", help="OpenSSH client config to use instead of ~/.ssh/config.", rich_help_panel=LAUNCH),
+]
+AcceptNewHostKeys = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-keys",
+        help="Accept and record SSH host keys not yet in known_hosts (default: refuse them and print the ssh-keyscan line). Changed keys are always refused.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+RemotePython = Annotated[
+    str | None,
+    typer.Option(
+        "--remote-python",
+        help="Python on remote hosts that runs the agent and, unless --python is given, the ranks (default: the launcher's own path).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+Workdir = Annotated[
+    str | None,
+    typer.Option(
+        "--workdir",
+        help="Working directory of the ranks on every host (default: the launcher's current directory).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+Python = Annotated[
+    str | None,
+    typer.Option(
+        "--python", help="Python interpreter that runs each rank (default: the launcher's own).", rich_help_panel=LAUNCH
+    ),
+]
+GracePeriod = Annotated[
+    float,
+    typer.Option(
+        "--grace-period",
+        parser=parse_seconds,
+        metavar="SECONDS",
+        help="Seconds between SIGTERM and SIGKILL when stopping ranks.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+Detach = Annotated[
+    bool,
+    typer.Option(
+        "--detach",
+        "-d",
+        help="Start the job in the background, print its id and return (see: distlaunch jobs, logs, stop).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+HeartbeatTimeout = Annotated[
+    float,
+    typer.Option(
+        "--heartbeat-timeout",
+        min=0,
+        help="Seconds without a message from a host's agent before the host counts as lost: the job stops, exit 3."
+        " Agents likewise stop their ranks when the launcher is silent this long. 0 turns heartbeats off.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+LocalRanksFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--local-ranks-filter",
+        help="Show only these local ranks' output on the terminal, e.g. 0 or 0,1 (--log-dir files keep all).",
+        rich_help_panel=LAUNCH,
+        show_default=False,
+    ),
+]
+HangTimeout = Annotated[
+    float,
+    typer.Option(
+        "--hang-timeout",
+        min=0,
+        help="Seconds without progress (no rank output, no distlaunch.progress() call) before the job counts as"
+        " hung: every rank's Python stack is gathered and summarised, saved to the job folder, then the job"
+        " stops with exit 124. 0 turns it off.",
+        rich_help_panel=LAUNCH,
+    ),
+]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.", rich_help_panel=LAUNCH)]
-Json = Annotated[bool, typer.Option("--json", help="Machine-readable output: the plan with --dry-run, else the run report (rank output goes to stderr).", rich_help_panel=LAUNCH)]
-Launcher = Annotated[str, typer.Option("--launcher", help="auto | slurm | agent. slurm: this srun task is one rank (RANK, WORLD_SIZE, MASTER_ADDR … from SLURM_*); agent: distlaunch starts the ranks itself (here, or over SSH); auto: slurm inside an srun task, else agent.", rich_help_panel=LAUNCH)]
+Json = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="Machine-readable output: the plan with --dry-run, else the run report (rank output goes to stderr).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+Launcher = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        help="auto | slurm | agent. slurm: this srun task is one rank (RANK, WORLD_SIZE, MASTER_ADDR … from SLURM_*); agent: distlaunch starts the ranks itself (here, or over SSH); auto: slurm inside an srun task, else agent.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+
+NODE = "Per-node options (one distlaunch run per node, as torchrun)"
+NNodes = Annotated[
+    int | None,
+    typer.Option(
+        "--nnodes",
+        help="Nodes of the job; run distlaunch once on each with --node-rank, or with --rdzv-endpoint. Ranks: node_rank * n + local_rank.",
+        rich_help_panel=NODE,
+    ),
+]
+NodeRank = Annotated[
+    int | None,
+    typer.Option(
+        "--node-rank",
+        help="This node's rank, 0 to NNODES-1 (needs --master-addr, --master-port).",
+        rich_help_panel=NODE,
+    ),
+]
+NodeRankAlias = Annotated[int | None, typer.Option("--node_rank", hidden=True)]
+RdzvEndpoint = Annotated[
+    str | None,
+    typer.Option(
+        "--rdzv-endpoint",
+        help="HOST:PORT where the nodes meet (served by the first node there); without --node-rank, ranks go by arrival. Default: master address, master port + 1.",
+        rich_help_panel=NODE,
+    ),
+]
+RdzvEndpointAlias = Annotated[str | None, typer.Option("--rdzv_endpoint", hidden=True)]
+RdzvTimeout = Annotated[
+    float,
+    typer.Option("--rdzv-timeout", help="Seconds to wait for every node to arrive.", rich_help_panel=NODE),
+]
+
+
+def parse_local_ranks(text: str | None) -> list[int] | None:
+    """'0,1' -> [0, 1]; a bad list is a usage error with the fix."""
+    if text is None:
+        return None
+    try:
+        ranks = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--local-ranks-filter {text!r} is not a list of local ranks", "write it like 0 or 0,1"
+        ) from None
+    if any(r < 0 for r in ranks):
+        raise UsageError(f"--local-ranks-filter {text!r} has a negative rank", "local ranks start at 0")
+    return ranks

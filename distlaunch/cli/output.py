@@ -1,12 +1,23 @@
-"""Live output of a running job: whole lines with a coloured ``[rank N]`` prefix, one write per line."""
+"""Live output of a running job: whole lines with a coloured ``[rank N]`` prefix, one write per line.
+
+The launcher's supervision must never wait on the terminal: a stdout that nobody reads (a full pipe, a
+suspended pager) would otherwise stop fail-fast, signals and exit codes. So lines go into a bounded
+buffer per stream that a writer thread empties; when the buffer is full, rank lines are dropped and
+counted, and the count is printed as soon as the stream moves again. ``--log-dir`` keeps every line.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+from collections import deque
 from typing import TextIO
 
 _PALETTE = (36, 32, 33, 35, 34, 96, 92, 93, 95, 94)  # ANSI foreground colours, cycled by rank
+PENDING_BYTES = 4 << 20  # per stream: what may wait for a slow terminal before lines are dropped
+DRAIN_STALL_S = 2.0  # at the end, stop waiting for a terminal that has accepted nothing for this long
 
 
 def use_color(stream: TextIO) -> bool:
@@ -16,24 +27,122 @@ def use_color(stream: TextIO) -> bool:
     return bool(os.environ.get("FORCE_COLOR")) or stream.isatty()
 
 
+class StreamWriter:
+    """A bounded queue of text in front of one stream, emptied by a daemon thread.
+
+    ``put`` never blocks. Where the stream has a file descriptor the thread writes to it with
+    ``os.write``, so a write stuck on a full pipe holds no Python lock (the interpreter can still exit).
+    """
+
+    def __init__(self, stream: TextIO, limit: int = PENDING_BYTES):
+        self.stream, self.limit = stream, limit
+        self.fd = _fileno(stream)
+        self.pending: deque[str] = deque()
+        self.pending_bytes = 0
+        self.dropped_lines = 0
+        self.dropped_bytes = 0
+        self.written_at = time.monotonic()  # last time the stream accepted something
+        self.cond = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, daemon=True, name="distlaunch-output")
+        self.thread.start()
+
+    def put(self, text: str, droppable: bool = True) -> None:
+        with self.cond:
+            if droppable and self.pending_bytes + len(text) > self.limit:
+                self.dropped_lines += 1
+                self.dropped_bytes += len(text)
+                return
+            self.pending.append(text)
+            self.pending_bytes += len(text)
+            self.cond.notify()
+
+    def _take(self) -> str | None:
+        with self.cond:
+            while not self.pending and not self.closed:
+                self.cond.wait()
+            if not self.pending:
+                return None
+            text = "".join(self.pending)
+            self.pending.clear()
+            self.pending_bytes = 0
+            if self.dropped_lines:  # say what was lost, where it was lost
+                text = (
+                    f"distlaunch: dropped {self.dropped_lines} lines ({self.dropped_bytes} bytes) of rank output:"
+                    f" this stream did not keep up (--log-dir keeps every line)\n{text}"
+                )
+                self.dropped_lines = self.dropped_bytes = 0
+            return text
+
+    def _run(self) -> None:
+        while (text := self._take()) is not None:
+            try:
+                self._write(text)
+            except (OSError, ValueError):
+                with self.cond:  # the stream is gone (closed pipe): nothing more will ever be shown
+                    self.closed = True
+                    self.pending.clear()
+                return
+            self.written_at = time.monotonic()
+
+    def _write(self, text: str) -> None:
+        if self.fd is None:
+            self.stream.write(text)
+            self.stream.flush()
+            return
+        data = text.encode("utf-8", "replace")
+        while data:
+            n = os.write(self.fd, data)
+            data = data[n:]
+            self.written_at = time.monotonic()
+
+    def close(self, stall_s: float = DRAIN_STALL_S) -> bool:
+        """Let the thread write what is pending while the stream keeps moving; True if everything went out."""
+        with self.cond:
+            self.closed = True
+            self.written_at = time.monotonic()  # the stall is counted from now
+            self.cond.notify()
+        while self.thread.is_alive():
+            self.thread.join(0.05)
+            if time.monotonic() - self.written_at > stall_s:
+                return False
+        return True
+
+
+def _fileno(stream: TextIO) -> int | None:
+    try:
+        stream.flush()
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None  # an in-memory stream (tests): written through its own write()
+
+
 class RankPrinter:
     """A launcher sink that prefixes every rank line; multi-host jobs also name the host."""
 
-    def __init__(self, multi_host: bool, out: TextIO | None = None, err: TextIO | None = None):
+    def __init__(
+        self, multi_host: bool, out: TextIO | None = None, err: TextIO | None = None, color: bool | None = None
+    ):
         self.multi_host = multi_host
-        self.out = out or sys.stdout
-        self.err = err or sys.stderr
-        self.color = use_color(self.out)
+        out = out or sys.stdout
+        err = err or sys.stderr
+        self.color = use_color(out) if color is None else color
+        self.err_color = use_color(err) if color is None else color
+        self.out = StreamWriter(out)
+        self.err = self.out if err is out else StreamWriter(err)
 
     def rank_line(self, host: str, rank: int, fd: int, line: str) -> None:
         prefix = f"[{host} rank {rank}]" if self.multi_host else f"[rank {rank}]"
         if self.color:
             prefix = f"\x1b[{_PALETTE[rank % len(_PALETTE)]}m{prefix}\x1b[0m"
-        stream = self.err if fd == 2 else self.out
-        stream.write(f"{prefix} {line}\n")  # a single write: lines of different ranks never mix
-        stream.flush()
+        (self.err if fd == 2 else self.out).put(f"{prefix} {line}\n")  # one piece: ranks' lines never mix
 
     def notice(self, text: str) -> None:
-        msg = f"\x1b[1;33mdistlaunch:\x1b[0m {text}" if use_color(self.err) else f"distlaunch: {text}"
-        self.err.write(msg + "\n")
-        self.err.flush()
+        msg = f"\x1b[1;33mdistlaunch:\x1b[0m {text}" if self.err_color else f"distlaunch: {text}"
+        self.err.put(msg + "\n", droppable=False)
+
+    def close(self) -> None:
+        """Flush what the terminal still takes (never waiting on a stalled one)."""
+        self.out.close()
+        if self.err is not self.out:
+            self.err.close()

@@ -7,9 +7,10 @@ import shlex
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.report import RunReport
+from distlaunch.launcher.report import RankExit, RunReport
 
 
 def print_json(model: BaseModel) -> None:
@@ -18,7 +19,11 @@ def print_json(model: BaseModel) -> None:
 
 
 def _ranges(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1 else ",".join(map(str, ranks))
+    return (
+        f"{ranks[0]}-{ranks[-1]}"
+        if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
+        else ",".join(map(str, ranks))
+    )
 
 
 def _fmt_groups(groups: list[list[int]], limit: int = 8) -> str:
@@ -31,8 +36,10 @@ def render_plan(plan: LaunchPlan, console: Console) -> None:
     plan = plan.masked()
     p = plan.parallel
     hosts = f"{plan.nnodes} host" + ("s" if plan.nnodes > 1 else "")
-    console.print(f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
-                  f"master {plan.master_addr}:{plan.master_port}, backend {plan.backend}")
+    console.print(
+        f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
+        f"master {plan.master_addr}:{plan.master_port}, backend {plan.backend}"
+    )
     console.print(f"  parallel dp={p.dp} tp={p.tp} pp={p.pp} zero={p.zero}")
     table = Table(show_lines=False)
     for col in ("host", "node", "ranks", "devices", "command"):
@@ -42,38 +49,84 @@ def render_plan(plan: LaunchPlan, console: Console) -> None:
         devices = sorted({r.device for r in node.ranks})
         cvd = node.ranks[0].env.get("CUDA_VISIBLE_DEVICES")
         dev = ", ".join(devices) + (f" (CUDA_VISIBLE_DEVICES={cvd})" if cvd else "")
-        table.add_row(node.host if node.address == node.host else f"{node.host} ({node.address})", str(node.node_rank),
-                      _ranges(ranks), dev, shlex.join(node.ranks[0].argv))
+        table.add_row(
+            Text(node.host if node.address == node.host else f"{node.host} ({node.address})"),
+            str(node.node_rank),
+            _ranges(ranks),
+            dev,
+            Text(shlex.join(node.ranks[0].argv)),  # the user's arguments are data, not rich markup
+        )
     console.print(table)
     for axis in ("tp", "dp", "pp"):
         console.print(f"  {axis} groups: {_fmt_groups(plan.groups[axis])}")
-    user_env = {k: v for k, v in plan.nodes[0].ranks[0].env.items()
-                if not k.startswith("DISTLAUNCH_") and k not in _CONTRACT}
+    user_env = {
+        k: v
+        for k, v in plan.nodes[0].ranks[0].env.items()
+        if not k.startswith(("DISTLAUNCH_", "TORCHELASTIC_", "ROLE_")) and k not in _CONTRACT
+    }
     if user_env:
-        console.print("  env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in user_env.items()))
+        console.print("  env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in user_env.items()), markup=False)
 
 
-_CONTRACT = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-             "GROUP_RANK", "NNODES", "CUDA_VISIBLE_DEVICES"}
+_CONTRACT = {
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "NNODES",
+    "CUDA_VISIBLE_DEVICES",
+}
+
+
+def failure_text(failure: RankExit) -> str:
+    """What the rank's ``@record`` error file says (exception and last frame), else its last lines of output."""
+    if failure.error:
+        kind, message = failure.error.get("type", ""), failure.error.get("message", "")
+        lines = [f"{kind}: {message}" if kind else message, failure.error.get("frame", "")]
+        return "\n".join(line for line in lines if line)
+    return "\n".join(failure.tail[-5:]) or "(no output)"
 
 
 def render_report(report: RunReport, console: Console) -> None:
     """After the job: the root-cause table (earliest failure first) or a one-line success."""
     if report.interrupted:
-        console.print(f"[yellow]interrupted by {report.interrupted}[/yellow]: every rank was stopped "
-                      f"(exit {report.exit_code})")
+        how = "not every rank was confirmed stopped" if report.unconfirmed_hosts else "every rank was stopped"
+        cause = "the terminal was closed (SIGHUP)" if report.interrupted == "SIGHUP" else report.interrupted
+        console.print(f"[yellow]interrupted by {cause}[/yellow]: {how} (exit {report.exit_code})")
+    if report.hang is not None:
+        console.print(
+            f"[red]job {report.job_id} hung[/red] (no progress for {report.hang.timeout_s:g}s): {report.hang.summary}"
+        )
+        console.print(f"every rank's stack: {report.hang.folder}")
+    if report.stragglers:
+        console.print(f"ended {report.stragglers} stray process(es) the ranks left behind (DISTLAUNCH_JOB_ID)")
+    for silent in report.silent_hosts:
+        console.print(f"[red]{silent.host} went silent[/red]: no message for {silent.silent_s:.1f}s (exit 3)")
+    if report.unconfirmed_hosts:
+        console.print(
+            f"[red]not confirmed clean[/red]: {', '.join(report.unconfirmed_hosts)} "
+            "(their ranks may still run: check with ps there)"
+        )
     if report.failures:
         table = Table(title=f"[red]job {report.job_id} failed[/red] (root cause first)", show_lines=True)
-        for col in ("rank", "host", "exit", "time", "last output"):
+        for col in ("rank", "host", "exit", "time", "error / last output"):
             table.add_column(col, overflow="fold")
         for i, f in enumerate(report.failures):
             exit_text = f"{f.exit_code} ({f.signal})" if f.signal else str(f.exit_code)
             style = "bold red" if i == 0 else ""
-            table.add_row(str(f.rank), f.host, exit_text, f"{f.time_s:.1f}s", "\n".join(f.tail[-5:]) or "(no output)", style=style)
+            # A rank's output and a host name are data, never rich markup: gloo prints "[/path/x.cc:12]".
+            table.add_row(str(f.rank), Text(f.host), exit_text, f"{f.time_s:.1f}s", Text(failure_text(f)), style=style)
         console.print(table)
         if report.restarts:
             console.print(f"gave up after {report.restarts} restart(s)")
     elif not report.interrupted:
         extra = f" after {report.restarts} restart(s)" if report.restarts else ""
-        console.print(f"[green]job {report.job_id} finished[/green]: {report.world_size} ranks exited 0 in "
-                      f"{report.wall_s:.1f}s{extra}")
+        console.print(
+            f"[green]job {report.job_id} finished[/green]: {report.world_size} ranks exited 0 in "
+            f"{report.wall_s:.1f}s{extra}"
+        )

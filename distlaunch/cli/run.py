@@ -10,54 +10,153 @@ from rich.console import Console
 
 from distlaunch.cli import options as o
 from distlaunch.cli.output import RankPrinter
+from distlaunch.cli.pernode import run_node
 from distlaunch.cli.render import print_json, render_plan, render_report
 from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
+from distlaunch.errors import UsageError
+from distlaunch.jobs.supervisor import DetachedLaunch, detach
 from distlaunch.launcher.job import ExecOptions
-from distlaunch.launcher.launch import launch, plan_for
+from distlaunch.launcher.launch import check_launch, launch, plan_for
+from distlaunch.launcher.pernode import NodeOptions
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import LaunchOptions
 
 
 def run(
-    program: Annotated[list[str], typer.Argument(help="SCRIPT [ARGS]... (or MODULE [ARGS]... with -m). Everything after SCRIPT goes to the script.", show_default=False)],
+    program: Annotated[
+        list[str],
+        typer.Argument(
+            help="SCRIPT [ARGS]... (or MODULE [ARGS]... with -m). Everything after SCRIPT goes to the script.",
+            show_default=False,
+        ),
+    ],
     module: Annotated[bool, typer.Option("-m", "--module", help="Run PROGRAM as a module, like python -m.")] = False,
-    no_python: Annotated[bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.")] = False,
-    hostfile: o.Hostfile = None, nproc_per_node: o.NprocPerNode = None, parallel: o.ParallelOpt = None,
-    include: o.Include = None, exclude: o.Exclude = None, master_addr: o.MasterAddr = None,
-    master_port: o.MasterPort = "auto", backend: o.Backend = "auto", max_restarts: o.MaxRestarts = 0,
-    log_dir: o.LogDir = None, env: o.Env = None, ssh_config: o.SshConfig = None, python: o.Python = None,
-    accept_new_host_keys: o.AcceptNewHostKeys = False, remote_python: o.RemotePython = None, workdir: o.Workdir = None,
-    grace_period: o.GracePeriod = 10.0, dry_run: o.DryRun = False, json_output: o.Json = False,
+    no_python: Annotated[
+        bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.")
+    ] = False,
+    hostfile: o.Hostfile = None,
+    nproc_per_node: o.NprocPerNode = None,
+    parallel: o.ParallelOpt = None,
+    include: o.Include = None,
+    exclude: o.Exclude = None,
+    master_addr: o.MasterAddr = None,
+    master_port: o.MasterPort = "auto",
+    backend: o.Backend = "auto",
+    max_restarts: o.MaxRestarts = 0,
+    log_dir: o.LogDir = None,
+    env: o.Env = None,
+    ssh_config: o.SshConfig = None,
+    python: o.Python = None,
+    accept_new_host_keys: o.AcceptNewHostKeys = False,
+    remote_python: o.RemotePython = None,
+    workdir: o.Workdir = None,
+    grace_period: o.GracePeriod = 10.0,
+    heartbeat_timeout: o.HeartbeatTimeout = 30.0,
+    local_ranks_filter: o.LocalRanksFilter = None,
+    hang_timeout: o.HangTimeout = 0.0,
+    dry_run: o.DryRun = False,
+    detach: o.Detach = False,
+    json_output: o.Json = False,
     launcher: o.Launcher = "auto",
+    nnodes: o.NNodes = None,
+    node_rank: o.NodeRank = None,
+    node_rank_alias: o.NodeRankAlias = None,
+    rdzv_endpoint: o.RdzvEndpoint = None,
+    rdzv_endpoint_alias: o.RdzvEndpointAlias = None,
+    rdzv_timeout: o.RdzvTimeout = 300.0,
 ) -> int:
     """Start SCRIPT on every rank of every host, stream their output, stop them all if one fails.
 
     Each rank gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES and DISTLAUNCH_JOB_ID, so a script written for torchrun runs unchanged.
 
-    Exit code: 0 on success, 2 for bad input, 3 when a host cannot be reached, the first failing rank's code otherwise (128+N if killed by signal N), 130/143 after Ctrl-C / SIGTERM.
+    Exit code: 0 on success, 2 for bad input, 3 when a host cannot be reached or goes silent (--heartbeat-timeout), 124 when the job hung (--hang-timeout: every rank's stack is gathered first), the first failing rank's code otherwise (128+N if killed by signal N), 130/143 after Ctrl-C / SIGTERM.
     """
-    opts = LaunchOptions(program=program, module=module, no_python=no_python, hostfile=hostfile,
-                         nproc_per_node=nproc_per_node, parallel=parallel, include=include, exclude=exclude,
-                         master_addr=master_addr, master_port=master_port, backend=backend, env=env or [],
-                         ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys, remote_python=remote_python,
-                         **({"python": python or remote_python} if python or remote_python else {}))
+    opts = LaunchOptions(
+        program=program,
+        module=module,
+        no_python=no_python,
+        hostfile=hostfile,
+        nproc_per_node=nproc_per_node,
+        parallel=parallel,
+        include=include,
+        exclude=exclude,
+        master_addr=master_addr,
+        master_port=master_port,
+        backend=backend,
+        env=env or [],
+        ssh_config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys,
+        remote_python=remote_python,
+        max_restarts=max_restarts,
+        **({"python": python or remote_python} if python or remote_python else {}),
+    )
     if use_slurm_launcher(launcher):  # under srun this task becomes one rank (docs/slurm.md)
         return run_in_step(opts, dry_run=dry_run, json_output=json_output, max_restarts=max_restarts, log_dir=log_dir)
+    exec_opts = ExecOptions(
+        grace_period=grace_period,
+        max_restarts=max_restarts,
+        log_dir=log_dir,
+        workdir=workdir,
+        heartbeat_timeout=heartbeat_timeout,
+        hang_timeout=hang_timeout,
+        local_ranks_filter=o.parse_local_ranks(local_ranks_filter),
+    )
+    node_rank, rdzv_endpoint = (
+        node_rank if node_rank is not None else node_rank_alias,
+        rdzv_endpoint or rdzv_endpoint_alias,
+    )
+    if nnodes is not None or node_rank is not None or rdzv_endpoint is not None:  # per-node mode (docs/multinode.md)
+        if detach:
+            raise UsageError(
+                "--detach with --nnodes: a node of a per-node job waits for the others in the foreground",
+                "run it in the background with your container or init system (e.g. nohup), or drop --nnodes",
+            )
+        node = NodeOptions(
+            nnodes=1 if nnodes is None else nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_timeout=rdzv_timeout,
+        )
+        return run_node(opts, node, exec_opts, dry_run, json_output)
     plan = plan_for(opts)
     console = Console(stderr=json_output)
     if dry_run:
         print_json(plan.masked()) if json_output else render_plan(plan, console)
         return 0
-    exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir, workdir=workdir)
-    return launch_and_report(plan, opts, exec_opts, json_output)
+    return launch_and_report(plan, opts, exec_opts, json_output, detach)
 
 
-def launch_and_report(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, json_output: bool) -> int:
-    """Run a plan with live rank output, then the root-cause table (and the JSON report with --json)."""
+def launch_and_report(
+    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, json_output: bool, detach: bool = False
+) -> int:
+    """Run a plan with live rank output, then the root-cause table (and the JSON report with --json);
+    with ``detach``, hand it to a supervisor and print the job id instead."""
+    command = ["distlaunch", *sys.argv[1:]]
+    if detach:
+        return start_detached(DetachedLaunch(plan=plan, opts=opts, exec_opts=exec_opts, command=command), json_output)
     # With --json, stdout carries only the report: rank output goes to stderr.
     sink = RankPrinter(multi_host=plan.nnodes > 1, out=sys.stderr if json_output else None)
-    report = launch(plan, opts, exec_opts, sink)
+    try:
+        report = launch(plan, opts, exec_opts, sink, command=command)
+    finally:
+        sink.close()
     render_report(report, Console(stderr=True))
     if json_output:
         print_json(report)
     return report.exit_code
+
+
+def start_detached(launch: DetachedLaunch, json_output: bool) -> int:
+    """Check the job as a foreground run would, start its supervisor, print the id (or the record as JSON)."""
+    check_launch(launch.plan, launch.opts)
+    record = detach(launch)
+    if json_output:
+        print_json(record)
+    else:
+        print(record.job_id)
+        Console(stderr=True).print(
+            f"job {record.job_id} runs in the background ({record.world_size} ranks, supervisor pid "
+            f"{record.owner.pid}): distlaunch logs {record.job_id} --follow | status | stop",
+            highlight=False,
+        )
+    return 0

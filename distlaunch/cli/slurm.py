@@ -2,42 +2,83 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import LaunchOptions
+from distlaunch.jobs.journal import record_batch_job
+from distlaunch.launcher.spec import LaunchOptions, parse_env
 from distlaunch.slurm.job import SlurmJobOptions, resolve_job
 from distlaunch.slurm.sbatch import default_job_name, render_script, submit
 from distlaunch.slurm.srun import SrunResult, run_srun
 from distlaunch.slurm.step import in_srun_step
-from distlaunch.slurm.task import exec_rank, rank_for_task
+from distlaunch.slurm.task import exec_rank, rank_for_task, task_env
 
 SLURM = "Slurm options"
 LAUNCHERS = ("auto", "slurm", "agent")
 
-Program = Annotated[list[str], typer.Argument(help="SCRIPT [ARGS]... (or MODULE [ARGS]... with -m). Everything after SCRIPT goes to the script.", show_default=False)]
+Program = Annotated[
+    list[str],
+    typer.Argument(
+        help="SCRIPT [ARGS]... (or MODULE [ARGS]... with -m). Everything after SCRIPT goes to the script.",
+        show_default=False,
+    ),
+]
 Module = Annotated[bool, typer.Option("-m", "--module", help="Run PROGRAM as a module, like python -m.")]
 NoPython = Annotated[bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.")]
-Nodes = Annotated[Optional[int], typer.Option("-N", "--nodes", help="Nodes (default: the allocation's, else 1).", rich_help_panel=SLURM)]
-NtasksPerNode = Annotated[Optional[int], typer.Option("--ntasks-per-node", help="Tasks = ranks per node (same as -n; default: the allocation's, else one per GPU, else 1).", rich_help_panel=SLURM)]
-Ntasks = Annotated[Optional[int], typer.Option("--ntasks", help="Total tasks = world size (must equal nodes × ntasks-per-node).", rich_help_panel=SLURM)]
-GpusPerNode = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node, one per rank (default: the allocation's, else none).", rich_help_panel=SLURM)]
-CpusPerTask = Annotated[Optional[int], typer.Option("--cpus-per-task", help="CPU cores per rank (default: the allocation's, else Slurm's).", rich_help_panel=SLURM)]
-Partition = Annotated[Optional[str], typer.Option("-p", "--partition", help="Slurm partition.", rich_help_panel=SLURM)]
-Account = Annotated[Optional[str], typer.Option("-A", "--account", help="Slurm account to charge.", rich_help_panel=SLURM)]
-Time = Annotated[Optional[str], typer.Option("-t", "--time", help="Time limit, e.g. 1:00:00.", rich_help_panel=SLURM)]
-JobName = Annotated[Optional[str], typer.Option("-J", "--job-name", help="Job name (sbatch default: the script's name).", rich_help_panel=SLURM)]
+Nodes = Annotated[
+    int | None,
+    typer.Option("-N", "--nodes", help="Nodes (default: the allocation's, else 1).", rich_help_panel=SLURM),
+]
+NtasksPerNode = Annotated[
+    int | None,
+    typer.Option(
+        "--ntasks-per-node",
+        help="Tasks = ranks per node (same as -n; default: the allocation's, else one per GPU, else 1).",
+        rich_help_panel=SLURM,
+    ),
+]
+Ntasks = Annotated[
+    int | None,
+    typer.Option(
+        "--ntasks", help="Total tasks = world size (must equal nodes × ntasks-per-node).", rich_help_panel=SLURM
+    ),
+]
+GpusPerNode = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        help="GPUs per node, one per rank (default: the allocation's, else none).",
+        rich_help_panel=SLURM,
+    ),
+]
+CpusPerTask = Annotated[
+    int | None,
+    typer.Option(
+        "--cpus-per-task", help="CPU cores per rank (default: the allocation's, else Slurm's).", rich_help_panel=SLURM
+    ),
+]
+Partition = Annotated[str | None, typer.Option("-p", "--partition", help="Slurm partition.", rich_help_panel=SLURM)]
+Account = Annotated[str | None, typer.Option("-A", "--account", help="Slurm account to charge.", rich_help_panel=SLURM)]
+Time = Annotated[str | None, typer.Option("-t", "--time", help="Time limit, e.g. 1:00:00.", rich_help_panel=SLURM)]
+JobName = Annotated[
+    str | None,
+    typer.Option("-J", "--job-name", help="Job name (sbatch default: the script's name).", rich_help_panel=SLURM),
+]
 
-slurm_app = typer.Typer(name="slurm", no_args_is_help=True,
-                        help="Run on a Slurm cluster, one rank per Slurm task: an srun wrapper and sbatch scripts.")
+slurm_app = typer.Typer(
+    name="slurm",
+    no_args_is_help=True,
+    help="Run on a Slurm cluster, one rank per Slurm task: an srun wrapper and sbatch scripts.",
+)
 _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 
 
@@ -50,20 +91,29 @@ def use_slurm_launcher(launcher: str) -> bool:
     if in_srun_step(os.environ):
         return True
     if os.environ.get("SLURM_JOB_ID"):
-        sys.stderr.write(f"distlaunch: inside Slurm job {os.environ['SLURM_JOB_ID']} but not in an srun step: starting the "
-                         "ranks on this node only (srun distlaunch run ... or distlaunch slurm run ... uses every node)\n")
+        sys.stderr.write(
+            f"distlaunch: inside Slurm job {os.environ['SLURM_JOB_ID']} but not in an srun step: starting the "
+            "ranks on this node only (srun distlaunch run ... or distlaunch slurm run ... uses every node)\n"
+        )
     return False
 
 
-def run_in_step(opts: LaunchOptions, *, dry_run: bool, json_output: bool, max_restarts: int, log_dir: Path | None) -> int:
+def run_in_step(
+    opts: LaunchOptions, *, dry_run: bool, json_output: bool, max_restarts: int, log_dir: Path | None
+) -> int:
     """This srun task becomes one rank: map SLURM_* to the rank environment and exec the program."""
     if max_restarts or log_dir:
         flag = "--max-restarts" if max_restarts else "--log-dir"
-        raise UsageError(f"{flag} cannot be used under srun: each task is one rank and distlaunch execs into it",
-                         "requeue with sbatch --requeue for restarts; use srun --output=rank%t.log for per-rank logs")
+        raise UsageError(
+            f"{flag} cannot be used under srun: each task is one rank and distlaunch execs into it",
+            "requeue with sbatch --requeue for restarts; use srun --output=rank%t.log for per-rank logs",
+        )
     rank = rank_for_task(opts, os.environ)
     if not dry_run:
         exec_rank(rank, opts, os.environ)
+    # Show every variable distlaunch adds or changes (OMP_NUM_THREADS, PYTHONUNBUFFERED, --env ...), not only the contract.
+    added = {k: v for k, v in task_env(rank, opts, os.environ).items() if k in rank.env or os.environ.get(k) != v}
+    rank = rank.model_copy(update={"env": added})
     if json_output:
         print_json(rank)
     else:
@@ -73,34 +123,76 @@ def run_in_step(opts: LaunchOptions, *, dry_run: bool, json_output: bool, max_re
 
 
 def _job_options(program, module, no_python, python, **shape) -> SlurmJobOptions:
-    return SlurmJobOptions(program=program, module=module, no_python=no_python, env=shape.pop("env") or [],
-                           **({"python": python} if python else {}), **shape)
+    return SlurmJobOptions(
+        program=program,
+        module=module,
+        no_python=no_python,
+        env=shape.pop("env") or [],
+        **({"python": python} if python else {}),
+        **shape,
+    )
 
 
 @slurm_app.command("run", context_settings=_SCRIPT_CONTEXT)
 def slurm_run(
-    program: Program, module: Module = False, no_python: NoPython = False, nodes: Nodes = None,
-    ntasks_per_node: NtasksPerNode = None, nproc_per_node: o.NprocPerNode = None, ntasks: Ntasks = None,
-    gpus_per_node: GpusPerNode = None, cpus_per_task: CpusPerTask = None, partition: Partition = None,
-    account: Account = None, time: Time = None, job_name: JobName = None, parallel: o.ParallelOpt = None,
-    master_addr: o.MasterAddr = None, master_port: o.MasterPort = "auto", backend: o.Backend = "auto", env: o.Env = None,
-    python: o.Python = None, dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the srun command and start nothing.")] = False,
+    program: Program,
+    module: Module = False,
+    no_python: NoPython = False,
+    nodes: Nodes = None,
+    ntasks_per_node: NtasksPerNode = None,
+    nproc_per_node: o.NprocPerNode = None,
+    ntasks: Ntasks = None,
+    gpus_per_node: GpusPerNode = None,
+    cpus_per_task: CpusPerTask = None,
+    partition: Partition = None,
+    account: Account = None,
+    time: Time = None,
+    job_name: JobName = None,
+    parallel: o.ParallelOpt = None,
+    master_addr: o.MasterAddr = None,
+    master_port: o.MasterPort = "auto",
+    backend: o.Backend = "auto",
+    env: o.Env = None,
+    python: o.Python = None,
+    grace_period: o.GracePeriod = 10.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the srun command and start nothing.")] = False,
     json_output: o.Json = False,
 ) -> int:
     """Run SCRIPT with srun, one task per rank, inside this allocation or asking for one.
 
-    One failing rank stops the step (--kill-on-bad-exit=1). Exit code: the first failing rank's (128+N if killed by
-    signal N), 2 for bad options, 130/143 after Ctrl-C / SIGTERM.
+    One failing rank stops the step (--kill-on-bad-exit=1). Ctrl-C or SIGTERM sends every rank SIGTERM, waits
+    --grace-period, then SIGKILL (a second Ctrl-C: SIGKILL at once). Exit code: the first failing rank's (128+N if
+    killed by signal N), 2 for bad options, 130/143 after Ctrl-C / SIGTERM.
     """
-    opts = _job_options(program, module, no_python, python, nodes=nodes, ntasks_per_node=ntasks_per_node,
-                        nproc_per_node=nproc_per_node, ntasks=ntasks, gpus_per_node=gpus_per_node,
-                        cpus_per_task=cpus_per_task, partition=partition, account=account, time=time, job_name=job_name,
-                        parallel=parallel, master_addr=master_addr, master_port=master_port, backend=backend, env=env)
+    opts = _job_options(
+        program,
+        module,
+        no_python,
+        python,
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        nproc_per_node=nproc_per_node,
+        ntasks=ntasks,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        partition=partition,
+        account=account,
+        time=time,
+        job_name=job_name,
+        parallel=parallel,
+        master_addr=master_addr,
+        master_port=master_port,
+        backend=backend,
+        env=env,
+    )
     job = resolve_job(opts, os.environ)
     if dry_run:
         print_json(job) if json_output else print(shlex.join(job.srun))
         return 0
-    result = run_srun(job.srun, out=sys.stderr if json_output else None)  # --json: stdout is the report only
+    # --json: stdout is the report only; --env values go through srun's environment, never its argv
+    result = run_srun(
+        job.srun, out=sys.stderr if json_output else None, env=parse_env(opts.env), grace_period=grace_period
+    )
     _report(result)
     if json_output:
         print_json(result)
@@ -110,39 +202,106 @@ def slurm_run(
 def _report(result: SrunResult) -> None:
     failure = result.failure
     if result.interrupted:
-        sys.stderr.write(f"distlaunch: interrupted by {result.interrupted}; srun stopped every rank (exit {result.exit_code})\n")
+        sys.stderr.write(
+            f"distlaunch: interrupted by {result.interrupted}; {result.stopped or 'srun had already ended'} "
+            f"(exit {result.exit_code})\n"
+        )
     elif failure:
         how = f"was killed by {failure.signal}" if failure.signal else f"exited with code {failure.exit_code}"
-        sys.stderr.write(f"distlaunch: rank {failure.rank} on {failure.node} {how}; srun stopped the other ranks "
-                         f"(exit {result.exit_code})\n")
+        sys.stderr.write(
+            f"distlaunch: rank {failure.rank} on {failure.node} {how}; srun stopped the other ranks "
+            f"(exit {result.exit_code})\n"
+        )
 
 
 @slurm_app.command("sbatch", context_settings=_SCRIPT_CONTEXT)
 def slurm_sbatch(
-    program: Program, module: Module = False, no_python: NoPython = False, nodes: Nodes = None,
-    ntasks_per_node: NtasksPerNode = None, nproc_per_node: o.NprocPerNode = None, ntasks: Ntasks = None,
-    gpus_per_node: GpusPerNode = None, cpus_per_task: CpusPerTask = None, partition: Partition = None,
-    account: Account = None, time: Time = None, job_name: JobName = None,
-    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Job output file (sbatch patterns such as %j; default slurm-%j.out).", rich_help_panel=SLURM)] = None,
-    template: Annotated[Optional[Path], typer.Option("--template", help="Your own copy of the sbatch template (default: the one shipped with distlaunch).")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Follow the job's output until it ends; exit with the job's exit code.")] = False,
-    parallel: o.ParallelOpt = None, master_addr: o.MasterAddr = None, master_port: o.MasterPort = "auto",
-    backend: o.Backend = "auto", env: o.Env = None, python: o.Python = None,
+    program: Program,
+    module: Module = False,
+    no_python: NoPython = False,
+    nodes: Nodes = None,
+    ntasks_per_node: NtasksPerNode = None,
+    nproc_per_node: o.NprocPerNode = None,
+    ntasks: Ntasks = None,
+    gpus_per_node: GpusPerNode = None,
+    cpus_per_task: CpusPerTask = None,
+    partition: Partition = None,
+    account: Account = None,
+    time: Time = None,
+    job_name: JobName = None,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="Job output file (sbatch patterns such as %j; default slurm-%j.out).",
+            rich_help_panel=SLURM,
+        ),
+    ] = None,
+    template: Annotated[
+        Path | None,
+        typer.Option(
+            "--template", help="Your own copy of the sbatch template (default: the one shipped with distlaunch)."
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the job's output until it ends; exit with the job's exit code.")
+    ] = False,
+    parallel: o.ParallelOpt = None,
+    master_addr: o.MasterAddr = None,
+    master_port: o.MasterPort = "auto",
+    backend: o.Backend = "auto",
+    env: o.Env = None,
+    python: o.Python = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script and submit nothing.")] = False,
     json_output: o.Json = False,
 ) -> int:
     """Write a batch script from the sbatch template, submit it, and print the job id (--wait: follow it to the end)."""
-    opts = _job_options(program, module, no_python, python, nodes=nodes, ntasks_per_node=ntasks_per_node,
-                        nproc_per_node=nproc_per_node, ntasks=ntasks, gpus_per_node=gpus_per_node,
-                        cpus_per_task=cpus_per_task, partition=partition, account=account, time=time, job_name=job_name,
-                        parallel=parallel, master_addr=master_addr, master_port=master_port, backend=backend, env=env)
+    opts = _job_options(
+        program,
+        module,
+        no_python,
+        python,
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        nproc_per_node=nproc_per_node,
+        ntasks=ntasks,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        partition=partition,
+        account=account,
+        time=time,
+        job_name=job_name,
+        parallel=parallel,
+        master_addr=master_addr,
+        master_port=master_port,
+        backend=backend,
+        env=env,
+    )
     job = resolve_job(opts, {})  # the script asks for its own allocation: ignore the one we may be in
     script = render_script(job, opts, output, template)
     if dry_run:
-        sys.stdout.write(script)
+        if json_output:
+            print(json.dumps({"job": job.model_dump(mode="json"), "script": script}, indent=2))
+        else:
+            sys.stdout.write(script)
         return 0
-    result = submit(script, wait=wait, job_name=job.job_name or default_job_name(opts), output=output,
-                    out=sys.stderr if json_output else sys.stdout)
+    result = submit(
+        script,
+        wait=wait,
+        job_name=job.job_name or default_job_name(opts),
+        output=output,
+        out=sys.stderr if json_output else sys.stdout,
+        env=parse_env(opts.env),
+        on_submitted=lambda submitted: record_batch_job(
+            submitted.job_id,
+            submitted.output,
+            job.world_size,
+            job.nodes,
+            job.parallel.model_dump(mode="json"),
+            ["distlaunch", *sys.argv[1:]],
+        ),
+    )
     if wait:
         sys.stderr.write(f"distlaunch: job {result.job_id} ended with exit code {result.exit_code}\n")
     if json_output:

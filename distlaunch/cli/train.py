@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,22 +19,65 @@ from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.spec import LaunchOptions
 from distlaunch.launcher.train import default_nproc, engine_program, parallel_spec, read_train_config, train_plan
 
-Config = Annotated[Optional[Path], typer.Argument(help="TOML training config (default: the embedded one: the tiny GPT on the bundled corpus, 4 CPU processes, dp=2 x pp=2).", show_default=False)]
-Set = Annotated[Optional[list[str]], typer.Option("--set", help="Override one config key, e.g. --set train.steps=50 (repeatable).")]
-GpuMemory = Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU for the planner, e.g. 80GiB (default: nvidia-smi here, if present).")]
-Resume = Annotated[Optional[str], typer.Option("--resume", metavar="latest|auto|never|PATH", help="Resume from a checkpoint: 'latest' in checkpoint.dir, a checkpoint.dir or step_N directory (any layout), 'never'; the same as --set checkpoint.resume (default auto: the latest one if there is one, docs/checkpointing.md).")]
-MetricsFile = Annotated[Optional[Path], typer.Option("--metrics-file", help="Rank 0's metrics.jsonl (default: LOG_DIR/metrics.jsonl with --log-dir).")]
+Config = Annotated[
+    Path | None,
+    typer.Argument(
+        help="TOML training config (default: the embedded one: the tiny GPT on the bundled corpus, 4 CPU processes, dp=2 x pp=2).",
+        show_default=False,
+    ),
+]
+Set = Annotated[
+    list[str] | None, typer.Option("--set", help="Override one config key, e.g. --set train.steps=50 (repeatable).")
+]
+GpuMemory = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu-memory", help="Memory of one GPU for the planner, e.g. 80GiB (default: nvidia-smi here, if present)."
+    ),
+]
+Resume = Annotated[
+    str | None,
+    typer.Option(
+        "--resume",
+        metavar="latest|auto|never|PATH",
+        help="Resume from a checkpoint: 'latest' in checkpoint.dir, a checkpoint.dir or step_N directory (any layout), 'never'; the same as --set checkpoint.resume (default auto: the latest one if there is one, docs/checkpointing.md).",
+    ),
+]
+MetricsFile = Annotated[
+    Path | None,
+    typer.Option("--metrics-file", help="Rank 0's metrics.jsonl (default: LOG_DIR/metrics.jsonl with --log-dir)."),
+]
 
 
 def train(
-    config: Config = None, set_: Set = None, gpu_memory: GpuMemory = None, metrics_file: MetricsFile = None,
+    config: Config = None,
+    set_: Set = None,
+    gpu_memory: GpuMemory = None,
+    metrics_file: MetricsFile = None,
     resume: Resume = None,
-    hostfile: o.Hostfile = None, nproc_per_node: o.NprocPerNode = None, parallel: o.ParallelOpt = None,
-    include: o.Include = None, exclude: o.Exclude = None, master_addr: o.MasterAddr = None,
-    master_port: o.MasterPort = "auto", backend: o.Backend = "auto", max_restarts: o.MaxRestarts = 0,
-    log_dir: o.LogDir = None, env: o.Env = None, ssh_config: o.SshConfig = None, python: o.Python = None,
-    accept_new_host_keys: o.AcceptNewHostKeys = False, remote_python: o.RemotePython = None, workdir: o.Workdir = None,
-    grace_period: o.GracePeriod = 10.0, dry_run: o.DryRun = False, json_output: o.Json = False,
+    hostfile: o.Hostfile = None,
+    nproc_per_node: o.NprocPerNode = None,
+    parallel: o.ParallelOpt = None,
+    include: o.Include = None,
+    exclude: o.Exclude = None,
+    master_addr: o.MasterAddr = None,
+    master_port: o.MasterPort = "auto",
+    backend: o.Backend = "auto",
+    max_restarts: o.MaxRestarts = 0,
+    log_dir: o.LogDir = None,
+    env: o.Env = None,
+    ssh_config: o.SshConfig = None,
+    python: o.Python = None,
+    accept_new_host_keys: o.AcceptNewHostKeys = False,
+    remote_python: o.RemotePython = None,
+    workdir: o.Workdir = None,
+    grace_period: o.GracePeriod = 10.0,
+    heartbeat_timeout: o.HeartbeatTimeout = 30.0,
+    local_ranks_filter: o.LocalRanksFilter = None,
+    hang_timeout: o.HangTimeout = 600.0,
+    dry_run: o.DryRun = False,
+    detach: o.Detach = False,
+    json_output: o.Json = False,
     launcher: o.Launcher = "auto",
 ) -> int:
     """Train the bundled GPT on every rank: config validated first, then the same launch as `run`.
@@ -48,11 +91,24 @@ def train(
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
     cfg = read_train_config(config, overrides, parallel)
     metrics = metrics_file or (log_dir / "metrics.jsonl" if log_dir else None)
-    opts = LaunchOptions(program=engine_program(config, overrides, metrics), module=True, hostfile=hostfile,
-                         nproc_per_node=default_nproc(cfg, hostfile, nproc_per_node), parallel=parallel_spec(cfg),
-                         include=include, exclude=exclude, master_addr=master_addr, master_port=master_port,
-                         backend=backend, env=env or [], ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
-                         remote_python=remote_python, **({"python": python or remote_python} if python or remote_python else {}))
+    opts = LaunchOptions(
+        program=engine_program(config, overrides, metrics),
+        module=True,
+        hostfile=hostfile,
+        nproc_per_node=default_nproc(cfg, hostfile, nproc_per_node),
+        parallel=parallel_spec(cfg),
+        include=include,
+        exclude=exclude,
+        master_addr=master_addr,
+        master_port=master_port,
+        backend=backend,
+        env=env or [],
+        ssh_config=ssh_config,
+        accept_new_host_keys=accept_new_host_keys,
+        remote_python=remote_python,
+        max_restarts=max_restarts,
+        **({"python": python or remote_python} if python or remote_python else {}),
+    )
     if use_slurm_launcher(launcher):  # under srun this task becomes one rank (docs/slurm.md)
         return run_in_step(opts, dry_run=dry_run, json_output=json_output, max_restarts=max_restarts, log_dir=log_dir)
     plan = train_plan(opts, cfg, config, gpu_memory)
@@ -60,8 +116,16 @@ def train(
     if dry_run:
         print_json(plan.masked()) if json_output else (render_plan(plan, console), render_memory(plan.memory, console))
         return 0
-    exec_opts = ExecOptions(grace_period=grace_period, max_restarts=max_restarts, log_dir=log_dir, workdir=workdir)
-    return launch_and_report(plan, opts, exec_opts, json_output)
+    exec_opts = ExecOptions(
+        grace_period=grace_period,
+        max_restarts=max_restarts,
+        log_dir=log_dir,
+        workdir=workdir,
+        heartbeat_timeout=heartbeat_timeout,
+        hang_timeout=hang_timeout,
+        local_ranks_filter=o.parse_local_ranks(local_ranks_filter),
+    )
+    return launch_and_report(plan, opts, exec_opts, json_output, detach)
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -75,8 +139,10 @@ def _gib(n: int) -> str:
 
 def render_memory(memory: MemoryPlan, console: Console) -> None:
     """Per-rank memory estimate; ranks with identical numbers share one row."""
-    table = Table(title=f"memory per rank ({memory.precision}, zero={memory.zero}, micro-batch {memory.micro_batch_size}"
-                        f"{', activation checkpointing' if memory.activation_checkpointing else ''})")
+    table = Table(
+        title=f"memory per rank ({memory.precision}, zero={memory.zero}, micro-batch {memory.micro_batch_size}"
+        f"{', activation checkpointing' if memory.activation_checkpointing else ''})"
+    )
     for col in ("ranks", "params", "grads", "optimizer", "activations (est.)", "total", "fits"):
         table.add_column(col, justify="right" if col != "ranks" else "left")
     rows: dict[tuple, list[int]] = {}
@@ -88,5 +154,7 @@ def render_memory(memory: MemoryPlan, console: Console) -> None:
     console.print(table)
     capacity = "unknown" if memory.capacity_bytes is None else _gib(memory.capacity_bytes)
     verdict = {None: "cannot tell", True: "[green]fits[/green]", False: "[red]does not fit[/red]"}[memory.fits]
-    console.print(f"  device: {memory.device}, {capacity} per rank ({memory.capacity_source}); "
-                  f"the plan {verdict} within 90% of it")
+    console.print(
+        f"  device: {memory.device}, {capacity} per rank ({memory.capacity_source}); "
+        f"the plan {verdict} within 90% of it"
+    )

@@ -11,30 +11,83 @@ import random
 import textwrap
 from pathlib import Path
 
-NAMES = ["Ada", "Brin", "Cora", "Dev", "Elif", "Farid", "Gao", "Hana", "Ivo", "June", "Kofi", "Lena",
-         "Milo", "Nadia", "Omar", "Pia", "Quinn", "Rosa", "Sami", "Tove", "Uma", "Viktor", "Wren", "Yusuf"]
-PLACES = ["the harbour", "the old mill", "the library", "the market square", "the river bank",
-          "the hill above the town", "the railway station", "the bakery on Elm Street", "the lighthouse",
-          "the school garden", "the machine room", "the north field"]
+NAMES = [
+    "Ada",
+    "Brin",
+    "Cora",
+    "Dev",
+    "Elif",
+    "Farid",
+    "Gao",
+    "Hana",
+    "Ivo",
+    "June",
+    "Kofi",
+    "Lena",
+    "Milo",
+    "Nadia",
+    "Omar",
+    "Pia",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tove",
+    "Uma",
+    "Viktor",
+    "Wren",
+    "Yusuf",
+]
+PLACES = [
+    "the harbour",
+    "the old mill",
+    "the library",
+    "the market square",
+    "the river bank",
+    "the hill above the town",
+    "the railway station",
+    "the bakery on Elm Street",
+    "the lighthouse",
+    "the school garden",
+    "the machine room",
+    "the north field",
+]
 ANIMALS = ["fox", "heron", "badger", "otter", "crow", "goat", "hare", "owl", "cat", "dog"]
 OBJECTS = ["lantern", "map", "letter", "kettle", "compass", "notebook", "key", "basket", "clock", "kite"]
 ADJS = ["quiet", "bright", "cold", "tired", "curious", "patient", "small", "old", "careful", "happy"]
 VERBS_PAST = ["found", "carried", "mended", "painted", "lost", "opened", "hid", "shared", "counted", "watched"]
-WEATHER = ["It was raining", "The sun was low", "A wind came from the sea", "Snow covered the roofs",
-           "Fog rolled over the water", "The sky was clear"]
+WEATHER = [
+    "It was raining",
+    "The sun was low",
+    "A wind came from the sea",
+    "Snow covered the roofs",
+    "Fog rolled over the water",
+    "The sky was clear",
+]
 FEELINGS = ["glad", "worried", "surprised", "calm", "proud", "sleepy"]
 TECH = [
-    ("data parallelism", "every worker keeps a full copy of the model and sees a different slice of the batch; "
-     "the gradients are averaged with an all-reduce before the optimizer step"),
-    ("tensor parallelism", "a single matrix multiplication is split across devices, so each one holds a part "
-     "of the weights and the partial results are summed"),
-    ("pipeline parallelism", "the layers are cut into stages on different devices and micro-batches flow "
-     "through them like cars on an assembly line"),
+    (
+        "data parallelism",
+        "every worker keeps a full copy of the model and sees a different slice of the batch; "
+        "the gradients are averaged with an all-reduce before the optimizer step",
+    ),
+    (
+        "tensor parallelism",
+        "a single matrix multiplication is split across devices, so each one holds a part "
+        "of the weights and the partial results are summed",
+    ),
+    (
+        "pipeline parallelism",
+        "the layers are cut into stages on different devices and micro-batches flow "
+        "through them like cars on an assembly line",
+    ),
     ("ZeRO stage one", "the optimizer state is partitioned, so each data-parallel rank stores only its share"),
     ("ZeRO stage two", "the gradients are partitioned as well, reduced and scattered instead of all-reduced"),
     ("ZeRO stage three", "even the parameters are partitioned and gathered just before they are used"),
-    ("a ring all-reduce", "each rank sends one chunk to its neighbour and receives another, and after two laps "
-     "around the ring every rank holds the sum"),
+    (
+        "a ring all-reduce",
+        "each rank sends one chunk to its neighbour and receives another, and after two laps "
+        "around the ring every rank holds the sum",
+    ),
     ("gradient checkpointing", "activations are thrown away in the forward pass and recomputed during backward"),
 ]
 

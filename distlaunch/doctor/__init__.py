@@ -1,6 +1,6 @@
 """``distlaunch doctor``: find why a cluster cannot train before it starts, with the fix for each finding.
 
-    report = run_doctor(DoctorOptions(hostfile=Path("hosts"), master_port=29500))
+    report = run_doctor(DoctorOptions(hostfile=Path("hosts"), master_port="29500"))
     report.ok, [c for c in report.checks if c.status == "fail"]
 
 No torch here: hosts are probed by a stdlib script over SSH (``probe_script.py``); only ``--bench``

@@ -79,9 +79,20 @@ def main() -> None:
         seconds = measure(size, device)
         algbw = size / seconds / 1e9  # GB/s, decimal as nccl-tests
         if rank == 0:
-            print(RESULT_PREFIX + json.dumps({"bytes": size, "seconds": seconds, "algbw_gbs": algbw,
-                                              "busbw_gbs": algbw * bus_factor(world), "world_size": world,
-                                              "backend": backend}), flush=True)
+            print(
+                RESULT_PREFIX
+                + json.dumps(
+                    {
+                        "bytes": size,
+                        "seconds": seconds,
+                        "algbw_gbs": algbw,
+                        "busbw_gbs": algbw * bus_factor(world),
+                        "world_size": world,
+                        "backend": backend,
+                    }
+                ),
+                flush=True,
+            )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -43,25 +43,34 @@ class _Collector:
 
     def rank_line(self, host: str, rank: int, fd: int, line: str) -> None:
         if rank == 0 and line.startswith(RESULT_PREFIX):
-            data = json.loads(line[len(RESULT_PREFIX):])
+            data = json.loads(line[len(RESULT_PREFIX) :])
             self.meta = {"backend": data["backend"], "world_size": data["world_size"]}
             self.rows.append(BenchRow(**{k: data[k] for k in BenchRow.model_fields}))
         else:
-            self.tail = (self.tail + [f"[{host} rank {rank}] {line}"])[-5:]
+            self.tail = ([*self.tail, f"[{host} rank {rank}] {line}"])[-5:]
 
     def notice(self, text: str) -> None:
-        self.tail = (self.tail + [text])[-5:]
+        self.tail = ([*self.tail, text])[-5:]
 
 
 def run_bench(results: list[HostResult], opts: DoctorOptions, master_addr: str) -> BenchResult | Check:
     """Run the sweep on every slot of every host; a Check when it cannot run or fails."""
     gpus = all(r.facts is not None and r.facts.gpu_count > 0 for r in results)
     max_bytes = opts.bench_max_bytes or (GPU_MAX_BYTES if gpus else CPU_MAX_BYTES)
-    launch_opts = LaunchOptions(program=["distlaunch.doctor.allreduce_bench", "--min-bytes", str(MIN_BYTES), "--max-bytes",
-                                         str(max_bytes)], module=True, hostfile=opts.hostfile, nproc_per_node=opts.nproc_per_node,
-                                include=opts.include, exclude=opts.exclude, master_addr=master_addr,
-                                master_port=str(opts.master_port), env=opts.env, python=opts.remote_python, remote_python=opts.remote_python,
-                                ssh_config=opts.ssh_config)
+    launch_opts = LaunchOptions(
+        program=["distlaunch.doctor.allreduce_bench", "--min-bytes", str(MIN_BYTES), "--max-bytes", str(max_bytes)],
+        module=True,
+        hostfile=opts.hostfile,
+        nproc_per_node=opts.nproc_per_node,
+        include=opts.include,
+        exclude=opts.exclude,
+        master_addr=master_addr,
+        master_port=str(opts.master_port),
+        env=opts.env,
+        python=opts.remote_python,
+        remote_python=opts.remote_python,
+        ssh_config=opts.ssh_config,
+    )
     plan = plan_for(launch_opts)
     if plan.world_size < 2:
         return check("bench", LOCAL, "skip", "one rank: nothing to all-reduce with (pass -n 2, or a hostfile)")
@@ -71,16 +80,36 @@ def run_bench(results: list[HostResult], opts: DoctorOptions, master_addr: str) 
     except DistlaunchError as exc:
         return check("bench", LOCAL, "fail", f"the benchmark job could not start: {exc.message}", exc.hint)
     if report.exit_code != 0 or not sink.rows:
-        return check("bench", LOCAL, "fail", f"the benchmark job failed (exit {report.exit_code}): " + " | ".join(sink.tail),
-                     "run it alone to see everything: distlaunch run [same hosts] -m distlaunch.doctor.allreduce_bench")
-    note = "" if gpus or opts.bench_max_bytes else f"CPU (gloo): sizes up to {max_bytes >> 20} MiB by default; --bench-max 256M for the full range"
-    return BenchResult(backend=sink.meta["backend"], world_size=sink.meta["world_size"], hosts=plan.nnodes,
-                       max_bytes=max_bytes, note=note, rows=sink.rows)
+        return check(
+            "bench",
+            LOCAL,
+            "fail",
+            f"the benchmark job failed (exit {report.exit_code}): " + " | ".join(sink.tail),
+            "run it alone to see everything: distlaunch run [same hosts] -m distlaunch.doctor.allreduce_bench",
+        )
+    note = (
+        ""
+        if gpus or opts.bench_max_bytes
+        else f"CPU (gloo): sizes up to {max_bytes >> 20} MiB by default; --bench-max 256M for the full range"
+    )
+    return BenchResult(
+        backend=sink.meta["backend"],
+        world_size=sink.meta["world_size"],
+        hosts=plan.nnodes,
+        max_bytes=max_bytes,
+        note=note,
+        rows=sink.rows,
+    )
 
 
 def bench_check(result: BenchResult) -> Check:
     """The sweep summed up in one finding: the peak bus bandwidth."""
     best = max(result.rows, key=lambda r: r.busbw_gbs)
-    return check("bench", LOCAL, "pass", f"all-reduce peak busbw {best.busbw_gbs:.2f} GB/s (algbw {best.algbw_gbs:.2f}) at "
-                 f"{best.bytes >> 10} KiB; {result.backend}, {result.world_size} ranks on {result.hosts} host(s)"
-                 + (f"; {result.note}" if result.note else ""))
+    return check(
+        "bench",
+        LOCAL,
+        "pass",
+        f"all-reduce peak busbw {best.busbw_gbs:.2f} GB/s (algbw {best.algbw_gbs:.2f}) at "
+        f"{best.bytes >> 10} KiB; {result.backend}, {result.world_size} ranks on {result.hosts} host(s)"
+        + (f"; {result.note}" if result.note else ""),
+    )

@@ -3,11 +3,12 @@ hosts (duplicates, clocks, the master's port). Pure functions from gathered fact
 
 from __future__ import annotations
 
-from distlaunch.doctor.gather import HostResult, ListenerResult
+from distlaunch.doctor.gather import CLOCK_ROUND_TRIPS, HostResult, ListenerResult
 from distlaunch.doctor.model import LOCAL, Check, check
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.parallel import check_tp_within_hosts, parse_parallel, resolve_parallel
+from distlaunch.remote import sshlog
 from distlaunch.remote.ssh import SshError
 
 CLOCK_SKEW_WARN_S = 1.0
@@ -48,17 +49,27 @@ def ssh_checks(result: HostResult) -> list[Check]:
         return [check(id, host, "skip", "this machine: no SSH needed") for id in SSH_CHECKS if id != "dns"]
     error: SshError | None = result.ssh_error
     failed = SSH_CHECKS.index(error.check_id) if error else len(SSH_CHECKS)
-    passes = {"dns": f"{target.hostname} resolves here", "ssh.connect": f"sshd answers on {target.endpoint}",
-              "ssh.hostkey": "host key matches known_hosts", "ssh.auth": f"logged in as {target.user}"}
+    passes = {
+        "dns": f"{target.hostname} resolves here",
+        "ssh.connect": f"sshd answers on {target.endpoint}",
+        "ssh.hostkey": "host key matches known_hosts",
+        "ssh.auth": f"logged in as {target.user}",
+    }
     out = []
     for i, id in enumerate(SSH_CHECKS):
         if i < failed:
             out.append(check(id, host, "pass", passes[id]))
         elif i == failed:
-            out.append(check(id, host, "fail", error.detail, error.hint))
+            out.append(check(id, host, "fail", error.detail + ssh_library_said(target.alias), error.hint))
         else:
             out.append(check(id, host, "skip", f"not reached (see {error.check_id})"))
     return out[1:] if error is None or error.check_id != "dns" else out  # dns: reported with MASTER_ADDR later
+
+
+def ssh_library_said(alias: str) -> str:
+    """paramiko's first own words on a failed connection, when they add to ours (kept off stderr)."""
+    said = sshlog.messages(alias)
+    return f" (SSH library: {said[0]})" if said else ""
 
 
 def duplicate_checks(results: list[HostResult]) -> list[Check]:
@@ -75,15 +86,35 @@ def duplicate_checks(results: list[HostResult]) -> list[Check]:
         group = groups.get((r.facts.machine_id, r.facts.boot_id, r.facts.hostname), [r])
         first = group[0]
         if first is r:
-            out.append(check("duplicate-host", r.host, "pass", f"machine {r.facts.hostname} (machine-id {(r.facts.machine_id or '?')[:12]})"
-                             + (f", also listed as {', '.join(g.host for g in group[1:])}" if len(group) > 1 else "")))
+            out.append(
+                check(
+                    "duplicate-host",
+                    r.host,
+                    "pass",
+                    f"machine {r.facts.hostname} (machine-id {(r.facts.machine_id or '?')[:12]})"
+                    + (f", also listed as {', '.join(g.host for g in group[1:])}" if len(group) > 1 else ""),
+                )
+            )
         elif all(g.loopback for g in group):
-            out.append(check("duplicate-host", r.host, "pass", f"same machine as {first.host}, reached at a loopback "
-                             "address: a cluster simulated on this machine"))
+            out.append(
+                check(
+                    "duplicate-host",
+                    r.host,
+                    "pass",
+                    f"same machine as {first.host}, reached at a loopback address: a cluster simulated on this machine",
+                )
+            )
         else:
-            out.append(check("duplicate-host", r.host, "fail", f"{r.host} is the same machine as {first.host} ({r.facts.hostname}, "
-                             f"machine-id {(r.facts.machine_id or '?')[:12]}, same boot): its ranks would share GPUs and ports",
-                             f"list {r.facts.hostname} once in the hostfile, with all its slots (slots=N)"))
+            out.append(
+                check(
+                    "duplicate-host",
+                    r.host,
+                    "fail",
+                    f"{r.host} is the same machine as {first.host} ({r.facts.hostname}, "
+                    f"machine-id {(r.facts.machine_id or '?')[:12]}, same boot): its ranks would share GPUs and ports",
+                    f"list {r.facts.hostname} once in the hostfile, with all its slots (slots=N)",
+                )
+            )
     return out
 
 
@@ -99,12 +130,25 @@ def clock_checks(results: list[HostResult]) -> list[Check]:
         skew = f.clock_offset - rf.clock_offset
         slack = f.clock_uncertainty + rf.clock_uncertainty
         if r is ref:
-            out.append(check("clock", r.host, "pass", f"the reference clock ({f.clock_offset:+.3f}s from this machine)"))
-        elif abs(skew) - slack > CLOCK_SKEW_WARN_S:
-            out.append(check("clock", r.host, "warn", f"clock is {skew:+.1f}s off {ref.host}'s: timeouts, logs and "
-                             "checkpoint times disagree between hosts", "run NTP on every host (timedatectl set-ntp true; chronyc tracking)"))
+            out.append(
+                check("clock", r.host, "pass", f"the reference clock ({f.clock_offset:+.3f}s from this machine)")
+            )
+        elif abs(skew) - slack > CLOCK_SKEW_WARN_S:  # beyond the error bar: surely more than a second
+            out.append(
+                check(
+                    "clock",
+                    r.host,
+                    "warn",
+                    f"clock is {skew:+.1f}s off {ref.host}'s: timeouts, logs and "
+                    "checkpoint times disagree between hosts",
+                    "run NTP on every host (timedatectl set-ntp true; chronyc tracking)",
+                )
+            )
         else:
-            out.append(check("clock", r.host, "pass", f"{skew * 1000:+.0f} ms from {ref.host} (±{slack * 1000:.0f} ms)"))
+            how = "" if f.ntp_error is None else f", best of {CLOCK_ROUND_TRIPS} round trips"
+            out.append(
+                check("clock", r.host, "pass", f"{skew * 1000:+.0f} ms from {ref.host} (±{slack * 1000:.0f} ms{how})")
+            )
     return out
 
 
@@ -117,22 +161,46 @@ def master_port_check(listener: ListenerResult) -> Check:
     if holders:
         who = "; ".join(_holder(h) for h in holders)
         pids = " ".join(str(h["pid"]) for h in holders if h.get("pid"))
-        return check("master-port", host, "fail", f"port {port} is in use on {host}: {who}; rank 0 cannot bind it",
-                     (f"stop it (kill {pids}) " if pids else "stop it ") + f"or pick a free port: --master-port {port + 1}")
+        return check(
+            "master-port",
+            host,
+            "fail",
+            f"port {port} is in use on {host}: {who}; rank 0 cannot bind it",
+            (f"stop it (kill {pids}) " if pids else "stop it ") + f"or pick a free port: --master-port {port + 1}",
+        )
     reason = status.get("reason")
     if status.get("bound"):
-        return check("master-port", host, "pass", f"{listener.address}:{port} is free on {host}")
+        note = f" ({listener.chosen_at_launch})" if listener.chosen_at_launch else ""
+        return check("master-port", host, "pass", f"{listener.address}:{port} is free on {host}{note}")
     if reason == "dns":
-        return check("master-port", host, "fail", f"MASTER_ADDR {listener.address!r} does not resolve on {host}: {status.get('error')}",
-                     "give --master-addr as an IP address of the master, or fix DNS / /etc/hosts on it")
+        return check(
+            "master-port",
+            host,
+            "fail",
+            f"MASTER_ADDR {listener.address!r} does not resolve on {host}: {status.get('error')}",
+            "give --master-addr as an IP address of the master, or fix DNS / /etc/hosts on it",
+        )
     if reason == "not-local":
-        return check("master-port", host, "fail", f"MASTER_ADDR {listener.address} ({status.get('address')}) is not an address of "
-                     f"{host}, the master (the first host): rank 0 runs there", f"use an address of {host} (ip -br addr on {host}) "
-                     "as --master-addr, or put the master's host first in the hostfile")
+        return check(
+            "master-port",
+            host,
+            "fail",
+            f"MASTER_ADDR {listener.address} ({status.get('address')}) is not an address of "
+            f"{host}, the master (the first host): rank 0 runs there",
+            f"use an address of {host} (ip -br addr on {host}) "
+            "as --master-addr, or put the master's host first in the hostfile",
+        )
     if reason == "denied":
-        return check("master-port", host, "fail", f"port {port} needs root on {host}", "use a port above 1024, e.g. 29500")
-    return check("master-port", host, "fail", f"cannot listen on {listener.address}:{port} on {host}: {status.get('error')}",
-                 f"pick another --master-port, e.g. {port + 1}")
+        return check(
+            "master-port", host, "fail", f"port {port} needs root on {host}", "use a port above 1024, e.g. 29500"
+        )
+    return check(
+        "master-port",
+        host,
+        "fail",
+        f"cannot listen on {listener.address}:{port} on {host}: {status.get('error')}",
+        f"pick another --master-port, e.g. {port + 1}",
+    )
 
 
 def _holder(h: dict) -> str:

@@ -26,16 +26,31 @@ def python_check(host: str, facts: HostFacts, reference: HostFacts | None, local
     """The interpreter ran the probe; distlaunch is importable there (remote ranks start its agent)."""
     py = facts.python
     if facts.distlaunch is None:
-        return check("python", host, "fail", f"{py['executable']} (Python {py['version']}) cannot import distlaunch: "
-                     f"the launcher starts 'python -m distlaunch.agent' on every host",
-                     f"on {host}: {py['executable']} -m pip install distlaunch{'==' + local_version if local_version else ''}, "
-                     f"or pass --remote-python with an interpreter that has it")
+        return check(
+            "python",
+            host,
+            "fail",
+            f"{py['executable']} (Python {py['version']}) cannot import distlaunch: "
+            f"the launcher starts 'python -m distlaunch.agent' on every host",
+            f"on {host}: {py['executable']} -m pip install distlaunch{'==' + local_version if local_version else ''}, "
+            f"or pass --remote-python with an interpreter that has it",
+        )
     if reference is not None and reference.python["version"].split(".")[:2] != py["version"].split(".")[:2]:
-        return check("python", host, "warn", f"Python {py['version']} here but {reference.python['version']} on the master",
-                     "use the same Python minor version everywhere (pickled objects and wheels differ between them)")
+        return check(
+            "python",
+            host,
+            "warn",
+            f"Python {py['version']} here but {reference.python['version']} on the master",
+            "use the same Python minor version everywhere (pickled objects and wheels differ between them)",
+        )
     if local_version and facts.distlaunch != local_version:
-        return check("python", host, "warn", f"distlaunch {facts.distlaunch} on {host}, {local_version} here",
-                     f"install the same version on every host: pip install distlaunch=={local_version}")
+        return check(
+            "python",
+            host,
+            "warn",
+            f"distlaunch {facts.distlaunch} on {host}, {local_version} here",
+            f"install the same version on every host: pip install distlaunch=={local_version}",
+        )
     return check("python", host, "pass", f"{py['executable']} (Python {py['version']}, distlaunch {facts.distlaunch})")
 
 
@@ -46,16 +61,26 @@ def torch_check(host: str, facts: HostFacts, reference: HostFacts | None, is_mas
     ref = reference.torch if reference is not None else None
     if torch is None:
         want = f"torch=={ref['version']}" if ref else "torch"
-        return check("torch-version", host, "fail", f"torch is not installed for {py}",
-                     f"on {host}: {py} -m pip install {want}, or pass --remote-python with the interpreter that has torch")
+        return check(
+            "torch-version",
+            host,
+            "fail",
+            f"torch is not installed for {py}",
+            f"on {host}: {py} -m pip install {want}, or pass --remote-python with the interpreter that has torch",
+        )
     what = f"torch {torch['version']}" + (f", CUDA {torch['cuda']}" if torch.get("cuda") else ", CPU build")
     if is_master or ref is None:
         return check("torch-version", host, "pass", what + (" (the reference: master)" if is_master else ""))
     for key, label in (("version", "torch"), ("cuda", "CUDA")):
         if torch.get(key) != ref.get(key):
-            return check("torch-version", host, "fail", f"{label} {torch.get(key) or 'none'} here but {ref.get(key) or 'none'} "
-                         "on the master: collectives between mismatched builds hang or crash",
-                         f"on {host}: {py} -m pip install torch=={ref['version']} (the same wheel as the master)")
+            return check(
+                "torch-version",
+                host,
+                "fail",
+                f"{label} {torch.get(key) or 'none'} here but {ref.get(key) or 'none'} "
+                "on the master: collectives between mismatched builds hang or crash",
+                f"on {host}: {py} -m pip install torch=={ref['version']} (the same wheel as the master)",
+            )
     return check("torch-version", host, "pass", what + " (same as master)")
 
 
@@ -67,15 +92,30 @@ def nccl_check(host: str, facts: HostFacts, reference: HostFacts | None) -> Chec
     if torch is None:
         return check("nccl", host, "skip", "torch is not installed (see torch-version)")
     if not torch.get("cuda"):
-        return check("nccl", host, "fail", f"{facts.gpu_count} GPU(s) but torch {torch['version']} is a CPU-only build",
-                     "install a CUDA build of torch (pip install torch --index-url https://download.pytorch.org/whl/cu124)")
+        return check(
+            "nccl",
+            host,
+            "fail",
+            f"{facts.gpu_count} GPU(s) but torch {torch['version']} is a CPU-only build",
+            "install a CUDA build of torch (pip install torch --index-url https://download.pytorch.org/whl/cu124)",
+        )
     if not torch.get("nccl"):
-        return check("nccl", host, "fail", f"torch {torch['version']} (CUDA {torch['cuda']}) has no NCCL library",
-                     "reinstall torch from the official CUDA wheels, which bring nvidia-nccl-cu*")
+        return check(
+            "nccl",
+            host,
+            "fail",
+            f"torch {torch['version']} (CUDA {torch['cuda']}) has no NCCL library",
+            "reinstall torch from the official CUDA wheels, which bring nvidia-nccl-cu*",
+        )
     ref = reference.torch if reference is not None and reference.torch else None
     if ref and ref.get("nccl") and ref["nccl"] != torch["nccl"]:
-        return check("nccl", host, "fail", f"NCCL {torch['nccl']} here but {ref['nccl']} on the master",
-                     "install the same torch and nvidia-nccl-cu* versions on every host")
+        return check(
+            "nccl",
+            host,
+            "fail",
+            f"NCCL {torch['nccl']} here but {ref['nccl']} on the master",
+            "install the same torch and nvidia-nccl-cu* versions on every host",
+        )
     return check("nccl", host, "pass", f"NCCL {torch['nccl']} with CUDA {torch['cuda']}")
 
 
@@ -84,25 +124,48 @@ def gpus_check(host: str, facts: HostFacts, slots: int, explicit_slots: bool, an
     count = facts.gpu_count
     if count == 0:
         if any_gpus:
-            return check("gpus", host, "fail", "no GPUs found, but other hosts have GPUs: one job cannot mix NCCL and CPU ranks",
-                         "install the NVIDIA driver here (nvidia-smi must work), or leave this host out (--exclude)")
-        return check("gpus", host, "pass", f"no GPUs (nvidia-smi/driver not found): {slots} rank(s) run on CPU with gloo")
+            return check(
+                "gpus",
+                host,
+                "fail",
+                "no GPUs found, but other hosts have GPUs: one job cannot mix NCCL and CPU ranks",
+                "install the NVIDIA driver here (nvidia-smi must work), or leave this host out (--exclude)",
+            )
+        return check(
+            "gpus", host, "pass", f"no GPUs (nvidia-smi/driver not found): {slots} rank(s) run on CPU with gloo"
+        )
     names = sorted(set(facts.gpus["names"]))
     found = f"{count} GPU(s) ({', '.join(names)}) via {facts.gpus.get('source')}"
     if explicit_slots and slots > count:
-        return check("gpus", host, "fail", f"slots={slots} but only {found}: ranks would share GPUs",
-                     f"set slots={count} for {host} in the hostfile")
+        return check(
+            "gpus",
+            host,
+            "fail",
+            f"slots={slots} but only {found}: ranks would share GPUs",
+            f"set slots={count} for {host} in the hostfile",
+        )
     return check("gpus", host, "pass", f"{found}; {slots} slot(s) used")
 
 
 def shm_check(host: str, facts: HostFacts) -> Check:
     """/dev/shm of at least 1 GiB (containers default to 64 MiB: the classic bus error, signal 7)."""
     if facts.shm_bytes is None:
-        return check("shm", host, "warn", "/dev/shm does not exist: DataLoader workers and NCCL's SHM transport need it",
-                     "mount a tmpfs on /dev/shm (docker: --shm-size=8g or --ipc=host)")
+        return check(
+            "shm",
+            host,
+            "warn",
+            "/dev/shm does not exist: DataLoader workers and NCCL's SHM transport need it",
+            "mount a tmpfs on /dev/shm (docker: --shm-size=8g or --ipc=host)",
+        )
     if facts.shm_bytes < SHM_MIN_BYTES:
-        return check("shm", host, "warn", f"/dev/shm is {_mib(facts.shm_bytes)}: DataLoader workers and NCCL die with "
-                     "'bus error' (signal 7) when it fills", "docker: --shm-size=8g or --ipc=host; k8s: an emptyDir with medium: Memory")
+        return check(
+            "shm",
+            host,
+            "warn",
+            f"/dev/shm is {_mib(facts.shm_bytes)}: DataLoader workers and NCCL die with "
+            "'bus error' (signal 7) when it fills",
+            "docker: --shm-size=8g or --ipc=host; k8s: an emptyDir with medium: Memory",
+        )
     return check("shm", host, "pass", f"/dev/shm is {_mib(facts.shm_bytes)}")
 
 
@@ -112,7 +175,12 @@ def memlock_check(host: str, facts: HostFacts) -> Check:
     if not facts.infiniband:
         return check("memlock", host, "pass", f"no InfiniBand devices; memlock limit {limit} does not matter")
     if facts.memlock >= 0:
-        return check("memlock", host, "warn", f"InfiniBand ({', '.join(facts.infiniband)}) but the memlock limit of an SSH "
-                     f"session is {limit}: NCCL's ibv_reg_mr fails and it falls back to slow sockets or aborts",
-                     "set '* - memlock unlimited' in /etc/security/limits.conf (and UsePAM yes in sshd_config), then log in again")
+        return check(
+            "memlock",
+            host,
+            "warn",
+            f"InfiniBand ({', '.join(facts.infiniband)}) but the memlock limit of an SSH "
+            f"session is {limit}: NCCL's ibv_reg_mr fails and it falls back to slow sockets or aborts",
+            "set '* - memlock unlimited' in /etc/security/limits.conf (and UsePAM yes in sshd_config), then log in again",
+        )
     return check("memlock", host, "pass", f"InfiniBand ({', '.join(facts.infiniband)}), memlock unlimited")

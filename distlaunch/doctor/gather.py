@@ -10,24 +10,38 @@ import secrets
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import paramiko
 from pydantic import ValidationError
 
 from distlaunch.doctor.model import DoctorOptions, HostFacts
 from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.remote.ssh import SshError, connect_with_retries
+from distlaunch.remote import sshlog
+from distlaunch.remote.ssh import SshError, connect
 from distlaunch.remote.sshconfig import SshTarget
 
 HERE = Path(__file__).parent
 PROBE_SOURCE = (HERE / "probe_script.py").read_text(encoding="utf-8")
 LISTENER_SOURCE = (HERE / "listener_script.py").read_text(encoding="utf-8")
 MAX_PARALLEL = 64
-CONNECT_RETRIES = 1  # one more try for a refused/timed-out connection: a doctor must answer fast
 LISTENER_START_S = 15.0  # bound on the master's interpreter start (a loaded host, a slow file system)
+PROBE_SLACK_S = 20.0  # the probe's own time beyond its connect to the master: interpreter start on a loaded host
+STOP_S = 0.8  # on Ctrl-C, how long stopping the remote processes may take before the doctor exits anyway
+CLOCK_ROUND_TRIPS = 5
+CLOCK_WAIT_S = 10.0  # bound on the clock helper's start and on each of its answers
+# The clock helper: answers every line on stdin with its clock, so offsets come from several round trips.
+CLOCK_SOURCE = (
+    "import sys, time\n"
+    "print('distlaunch-clock ready', flush=True)\n"
+    "for _ in sys.stdin:\n"
+    "    print('distlaunch-clock', repr(time.time()), flush=True)\n"
+)
+SHELL_FILES = "~/.bashrc, ~/.bash_profile, ~/.profile, /etc/bash.bashrc"
 
 
 @dataclass
@@ -39,6 +53,7 @@ class HostResult:
     target: SshTarget | None  # None: this machine, no SSH
     ssh_error: SshError | None = None
     probe_error: str | None = None
+    probe_hung: bool = False  # the interpreter started (or was started) but never answered
     facts: HostFacts | None = None
 
     @property
@@ -60,6 +75,7 @@ class ListenerResult:
     status: dict = field(default_factory=dict)  # the listener's first line
     error: str | None = None  # why there is no report (master host unreachable, interpreter missing)
     peers: list[str] = field(default_factory=list)
+    chosen_at_launch: str = ""  # with --master-port auto: how run picks the port, and which one was probed
 
 
 def is_loopback_name(name: str) -> bool:
@@ -71,17 +87,52 @@ def is_loopback_name(name: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
 
 
-def open_session(result: HostResult, opts: DoctorOptions) -> HostSession | None:
-    """This machine as a local session, a remote host over SSH; None (with ``ssh_error`` set) on failure."""
+def open_session(result: HostResult, opts: DoctorOptions, nonce: str) -> HostSession | None:
+    """This machine as a local session, a remote host over SSH; None (with ``ssh_error`` set) on failure.
+    A refused connection is tried once more (an sshd restarting); a timeout is not: it would double the wait."""
     if result.target is None:
-        return LocalSession(result.host)
+        return LocalSession(result.host, nonce)
+    timeout = result.target.connect_timeout or opts.connect_timeout
+    for attempt in range(2):
+        try:
+            return SshSession(result.host, connect(result.target, timeout=timeout), nonce)
+        except SshError as exc:
+            result.ssh_error = exc
+            if exc.kind != "refused" or attempt:
+                return None
+            time.sleep(0.25)
+    return None
+
+
+def parse_after_banner(stdout: str, kind: str) -> dict | None:
+    """The first line of ``stdout`` that is a JSON object with ``"ev": kind``; the lines before it are a login
+    banner (a shell startup file that prints), skipped as the agent skips them before its hello."""
+    for line in stdout.splitlines():
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and found.get("ev") == kind:
+            return found
+    return None
+
+
+@contextmanager
+def quiet_threads(log: list[str]) -> Iterator[None]:
+    """While the doctor gathers, uncaught errors of background threads (a drain thread of an interpreter that
+    hangs) go to ``log``, not stderr: the report already says what failed, as a check. paramiko's own log
+    records are kept per host by :mod:`distlaunch.remote.sshlog`."""
+    previous_hook = threading.excepthook
+
+    def hook(args) -> None:
+        log.append(f"{args.thread.name if args.thread else 'thread'}: {args.exc_type.__name__}: {args.exc_value}")
+
+    sshlog.install()
+    threading.excepthook = hook
     try:
-        timeout = result.target.connect_timeout or opts.connect_timeout
-        client = connect_with_retries(result.target, timeout=timeout, retries=CONNECT_RETRIES)
-    except SshError as exc:
-        result.ssh_error = exc
-        return None
-    return SshSession(result.host, client)
+        yield
+    finally:
+        threading.excepthook = previous_hook
 
 
 def start_listener(session: HostSession, listener: ListenerResult, python: str) -> LineStream | None:
@@ -92,13 +143,26 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str) 
     except (OSError, SshError) as exc:
         listener.error = f"cannot start {python} on {listener.host}: {exc}"
         return None
-    line = stream.readline(LISTENER_START_S)
-    try:
-        listener.status = json.loads(line or "")
-    except ValueError:
-        listener.error = f"{python} on {listener.host} did not start the listener" + (f": {line}" if line else "")
+    deadline = time.monotonic() + LISTENER_START_S
+    seen: list[str] = []
+    while (line := stream.readline(max(deadline - time.monotonic(), 0.0))) is not None:
+        status = parse_after_banner(line, "listener")
+        if status is not None:
+            break
+        seen.append(line)
+    else:
+        if time.monotonic() >= deadline:
+            listener.error = (
+                f"{python} on {listener.host} started but did not answer within {LISTENER_START_S:g}s: "
+                "the interpreter hangs"
+            )
+        else:
+            listener.error = f"{python} on {listener.host} did not start the listener" + (
+                f": {seen[-1]}" if seen else ""
+            )
         stream.finish(1.0)
         return None
+    listener.status = status
     listener.started = True
     listener.bound = bool(listener.status.get("bound"))
     return stream
@@ -107,52 +171,113 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str) 
 def run_probe(session: HostSession, result: HostResult, opts: DoctorOptions, probe_args: dict) -> None:
     """Run the probe on the host and record its facts (or why there are none) in ``result``."""
     python = opts.remote_python
+    timeout = opts.reach_timeout + PROBE_SLACK_S
     sent = time.time()
     try:
-        done = session.run([python, "-", json.dumps(probe_args)], timeout=opts.reach_timeout + 20, stdin=PROBE_SOURCE)
+        done = session.run([python, "-", json.dumps(probe_args)], timeout=timeout, stdin=PROBE_SOURCE)
     except SshError as exc:
         result.probe_error = exc.detail
+        if exc.kind == "timeout":
+            result.probe_hung = True
+            result.probe_error = f"{python} started but did not answer within {timeout:g}s: the interpreter hangs"
         return
     received = time.time()
     if done.rc != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit code {done.rc}"]
         result.probe_error = f"rc={done.rc}: {tail[0]}"
         return
+    found = parse_after_banner(done.stdout, "probe")
+    if found is None:
+        shown = done.stdout.strip().splitlines()[:1]
+        result.probe_error = (
+            f"the probe's answer never came: the output is {shown[0][:120]!r}" + " …" * (len(done.stdout) > 120)
+            if shown
+            else "the probe printed nothing"
+        ) + f"; a shell startup file on {result.host} prints it ({SHELL_FILES})"
+        return
     try:
-        result.facts = HostFacts.model_validate({**json.loads(done.stdout), "sent_at": sent, "received_at": received})
-    except (ValueError, ValidationError) as exc:
-        result.probe_error = f"unexpected probe output ({exc.__class__.__name__}): {done.stdout[:200]!r}"
+        result.facts = HostFacts.model_validate({**found, "sent_at": sent, "received_at": received})
+    except ValidationError as exc:
+        result.probe_error = f"unexpected probe output ({exc.error_count()} field error(s)): {str(found)[:200]}"
+
+
+def measure_clock(session: HostSession, result: HostResult, python: str) -> None:
+    """NTP-style: several round trips to a helper on the host; the one with the shortest round trip gives
+    the offset (host minus here, taken at the middle of the trip), half its round trip the error bar."""
+    try:
+        stream = session.start([python, "-c", CLOCK_SOURCE])
+    except (OSError, SshError, paramiko.SSHException) as exc:
+        result.facts.clock_note = f"clock helper did not start: {exc}"
+        return
+    best: tuple[float, float] | None = None
+    try:
+        deadline = time.monotonic() + CLOCK_WAIT_S
+        while (line := stream.readline(max(deadline - time.monotonic(), 0.0))) is not None:
+            if line == "distlaunch-clock ready":
+                break
+        else:
+            return
+        for _ in range(CLOCK_ROUND_TRIPS):
+            sent = time.time()
+            stream.send(b"t\n")
+            line = stream.readline(CLOCK_WAIT_S)
+            received = time.time()
+            if line is None or not line.startswith("distlaunch-clock "):
+                return
+            offset, trip = float(line.split()[1]) - (sent + received) / 2, received - sent
+            if best is None or trip < best[1]:
+                best = (offset, trip)
+    except (OSError, ValueError, EOFError) as exc:
+        result.facts.clock_note = f"clock helper failed: {exc}"
+    finally:
+        stream.finish(1.0)
+        if best is not None:
+            result.facts.ntp_offset, result.facts.ntp_error = best[0], best[1] / 2
 
 
 class Gathering:
-    """One doctor run's fan-out: sessions, the master's listener, the probes."""
+    """One doctor run's fan-out: sessions, the master's listener, the probes. Every process it starts on a
+    host carries the run's mark, and every one still running is stopped before ``run`` returns or raises."""
 
-    def __init__(self, results: list[HostResult], opts: DoctorOptions, master_addr: str):
+    def __init__(self, results: list[HostResult], opts: DoctorOptions, master_addr: str, master_port: int):
         self.results = results
         self.opts = opts
-        self.listener = ListenerResult(host=results[0].host, address=master_addr, port=opts.master_port)
+        self.listener = ListenerResult(host=results[0].host, address=master_addr, port=master_port)
+        self.nonce = secrets.token_hex(8)
+        self.log: list[str] = []  # paramiko's messages and background threads' errors
         self._listener_ready = threading.Event()
         self._stream: LineStream | None = None
         self._sessions: list[HostSession] = []
+        self._unfinished: set[int] = set()  # sessions (by id) where a command may still run: a hang
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_PARALLEL)
 
     def _host(self, index: int) -> None:
         result = self.results[index]
         session = None
         try:
-            session = open_session(result, self.opts)
-            if session is not None:
-                with self._lock:
-                    self._sessions.append(session)
-            if index == 0:
-                self._start_master(session)
-            if session is None:
-                return
-            self._listener_ready.wait()
-            args = {"master_addr": self.listener.address, "timeout": self.opts.reach_timeout,
-                    "port": self.listener.port if self.listener.bound else None}
-            run_probe(session, result, self.opts, args)
-        except Exception as exc:  # noqa: BLE001 - a surprise on one host is that host's finding, not everyone's
+            with self._slots:
+                session = open_session(result, self.opts, self.nonce)
+                if session is not None:
+                    with self._lock:
+                        self._sessions.append(session)
+                if index == 0:
+                    self._start_master(session)
+                if session is None:
+                    return
+                self._listener_ready.wait()
+                args = {
+                    "master_addr": self.listener.address,
+                    "timeout": self.opts.reach_timeout,
+                    "port": self.listener.port if self.listener.bound else None,
+                }
+                run_probe(session, result, self.opts, args)
+                if result.facts is not None:
+                    measure_clock(session, result, self.opts.remote_python)
+                if result.probe_hung:
+                    with self._lock:
+                        self._unfinished.add(id(session))
+        except Exception as exc:
             result.probe_error = f"{type(exc).__name__}: {exc}"
         finally:
             if index == 0:
@@ -163,19 +288,52 @@ class Gathering:
             self.listener.error = f"master host {self.listener.host} could not be reached"
         else:
             self._stream = start_listener(session, self.listener, self.opts.remote_python)
+            if not self.listener.started:
+                with self._lock:
+                    self._unfinished.add(id(session))
         self._listener_ready.set()
 
     def run(self) -> tuple[list[HostResult], ListenerResult]:
-        """Gather from every host in parallel; always stops the listener and closes every connection."""
-        try:
-            with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(self.results)), thread_name_prefix="doctor") as pool:
-                list(pool.map(self._host, range(len(self.results))))
-        finally:
-            if self._stream is not None:
-                self._collect_peers(self._stream.finish(5.0))
-            for session in self._sessions:
-                session.close()
+        """Gather from every host in parallel (daemon threads: Ctrl-C never waits for a pending connect);
+        always stops the listener and every hung command, and closes every connection."""
+        with quiet_threads(self.log):
+            threads = [
+                threading.Thread(target=self._host, args=(i,), name=f"doctor-{i}", daemon=True)
+                for i in range(len(self.results))
+            ]
+            try:
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    while t.is_alive():
+                        t.join(0.2)  # short waits: the main thread stays responsive to Ctrl-C
+            except BaseException:
+                self._stop(STOP_S, everywhere=True)
+                raise
+            self._stop(5.0, everywhere=False)
         return self.results, self.listener
+
+    def _stop(self, timeout: float, everywhere: bool) -> None:
+        """End the listener, kill what is still running (everywhere: on every host, as after Ctrl-C), close."""
+        with self._lock:
+            sessions = list(self._sessions)
+            unfinished = set(self._unfinished)
+        if self._stream is not None and not everywhere:
+            self._collect_peers(self._stream.finish(timeout))
+        targets = [s for s in sessions if everywhere or id(s) in unfinished]
+        if self._stream is not None and everywhere:
+            targets = sessions
+        stoppers = [threading.Thread(target=s.stop_all, args=(timeout,), daemon=True) for s in targets]
+        deadline = time.monotonic() + timeout
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join(max(deadline - time.monotonic(), 0.0))
+        for session in sessions:
+            try:
+                session.close()
+            except Exception as exc:  # closing is best effort: a dead transport has nothing left to release
+                self.log.append(f"closing {session.name}: {exc}")
 
     def _collect_peers(self, lines: list[str]) -> None:
         for line in lines:

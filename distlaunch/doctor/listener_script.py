@@ -8,6 +8,7 @@ host that reaches some other service on that address is told apart from one that
 It stops when its stdin closes (the doctor is done) or after a hard limit, so it can never linger.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -42,7 +43,7 @@ def decode_address(hex_address):
     raw = bytes.fromhex(hex_address)
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])  # /proc prints IPv4 as a little-endian word
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
     return socket.inet_ntop(socket.AF_INET6, words)
 
 
@@ -83,8 +84,13 @@ def bind(address, port):
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        return None, {errno.EADDRINUSE: "in-use", errno.EADDRNOTAVAIL: "not-local", errno.EACCES: "denied"}.get(
-            exc.errno, "error"), exc.strerror or str(exc)
+        return (
+            None,
+            {errno.EADDRINUSE: "in-use", errno.EADDRNOTAVAIL: "not-local", errno.EACCES: "denied"}.get(
+                exc.errno, "error"
+            ),
+            exc.strerror or str(exc),
+        )
     return sock, None, None
 
 
@@ -99,11 +105,8 @@ def serve(sock, nonce):
             break
         if sock in ready:
             conn, peer = sock.accept()
-            with conn:
-                try:
-                    conn.sendall(BANNER + nonce.encode() + b"\n")
-                except OSError:
-                    pass
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(BANNER + nonce.encode() + b"\n")
             peers.append(peer[0])
     return peers
 
@@ -114,13 +117,30 @@ def main():
     try:
         infos = socket.getaddrinfo(args["master_addr"], port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        print(json.dumps({"bound": False, "reason": "dns", "error": str(exc), "holders": holders(port)}), flush=True)
+        print(
+            json.dumps(
+                {"ev": "listener", "bound": False, "reason": "dns", "error": str(exc), "holders": holders(port)}
+            ),
+            flush=True,
+        )
         return
     address = next((i[4][0] for i in infos if i[0] == socket.AF_INET), infos[0][4][0])
     held = holders(port)
     sock, reason, error = bind(address, port)
-    print(json.dumps({"bound": sock is not None, "address": address, "reason": reason, "error": error,
-                      "holders": held, "pid": os.getpid()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "ev": "listener",
+                "bound": sock is not None,
+                "address": address,
+                "reason": reason,
+                "error": error,
+                "holders": held,
+                "pid": os.getpid(),
+            }
+        ),
+        flush=True,
+    )
     if sock is not None:
         with sock:
             print(json.dumps({"peers": serve(sock, args["nonce"])}), flush=True)

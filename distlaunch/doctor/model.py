@@ -1,4 +1,4 @@
-"""What the doctor reports (``Check``, ``DoctorReport``: the JSON contract of DESIGN.md), what it is asked
+"""What the doctor reports (``Check``, ``DoctorReport``: the JSON contract in docs/cli.md), what it is asked
 (``DoctorOptions``), and the facts it gathers from each host on the way (``HostFacts``)."""
 
 from __future__ import annotations
@@ -7,16 +7,34 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, PrivateAttr, model_serializer
 
 Status = Literal["pass", "warn", "fail", "skip"]
 DOCS = "docs/troubleshooting.md"
 LOCAL = "(local)"  # the host of checks about the doctor's own inputs (hostfile, parallel spec)
 
 # Stable check ids, in the order the report lists them for each host.
-CHECK_IDS = ("hostfile", "parallel", "dns", "ssh.connect", "ssh.auth", "ssh.hostkey", "python", "torch-version", "nccl",
-             "gpus", "loopback-hostname", "duplicate-host", "master-port", "master-reachable", "nic", "shm", "memlock",
-             "clock", "bench")
+CHECK_IDS = (
+    "hostfile",
+    "parallel",
+    "dns",
+    "ssh.connect",
+    "ssh.auth",
+    "ssh.hostkey",
+    "python",
+    "torch-version",
+    "nccl",
+    "gpus",
+    "loopback-hostname",
+    "duplicate-host",
+    "master-port",
+    "master-reachable",
+    "nic",
+    "shm",
+    "memlock",
+    "clock",
+    "bench",
+)
 
 
 class Check(BaseModel):
@@ -63,18 +81,25 @@ class DoctorReport(BaseModel):
     ok: bool
     checks: list[Check]
     bench: BenchResult | None = None
+    _usage_error: bool = PrivateAttr(default=False)  # the input itself is wrong (hostfile, options): exit 2
+
+    @property
+    def usage_error(self) -> bool:
+        return self._usage_error
 
     @model_serializer(mode="wrap")
     def _contract(self, handler):
         data = handler(self)
         if data.get("bench") is None:
-            data.pop("bench", None)  # the DESIGN.md shape, exactly, unless a benchmark was asked for
+            data.pop("bench", None)  # the documented shape, exactly, unless a benchmark was asked for
         return data
 
     @classmethod
-    def of(cls, checks: list[Check], bench: BenchResult | None = None) -> "DoctorReport":
+    def of(cls, checks: list[Check], bench: BenchResult | None = None, usage_error: bool = False) -> DoctorReport:
         """A report whose ``ok`` follows from its checks."""
-        return cls(ok=not any(c.status == "fail" for c in checks), checks=checks, bench=bench)
+        report = cls(ok=not any(c.status == "fail" for c in checks), checks=checks, bench=bench)
+        report._usage_error = usage_error
+        return report
 
 
 class DoctorOptions(BaseModel):
@@ -86,7 +111,8 @@ class DoctorOptions(BaseModel):
     exclude: str | None = None
     parallel: str | None = None
     master_addr: str | None = None
-    master_port: int = 29500  # torchrun's and DeepSpeed's default
+    master_port: str = "auto"  # as for run: an integer, or auto (the port run would pick)
+    backend: str = "auto"  # as for run: the backend whose variables (NCCL_/GLOO_SOCKET_IFNAME) are judged
     ssh_config: Path | None = None
     remote_python: str = sys.executable  # as the launcher: remote ranks run the launcher's interpreter path
     env: list[str] = Field(default_factory=list)  # --env KEY=VALUE as for run; NCCL/GLOO_SOCKET_IFNAME are checked
@@ -128,6 +154,10 @@ class HostFacts(BaseModel):
     # Filled in by the doctor, not the probe: when the question left and the answer came back (local clock).
     sent_at: float = 0.0
     received_at: float = 0.0
+    # NTP-style, from several round trips to a clock helper (None when it could not run: the probe's stamp)
+    ntp_offset: float | None = None
+    ntp_error: float | None = None
+    clock_note: str | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -135,10 +165,11 @@ class HostFacts(BaseModel):
 
     @property
     def clock_offset(self) -> float:
-        """The host's clock minus ours: the probe stamps its time last, just before its answer comes back."""
-        return self.time - self.received_at
+        """The host's clock minus ours: from the round trips when measured, else the probe's own stamp (taken
+        last, just before its answer comes back)."""
+        return self.ntp_offset if self.ntp_offset is not None else self.time - self.received_at
 
     @property
     def clock_uncertainty(self) -> float:
-        """The stamp was taken somewhere between question and answer: the offset is known to this much."""
-        return self.received_at - self.sent_at
+        """How well the offset is known: half the shortest round trip, else the whole probe round trip."""
+        return self.ntp_error if self.ntp_error is not None else self.received_at - self.sent_at

@@ -60,9 +60,11 @@ def package_version(name):
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
-    root = list(spec.submodule_search_locations)[0]
+    root = next(iter(spec.submodule_search_locations))
     for module in ("version.py", "__init__.py"):
-        found = re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", read(os.path.join(root, module)) or "", re.M)
+        found = re.search(
+            r"^__version__\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", read(os.path.join(root, module)) or "", re.M
+        )
         if found:
             return found.group(1)
     return dist_version(name)
@@ -72,7 +74,7 @@ def torch_facts():
     spec = importlib.util.find_spec("torch")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None
-    root = list(spec.submodule_search_locations)[0]
+    root = next(iter(spec.submodule_search_locations))
     version_py = read(os.path.join(root, "version.py")) or ""
     cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", version_py, re.M)
     nccl = None
@@ -86,7 +88,10 @@ def torch_facts():
 def gpu_facts():
     out = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
     if out is not None:
-        return {"source": "nvidia-smi", "names": [line.split(",")[0].strip() for line in out.splitlines() if line.strip()]}
+        return {
+            "source": "nvidia-smi",
+            "names": [line.split(",")[0].strip() for line in out.splitlines() if line.strip()],
+        }
     try:
         return {"source": "/proc/driver/nvidia", "names": sorted(os.listdir("/proc/driver/nvidia/gpus"))}
     except OSError:
@@ -116,7 +121,11 @@ def ipv6_by_interface():
 
 
 def interface_facts():
-    names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else [n for _, n in socket.if_nameindex()]
+    names = (
+        sorted(os.listdir("/sys/class/net"))
+        if os.path.isdir("/sys/class/net")
+        else [n for _, n in socket.if_nameindex()]
+    )
     v6 = ipv6_by_interface()
     out = []
     for name in names:
@@ -151,11 +160,11 @@ def connect_to_master(address, port, timeout):
                 if not chunk:
                     break
                 banner += chunk
-        token = banner[len(BANNER):].strip().decode() if banner.startswith(BANNER) else None
+        token = banner[len(BANNER) :].strip().decode() if banner.startswith(BANNER) else None
         return {"result": "ok", "token": token, "seconds": time.monotonic() - started}
     except ConnectionRefusedError:
         return {"result": "refused", "seconds": time.monotonic() - started}
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return {"result": "timeout", "seconds": time.monotonic() - started}
     except OSError as exc:
         return {"result": "error", "error": exc.strerror or str(exc), "seconds": time.monotonic() - started}
@@ -184,13 +193,20 @@ def main():
         shm_bytes = None
     interfaces = interface_facts()
     facts = {
-        "hostname": hostname, "fqdn": fqdn, "hostname_addrs": addresses_of(hostname), "fqdn_addrs": addresses_of(fqdn),
+        "ev": "probe",  # what the doctor looks for after any login banner
+        "hostname": hostname,
+        "fqdn": fqdn,
+        "hostname_addrs": addresses_of(hostname),
+        "fqdn_addrs": addresses_of(fqdn),
         "machine_id": read("/etc/machine-id") or read("/var/lib/dbus/machine-id"),
         "boot_id": read("/proc/sys/kernel/random/boot_id"),
         "python": {"executable": sys.executable, "version": ".".join(map(str, sys.version_info[:3]))},
         "distlaunch": package_version("distlaunch"),
-        "torch": torch_facts(), "gpus": gpu_facts(), "interfaces": interfaces,
-        "shm_bytes": shm_bytes, "memlock": -1 if memlock == resource.RLIM_INFINITY else memlock,
+        "torch": torch_facts(),
+        "gpus": gpu_facts(),
+        "interfaces": interfaces,
+        "shm_bytes": shm_bytes,
+        "memlock": -1 if memlock == resource.RLIM_INFINITY else memlock,
         "infiniband": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
     }
     if args.get("master_addr"):

@@ -37,9 +37,15 @@ def verdict(report: DoctorReport) -> Text:
     warned = f", {counts['warn']} warning(s)" if counts["warn"] else ""
     if counts["fail"]:
         failed_hosts = sorted({c.host for c in report.checks if c.status == "fail"})
-        return Text(f"NOT READY: {counts['fail']} check(s) failed on {', '.join(failed_hosts)}{warned} "
-                    f"({counts['pass']} passed, {scope})", style="bold red")
-    return Text(f"READY: {counts['pass']} check(s) passed on {scope}{warned}", style="yellow" if counts["warn"] else "bold green")
+        return Text(
+            f"NOT READY: {counts['fail']} check(s) failed on {', '.join(failed_hosts)}{warned} "
+            f"({counts['pass']} passed, {scope})",
+            style="bold red",
+        )
+    return Text(
+        f"READY: {counts['pass']} check(s) passed on {scope}{warned}",
+        style="yellow" if counts["warn"] else "bold green",
+    )
 
 
 def render_report(report: DoctorReport, console: Console) -> None:
@@ -73,8 +79,11 @@ def _size(n: int) -> str:
 
 def render_bench(bench: BenchResult, console: Console) -> None:
     """The all-reduce sweep as nccl-tests prints it: size, time, algbw, busbw."""
-    table = Table(title=f"all-reduce, {bench.backend}, {bench.world_size} ranks on {bench.hosts} host(s) "
-                        "(busbw = algbw x 2(n-1)/n)", title_justify="left")
+    table = Table(
+        title=f"all-reduce, {bench.backend}, {bench.world_size} ranks on {bench.hosts} host(s) "
+        "(busbw = algbw x 2(n-1)/n)",
+        title_justify="left",
+    )
     for col in ("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
         table.add_column(col, justify="right")
     for row in bench.rows:

@@ -6,16 +6,38 @@ from __future__ import annotations
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-from distlaunch.doctor.checks_cluster import (clock_checks, duplicate_checks, hostfile_check, hostfile_error,
-                                              master_port_check, parallel_check, ssh_checks)
-from distlaunch.doctor.checks_host import (gpus_check, is_loopback, memlock_check, nccl_check, python_check, shm_check,
-                                           torch_check)
-from distlaunch.doctor.checks_network import dns_check, loopback_hostname_check, nic_check, reachable_check
-from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
 from distlaunch.doctor.bench import bench_check, run_bench
+from distlaunch.doctor.checks_cluster import (
+    clock_checks,
+    duplicate_checks,
+    hostfile_check,
+    hostfile_error,
+    master_port_check,
+    parallel_check,
+    ssh_checks,
+)
+from distlaunch.doctor.checks_host import (
+    gpus_check,
+    is_loopback,
+    memlock_check,
+    nccl_check,
+    python_check,
+    shm_check,
+    torch_check,
+)
+from distlaunch.doctor.checks_network import (
+    dns_check,
+    ifname_suggestion,
+    loopback_hostname_check,
+    nic_check,
+    reachable_check,
+    route_interface,
+)
+from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
 from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import LaunchOptions, is_local_host, parse_env, resolve_hosts
+from distlaunch.launcher.launch import host_addresses
+from distlaunch.launcher.spec import LaunchOptions, is_local_host, make_spec, parse_env, resolve_hosts
 from distlaunch.remote.sshconfig import resolve_targets
 
 PROBED = ("python", "torch-version", "nccl", "gpus", "loopback-hostname", "master-reachable", "nic", "shm", "memlock")
@@ -30,20 +52,44 @@ def _local_version() -> str | None:
 
 def load_hosts(opts: DoctorOptions) -> list[HostResult]:
     """The hostfile's hosts (after -n/--include/--exclude) with their SSH targets; local names need none."""
-    launch = LaunchOptions(program=[], hostfile=opts.hostfile, nproc_per_node=opts.nproc_per_node,
-                           include=opts.include, exclude=opts.exclude)
+    launch = LaunchOptions(
+        program=[],
+        hostfile=opts.hostfile,
+        nproc_per_node=opts.nproc_per_node,
+        include=opts.include,
+        exclude=opts.exclude,
+    )
     hosts = resolve_hosts(launch)
     remote = [h.host for h in hosts if not is_local_host(h.host)]
     targets = resolve_targets(remote, opts.ssh_config) if remote else {}
     return [HostResult(host=h.host, slots=h, target=targets.get(h.host)) for h in hosts]
 
 
-def master_address(results: list[HostResult], opts: DoctorOptions) -> str:
-    """MASTER_ADDR as the launcher picks it: --master-addr, else the first host's address (127.0.0.1 here)."""
-    if opts.master_addr:
-        return opts.master_addr
-    first = results[0].target
-    return first.hostname if first is not None else "127.0.0.1"
+def launch_endpoint(opts: DoctorOptions) -> tuple[str, int, str, str]:
+    """MASTER_ADDR, MASTER_PORT and the backend exactly as ``distlaunch run`` resolves them for the same
+    options (the launcher's own functions), and, for ``--master-port auto``, how run chooses at launch."""
+    launch = LaunchOptions(
+        program=["distlaunch.doctor"],
+        module=True,
+        hostfile=opts.hostfile,
+        nproc_per_node=opts.nproc_per_node,
+        include=opts.include,
+        exclude=opts.exclude,
+        master_addr=opts.master_addr,
+        master_port=opts.master_port,
+        backend=opts.backend,
+        ssh_config=opts.ssh_config,
+    )
+    spec = make_spec(launch, host_addresses(launch))
+    note = ""
+    if opts.master_port == "auto":
+        local = is_local_host(spec.hosts[0].host) or is_loopback(spec.master_addr)
+        note = (
+            "--master-port auto: run picks a free port here at launch; probed one such port"
+            if local
+            else f"--master-port auto: run picks a port in 29500-29599 at launch; probed {spec.master_port}"
+        )
+    return spec.master_addr, spec.master_port, spec.backend, note
 
 
 def user_env(opts: DoctorOptions) -> dict[str, str]:
@@ -56,26 +102,81 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
     f, host = r.facts, r.host
     if f is None:
         why = r.ssh_error.check_id if r.ssh_error else None
+        if why is None and r.probe_hung:
+            return [
+                check(
+                    "python",
+                    host,
+                    "fail",
+                    f"{r.probe_error} on {host}",
+                    f"run '{ctx['python']} -c pass' on {host}: something at startup blocks (sitecustomize, a .pth "
+                    "file, a wrapper script, a hung network file system); or pass --remote-python with another one",
+                ),
+                *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]],
+            ]
+        if why is None and "shell startup file" in (r.probe_error or ""):
+            return [
+                check(
+                    "python",
+                    host,
+                    "fail",
+                    f"{ctx['python']} ran on {host}, but {r.probe_error}",
+                    f"make the shell startup files on {host} print nothing for non-interactive logins "
+                    "(put output after the '[ -z \"$PS1\" ] && return' guard)",
+                ),
+                *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]],
+            ]
         if why is None:
-            return [check("python", host, "fail", f"{ctx['python']} could not run the probe on {host}: {r.probe_error}",
-                          f"install Python 3 on {host}, or pass --remote-python with the interpreter the ranks use"),
-                    *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]]]
+            return [
+                check(
+                    "python",
+                    host,
+                    "fail",
+                    f"{ctx['python']} could not run the probe on {host}: {r.probe_error}",
+                    f"install Python 3 on {host}, or pass --remote-python with the interpreter the ranks use",
+                ),
+                *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]],
+            ]
         return [check(id, host, "skip", f"host not reached (see {why})") for id in PROBED]
     ref, master = ctx["reference"], r is ctx["master"]
-    return [python_check(host, f, ref, ctx["version"]), torch_check(host, f, ref, master), nccl_check(host, f, ref),
-            gpus_check(host, f, r.slots.nslots, r.slots.explicit, ctx["any_gpus"]),
-            loopback_hostname_check(host, f, ctx["single_machine"], ctx["ifnames_set"]),
-            reachable_check(host, f, ctx["listener"]), nic_check(host, f, ctx["env"], ctx["single_machine"]),
-            shm_check(host, f), memlock_check(host, f)]
+    return [
+        python_check(host, f, ref, ctx["version"]),
+        torch_check(host, f, ref, master),
+        nccl_check(host, f, ref),
+        gpus_check(host, f, r.slots.nslots, r.slots.explicit, ctx["any_gpus"]),
+        loopback_hostname_check(
+            host,
+            f,
+            ctx["single_machine"],
+            ctx["ifnames_set"],
+            ctx["backend"],
+            bool(ctx["env"].get("GLOO_SOCKET_IFNAME")),
+        ),
+        reachable_check(host, f, ctx["listener"]),
+        nic_check(host, f, ctx["env"], ctx["single_machine"], ctx["backend"], ctx["suggest"]),
+        shm_check(host, f),
+        memlock_check(host, f),
+    ]
 
 
-def classify(results: list[HostResult], listener: ListenerResult, opts: DoctorOptions) -> list[Check]:
+def classify(
+    results: list[HostResult], listener: ListenerResult, opts: DoctorOptions, backend: str = "gloo"
+) -> list[Check]:
     """All findings, host by host in hostfile order, each host's checks in CHECK_IDS order."""
     env = user_env(opts)
-    ctx = {"reference": results[0].facts, "master": results[0], "version": _local_version(), "listener": listener,
-           "python": opts.remote_python, "env": env, "ifnames_set": bool(env.get("NCCL_SOCKET_IFNAME") and env.get("GLOO_SOCKET_IFNAME")),
-           "any_gpus": any(r.facts and r.facts.gpu_count for r in results),
-           "single_machine": is_loopback(listener.address) or is_loopback_name(listener.address)}
+    ctx = {
+        "backend": backend,
+        "suggest": ifname_suggestion([route_interface(r.facts)[0] for r in results if r.facts is not None]),
+        "reference": results[0].facts,
+        "master": results[0],
+        "version": _local_version(),
+        "listener": listener,
+        "python": opts.remote_python,
+        "env": env,
+        "ifnames_set": bool(env.get("NCCL_SOCKET_IFNAME") and env.get("GLOO_SOCKET_IFNAME")),
+        "any_gpus": any(r.facts and r.facts.gpu_count for r in results),
+        "single_machine": is_loopback(listener.address) or is_loopback_name(listener.address),
+    }
     checks: list[Check] = [master_port_check(listener)]
     for r in results:
         checks += ssh_checks(r)
@@ -94,16 +195,25 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
     try:
         results = load_hosts(opts)
     except UsageError as exc:
-        return DoctorReport.of([hostfile_error(exc)])
+        return DoctorReport.of([hostfile_error(exc)], usage_error=True)
     source = str(opts.hostfile) if opts.hostfile else None
-    head = [hostfile_check([r.slots for r in results], source), parallel_check(opts.parallel, [r.slots for r in results])]
-    results, listener = Gathering(results, opts, master_address(results, opts)).run()
-    checks = head + classify(results, listener, opts)
+    head = [
+        hostfile_check([r.slots for r in results], source),
+        parallel_check(opts.parallel, [r.slots for r in results]),
+    ]
+    try:
+        address, port, backend, note = launch_endpoint(opts)
+    except UsageError as exc:  # a --master-port that run would refuse
+        return DoctorReport.of([*head, check("master-port", LOCAL, "fail", exc.message, exc.hint)], usage_error=True)
+    gathering = Gathering(results, opts, address, port)
+    gathering.listener.chosen_at_launch = note
+    results, listener = gathering.run()
+    checks = head + classify(results, listener, opts, backend)
     if not opts.bench:
         return DoctorReport.of(checks)
     if any(c.status == "fail" for c in checks):
-        return DoctorReport.of(checks + [check("bench", LOCAL, "skip", "not run: fix the failed checks first")])
+        return DoctorReport.of([*checks, check("bench", LOCAL, "skip", "not run: fix the failed checks first")])
     outcome = run_bench(results, opts, listener.address)
     if isinstance(outcome, Check):
-        return DoctorReport.of(checks + [outcome])
-    return DoctorReport.of(checks + [bench_check(outcome)], bench=outcome)
+        return DoctorReport.of([*checks, outcome])
+    return DoctorReport.of([*checks, bench_check(outcome)], bench=outcome)

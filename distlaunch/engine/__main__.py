@@ -26,11 +26,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The engine's command line."""
     parser = argparse.ArgumentParser(prog="python -m distlaunch.engine", description=__doc__.split("\n")[0])
     parser.add_argument("config", nargs="?", help="TOML training config (optional)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one config key, e.g. --set train.steps=50 (repeatable)")
-    parser.add_argument("--metrics-file", default=None,
-                        help="rank 0's metrics.jsonl (default: $DISTLAUNCH_METRICS_FILE, "
-                             "else $DISTLAUNCH_LOG_DIR/metrics.jsonl)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key, e.g. --set train.steps=50 (repeatable)",
+    )
+    parser.add_argument(
+        "--metrics-file",
+        default=None,
+        help="rank 0's metrics.jsonl (default: $DISTLAUNCH_METRICS_FILE, else $DISTLAUNCH_LOG_DIR/metrics.jsonl)",
+    )
     return parser.parse_args(argv)
 
 

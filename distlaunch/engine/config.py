@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -26,7 +26,7 @@ ZeroStage = Literal[0, 1, 2, 3]
 FaultKind = Literal["crash", "hang", "crash-in-save"]
 LrSchedule = Literal["cosine", "constant"]
 DataFormat = Literal["auto", "text", "tokens"]
-TokenDtype = Literal["uint16", "uint8"]
+TokenDtype = Literal["uint16", "uint8", "uint32"]
 PARALLEL_KEYS = ("dp", "tp", "pp", "zero", "schedule", "microbatches", "virtual_stages")
 
 
@@ -42,7 +42,7 @@ class TrainSection(_Section):
     steps: int = Field(100, ge=1)
     global_batch_size: int = Field(16, ge=1)
     # None: the whole per-dp-rank batch at once (pp=1) or split into parallel.microbatches (pp>1)
-    micro_batch_size: Optional[int] = Field(None, ge=1)
+    micro_batch_size: int | None = Field(None, ge=1)
     seq_len: int = Field(128, ge=2)
     # forward/backward rounds per step; global batch = dp x grad_accum_steps x micro-batches x
     # micro_batch_size (docs/train.md, "Batch arithmetic")
@@ -50,7 +50,7 @@ class TrainSection(_Section):
     lr: float = Field(1e-3, gt=0)
     lr_schedule: LrSchedule = "cosine"
     warmup_steps: int = Field(0, ge=0)
-    min_lr: Optional[float] = Field(None, ge=0)  # None: lr / 10, the end of the cosine
+    min_lr: float | None = Field(None, ge=0)  # None: lr / 10, the end of the cosine
     weight_decay: float = Field(0.0, ge=0)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.95, ge=0, lt=1)
@@ -67,17 +67,17 @@ class TrainSection(_Section):
 
 
 class ParallelSection(_Section):
-    dp: Optional[int] = Field(None, ge=1)  # None: WORLD_SIZE / (tp * pp)
+    dp: int | None = Field(None, ge=1)  # None: WORLD_SIZE / (tp * pp)
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     zero: ZeroStage = 0
     schedule: Schedule = "1f1b"
-    microbatches: Optional[int] = Field(None, ge=1)  # None: from micro_batch_size, else pp
+    microbatches: int | None = Field(None, ge=1)  # None: from micro_batch_size, else pp
     virtual_stages: int = Field(2, ge=1)  # stages per pp rank, interleaved schedule only
 
 
 class DataSection(_Section):
-    path: Optional[str] = None  # None: the corpus bundled in distlaunch/data
+    path: str | None = None  # None: the corpus bundled in distlaunch/data
     # auto: a .bin file holds tokens, anything else is UTF-8 text (byte tokens)
     format: DataFormat = "auto"
     token_dtype: TokenDtype = "uint16"  # element type of a token file (little-endian, no header)
@@ -85,7 +85,7 @@ class DataSection(_Section):
 
 
 class CheckpointSection(_Section):
-    dir: Optional[str] = None
+    dir: str | None = None
     every: int = Field(0, ge=0)
     keep: int = Field(2, ge=1)
     # auto: the latest in dir if any; latest: the same, required; never; or a checkpoint path
@@ -94,8 +94,8 @@ class CheckpointSection(_Section):
 
 
 class FaultSection(_Section):
-    rank: Optional[int] = Field(None, ge=0)
-    step: Optional[int] = Field(None, ge=1)
+    rank: int | None = Field(None, ge=0)
+    step: int | None = Field(None, ge=1)
     kind: FaultKind = "crash"
     every_try: bool = False  # False: only when DISTLAUNCH_RESTART_COUNT is 0, so a restart recovers
 
@@ -202,6 +202,9 @@ def load_config(
             raise UsageError(f"config file not found: {path}", "check the path") from None
         except tomllib.TOMLDecodeError as err:
             raise UsageError(f"config file {path} is not valid TOML: {err}", "fix the line named") from None
+        except (OSError, UnicodeDecodeError) as err:
+            reason = "is a directory" if Path(path).is_dir() else f"cannot be read as UTF-8 text ({type(err).__name__})"
+            raise UsageError(f"config file {path} {reason}", "pass the path of a TOML file") from None
     for assignment in overrides:
         apply_override(raw, assignment)
     if parallel_env:

@@ -1,22 +1,32 @@
-"""Byte-level tokens and deterministic global batches.
+"""Tokens and deterministic global batches.
 
-The tokenizer is the identity on UTF-8 bytes (vocabulary 256), so no download is ever needed.
 A batch depends only on (seed, step): every layout sees the same global batch at every step,
-and dp rank i takes rows [i*B/dp, (i+1)*B/dp) of it. Because the sampler has no state beyond
-the step number, resuming from a checkpoint needs only the step.
+and dp rank i takes rows [i*B/dp, (i+1)*B/dp) of it, reading only those rows' tokens. The data
+position (which data, how many global batches were drawn) is saved in every checkpoint
+(``DataPosition``), so a restart continues with the very next batch, on the same data only.
 
-Data comes as UTF-8 text (its bytes are the tokens) or as a pre-tokenized token file: a flat
-array of little-endian ``uint16`` (or ``uint8``) token ids with no header, the nanoGPT
-``.bin`` layout, memory-mapped so a file larger than RAM costs only the pages a batch touches.
-The last ``data.val_fraction`` of the tokens is held out for evaluation.
+Data comes as:
+
+- UTF-8 text (its bytes are the tokens, vocabulary 256): the bundled corpus by default, so no
+  download is ever needed;
+- a pre-tokenized token file: a flat array of little-endian ``uint16`` (or ``uint8``) ids with
+  no header, the nanoGPT ``.bin`` layout;
+- a folder written by ``distlaunch data prepare``: its shards, with the vocabulary of its tokenizer.
+
+Token files and shards are memory-mapped, so data larger than RAM costs only the pages a batch
+touches. A window never crosses a shard boundary. The last ``data.val_fraction`` of the tokens
+is held out for evaluation.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from distlaunch.data.index import is_dataset_dir, read_index
 from distlaunch.errors import UsageError
 
 BUNDLED_CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
@@ -33,7 +43,9 @@ def decode(tokens: torch.Tensor) -> str:
     return bytes(tokens.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
 
 
-TOKEN_DTYPES = {"uint16": torch.uint16, "uint8": torch.uint8}
+# uint32 ids are read as int32: exact for every vocabulary below 2**31
+TOKEN_DTYPES = {"uint16": torch.uint16, "uint8": torch.uint8, "uint32": torch.int32}
+Tokens = torch.Tensor | list[torch.Tensor]  # one flat token tensor, or one per shard
 
 
 def is_token_file(path: str | None, data_format: str) -> bool:
@@ -61,8 +73,10 @@ def map_token_file(path: str, token_dtype: str) -> torch.Tensor:
     return torch.from_file(str(source), shared=False, size=nbytes // itemsize, dtype=dtype)
 
 
-def load_split(path: str | None, data_format: str, token_dtype: str, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def load_split(path: str | None, data_format: str, token_dtype: str, val_fraction: float) -> tuple[Tokens, Tokens]:
     """(training tokens, held-out tokens): the held-out part is the last ``val_fraction``."""
+    if is_dataset_dir(path):
+        return load_dataset_split(path, val_fraction)
     if is_token_file(path, data_format):
         if path is None:
             raise UsageError("data.format='tokens' needs data.path", "point data.path at a token file")
@@ -73,6 +87,33 @@ def load_split(path: str | None, data_format: str, token_dtype: str, val_fractio
     return tokens[:split], tokens[split:]
 
 
+def load_dataset_split(path: str, val_fraction: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A prepared folder's shards, memory-mapped, cut at the last ``val_fraction`` of all its tokens."""
+    root = Path(path).expanduser()
+    index = read_index(root)
+    shards = [map_token_file(str(root / shard.file), index.dtype) for shard in index.shards]
+    cut = index.tokens - int(index.tokens * val_fraction)
+    train: list[torch.Tensor] = []
+    held_out: list[torch.Tensor] = []
+    start = 0
+    for shard in shards:
+        keep = min(max(cut - start, 0), shard.numel())  # this shard's tokens before the cut
+        train += [shard[:keep]] if keep else []
+        held_out += [shard[keep:]] if keep < shard.numel() else []
+        start += shard.numel()
+    return train, held_out
+
+
+def data_fingerprint(path: str | None) -> str:
+    """What the data is, independent of where it lies: a checkpoint resumes only on the same data."""
+    if is_dataset_dir(path):
+        return "prepared:" + read_index(path).fingerprint
+    source = Path(path).expanduser() if path else BUNDLED_CORPUS
+    with source.open("rb") as f:
+        head = hashlib.sha256(f.read(1 << 20)).hexdigest()
+    return f"file:{source.stat().st_size}:{head}"
+
+
 def load_tokens(path: str | None) -> torch.Tensor:
     """The bytes of a text file (``data.path``), or of the bundled corpus when ``path`` is None."""
     source = Path(path).expanduser() if path else BUNDLED_CORPUS
@@ -81,42 +122,115 @@ def load_tokens(path: str | None) -> torch.Tensor:
     except FileNotFoundError:
         raise UsageError(f"data.path not found: {source}", "point data.path at a text file") from None
     except IsADirectoryError:
-        raise UsageError(f"data.path is a directory: {source}", "point data.path at a text file") from None
+        raise UsageError(
+            f"data.path is a directory without an index.json: {source}",
+            "point data.path at a text file, or at a folder made by distlaunch data prepare",
+        ) from None
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
 class BatchSampler:
-    """Random windows of ``seq_len + 1`` tokens, drawn from a generator seeded by (seed, step)."""
+    """Random windows of ``seq_len + 1`` tokens, drawn from a generator seeded by (seed, step).
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, global_batch_size: int, seed: int,
-                 split: str = "training", vocab_size: int = VOCAB_SIZE):
-        if tokens.numel() < seq_len + 2:
+    ``tokens`` is one tensor, or one per shard: a window lies inside one shard, and every window
+    start of every shard is equally likely.
+    """
+
+    def __init__(
+        self,
+        tokens: Tokens,
+        seq_len: int,
+        global_batch_size: int,
+        seed: int,
+        split: str = "training",
+        vocab_size: int = VOCAB_SIZE,
+    ):
+        self.segments = [tokens] if isinstance(tokens, torch.Tensor) else list(tokens)
+        counts = torch.tensor([max(seg.numel() - seq_len - 1, 0) for seg in self.segments] or [0])
+        self.ends = counts.cumsum(0)  # (S,) window starts up to and including each segment
+        self.firsts = self.ends - counts  # (S,) the first global start index of each segment
+        if int(self.ends[-1]) < 1:
+            total = sum(seg.numel() for seg in self.segments)
             raise UsageError(
-                f"the {split} data has {tokens.numel()} tokens, fewer than seq_len+2={seq_len + 2}",
+                f"the {split} data has {total} tokens, fewer than seq_len+2={seq_len + 2}"
+                + (" in any one shard" if len(self.segments) > 1 else ""),
                 "use a longer file, a smaller train.seq_len or another data.val_fraction",
             )
         self.vocab_size = vocab_size
-        self.tokens = tokens
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
         self.seed = seed
 
-    def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and next-token targets, each (B, T) int64, for ``step``."""
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The first (for plain text and token files: the only) token tensor."""
+        return self.segments[0]
+
+    def _starts(self, step: int) -> torch.Tensor:
+        """Global window starts of ``step``'s batch, (B,): identical on every rank and layout."""
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (1 << 63))
-        high = self.tokens.numel() - self.seq_len - 1
-        starts = torch.randint(0, high, (self.global_batch_size,), generator=gen)  # (B,)
+        return torch.randint(0, int(self.ends[-1]), (self.global_batch_size,), generator=gen)
+
+    def _windows(self, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, each (len(starts), T) int64, reading only these windows' tokens."""
         offsets = torch.arange(self.seq_len + 1)  # (T+1,)
-        windows = self.tokens[starts[:, None] + offsets].long()  # (B, T+1)
-        if int(windows.max()) >= self.vocab_size:
+        if len(self.segments) == 1:
+            windows = self.tokens[starts[:, None] + offsets].long()  # (B, T+1)
+        else:
+            seg = torch.searchsorted(self.ends, starts, right=True)  # (B,) the shard of each start
+            local = starts - self.firsts[seg]
+            rows = [
+                self.segments[s][i : i + self.seq_len + 1].long()
+                for s, i in zip(seg.tolist(), local.tolist(), strict=True)
+            ]
+            windows = torch.stack(rows) if rows else torch.empty(0, self.seq_len + 1, dtype=torch.long)
+        if windows.numel() and int(windows.max()) >= self.vocab_size:
             raise UsageError(
                 f"token id {int(windows.max())} in data.path is outside the model's vocabulary of {self.vocab_size}",
-                "the byte tokenizer has ids 0-255: re-tokenize, or check data.token_dtype",
+                "the byte tokenizer has ids 0-255: re-tokenize with distlaunch data prepare, or check data.token_dtype",
             )
         return windows[:, :-1], windows[:, 1:]
 
+    def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets, each (B, T) int64, for ``step``."""
+        return self._windows(self._starts(step))
+
     def local_batch(self, step: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This dp rank's contiguous slice of the global batch for ``step``."""
-        x, y = self.global_batch(step)
+        """This dp rank's contiguous slice of the global batch for ``step`` (only its rows are read)."""
         rows = self.global_batch_size // dp
-        return x[dp_rank * rows : (dp_rank + 1) * rows], y[dp_rank * rows : (dp_rank + 1) * rows]
+        return self._windows(self._starts(step)[dp_rank * rows : (dp_rank + 1) * rows])
+
+
+class DataPosition:
+    """The data stream's place, saved in every checkpoint: which data, and how many global batches
+    were drawn. A batch is a function of (seed, step), so restoring this continues with the next
+    batch; resuming on other data is refused rather than silently training on something else."""
+
+    def __init__(self, fingerprint: str, path: str | None):
+        self.fingerprint, self.path = fingerprint, path
+        self.batches = 0  # global batches drawn so far (= the last step run)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "path": self.path, "batches": self.batches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["fingerprint"] != self.fingerprint:
+            raise UsageError(
+                f"the checkpoint was trained on other data (data.path={state['path']!r}) than data.path={self.path!r}",
+                "resume with the same data.path, or start fresh with checkpoint.resume=never or a new checkpoint.dir",
+            )
+        self.batches = state["batches"]
+
+
+def build_samplers(cfg, vocab_size: int) -> tuple[BatchSampler, BatchSampler | None, DataPosition]:
+    """The training sampler, the held-out one (when ``train.eval_every``) and the data position."""
+    train, data = cfg.train, cfg.data
+    tokens, held_out = load_split(data.path, data.format, data.token_dtype, data.val_fraction)
+    sampler = BatchSampler(tokens, train.seq_len, train.global_batch_size, train.seed, vocab_size=vocab_size)
+    position = DataPosition(data_fingerprint(data.path), data.path)
+    if not train.eval_every:
+        return sampler, None, position
+    val = BatchSampler(
+        held_out, train.seq_len, train.global_batch_size, train.seed, split="held-out", vocab_size=vocab_size
+    )
+    return sampler, val, position

@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Optional
 
 from distlaunch.engine.config import FaultSection
 from distlaunch.errors import UsageError
@@ -39,23 +38,27 @@ def restart_count(environ: dict[str, str] | None = None) -> int:
 class FaultPlan:
     """The fault this rank injects on this try, if any."""
 
-    kind: Optional[str]  # None: nothing to inject here
+    kind: str | None  # None: nothing to inject here
     step: int = 0
 
     @classmethod
-    def for_rank(cls, section: FaultSection, rank: int, world_size: int, tries: int, step_timeout: float) -> "FaultPlan":
+    def for_rank(cls, section: FaultSection, rank: int, world_size: int, tries: int, step_timeout: float) -> FaultPlan:
         """The configured fault if it targets ``rank`` on this try; checks the settings."""
         if section.rank is None and section.step is None:
             return cls(None)
         if section.rank is None or section.step is None:
-            raise UsageError("fault.rank and fault.step must be set together",
-                             "for example --set fault.rank=1 --set fault.step=12")
+            raise UsageError(
+                "fault.rank and fault.step must be set together", "for example --set fault.rank=1 --set fault.step=12"
+            )
         if section.rank >= world_size:
-            raise UsageError(f"fault.rank={section.rank} but the job has {world_size} rank(s)",
-                             f"use a rank in [0, {world_size})")
+            raise UsageError(
+                f"fault.rank={section.rank} but the job has {world_size} rank(s)", f"use a rank in [0, {world_size})"
+            )
         if section.kind == "hang" and step_timeout <= 0:
-            raise UsageError("fault.kind='hang' with train.step_timeout=0 would hang forever",
-                             "set train.step_timeout (seconds) so the hang is detected")
+            raise UsageError(
+                "fault.kind='hang' with train.step_timeout=0 would hang forever",
+                "set train.step_timeout (seconds) so the hang is detected",
+            )
         if section.rank != rank or (tries > 0 and not section.every_try):
             return cls(None)
         return cls(section.kind, section.step)
@@ -64,8 +67,10 @@ class FaultPlan:
         """Crash or hang here if this is the step (the start of the step, before any work)."""
         if self.kind not in ("crash", "hang") or step != self.step:
             return
-        _say(f"fault injection: rank {rank} {'crashes' if self.kind == 'crash' else 'hangs'} at step {step} "
-             f"(fault.kind={self.kind!r})")
+        _say(
+            f"fault injection: rank {rank} {'crashes' if self.kind == 'crash' else 'hangs'} at step {step} "
+            f"(fault.kind={self.kind!r})"
+        )
         if self.kind == "crash":
             os._exit(FAULT_EXIT)
         threading.Event().wait()  # forever: only the watchdog (or the launcher) ends this process
@@ -73,8 +78,10 @@ class FaultPlan:
     def in_save(self, step: int, rank: int) -> None:
         """Crash in the middle of the save of ``step``, if it is at or after the fault step."""
         if self.kind == "crash-in-save" and step >= self.step:
-            _say(f"fault injection: rank {rank} crashes while saving the step-{step} checkpoint, after writing "
-                 f"its shards and before publishing (fault.kind='crash-in-save')")
+            _say(
+                f"fault injection: rank {rank} crashes while saving the step-{step} checkpoint, after writing "
+                f"its shards and before publishing (fault.kind='crash-in-save')"
+            )
             os._exit(FAULT_EXIT)
 
 

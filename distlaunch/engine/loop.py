@@ -10,27 +10,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import distlaunch
 from distlaunch.engine.checkpoint.session import Checkpointing
 from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.memory import device_peak_bytes
 from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
-from distlaunch.engine.model import PRESETS, num_params
+from distlaunch.engine.model import num_params
 from distlaunch.engine.parallel.dims import ParallelDims, resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_group, pick_device
+from distlaunch.engine.presets import model_config
 from distlaunch.engine.progress import ProgressReport, write_loss_curve
-from distlaunch.engine.trainer import Engine, StepResult
+from distlaunch.engine.trainer import Engine, StepResult, read_results
 
 
 def step_record(engine: Engine, result: StepResult, mfu_scale: float | None) -> dict[str, Any]:
-    """The per-step metrics line (DESIGN.md's keys, plus the memory breakdown)."""
+    """The per-step metrics line (the documented keys, plus the memory breakdown)."""
     tokens = engine.cfg.train.global_batch_size * engine.cfg.train.seq_len
     tokens_per_s = tokens / result.seconds
     mem = engine.state_bytes()
     return {
         "step": result.step,
-        "loss": result.loss,
+        "loss": None,  # read with the interval's other steps (fill_pending)
         "lr": result.lr,
-        "grad_norm": result.grad_norm,
+        "grad_norm": None,
         "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * mfu_scale if mfu_scale else None,
         "mem_bytes": mem["total"],
@@ -42,13 +44,45 @@ def step_record(engine: Engine, result: StepResult, mfu_scale: float | None) -> 
     }
 
 
-def train_one_step(engine: Engine, step: int, mfu_scale: float | None) -> dict[str, Any]:
-    """Step ``step`` and, when due, the held-out evaluation; returns the metrics record."""
-    record = step_record(engine, engine.train_step(step), mfu_scale)
+def train_one_step(engine: Engine, step: int, mfu_scale: float | None) -> tuple[StepResult, dict[str, Any]]:
+    """Step ``step`` and, when due, the held-out evaluation; returns the result and its metrics
+    record, whose ``loss`` and ``grad_norm`` are filled in by ``fill_pending``."""
+    result = engine.train_step(step)
+    record = step_record(engine, result, mfu_scale)
     every = engine.cfg.train.eval_every
     if every and (step % every == 0 or step == engine.cfg.train.steps):
         record["val_loss"] = engine.evaluate()
-    return record
+    return result, record
+
+
+def read_due(engine: Engine, step: int, record: dict[str, Any], checkpoints: Checkpointing) -> bool:
+    """Whether the pending records are read (one host sync) and written after ``step``: every
+    ``train.log_every`` steps, the last step, an evaluation, a checkpoint save, and the step before
+    an injected fault."""
+    cfg = engine.cfg
+    return (
+        step % cfg.train.log_every == 0
+        or step == cfg.train.steps
+        or record.get("val_loss") is not None
+        or checkpoints.due(step)
+        or (cfg.fault.step is not None and step + 1 >= cfg.fault.step)
+    )
+
+
+def fill_pending(
+    engine: Engine, pending: list[tuple[StepResult, dict[str, Any]]], seconds: float, mfu_scale: float | None
+) -> None:
+    """Fill in the pending records' loss and grad norm with one device-to-host copy. On an
+    accelerator a step's host time says little (the host runs ahead), so each record gets the
+    mean step time of the interval, measured up to this synchronising read."""
+    values = read_results([result for result, _ in pending])
+    for (_, record), (loss, norm) in zip(pending, values, strict=True):
+        record["loss"], record["grad_norm"] = loss, norm
+        if engine.device.type != "cpu":
+            tokens = engine.cfg.train.global_batch_size * engine.cfg.train.seq_len
+            record["step_time_s"] = seconds / len(pending)
+            record["tokens_per_s"] = tokens / record["step_time_s"]
+            record["mfu"] = record["tokens_per_s"] * mfu_scale if mfu_scale else None
 
 
 def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | None) -> dict[str, Any]:
@@ -79,8 +113,9 @@ def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | 
     }
 
 
-def train(engine: Engine, writer: MetricsWriter, rank: int, first_step: int = 1,
-          checkpoints: Checkpointing | None = None) -> dict[str, Any]:
+def train(
+    engine: Engine, writer: MetricsWriter, rank: int, first_step: int = 1, checkpoints: Checkpointing | None = None
+) -> dict[str, Any]:
     """Run steps ``first_step``..``train.steps``; returns the summary record (identical on every rank).
 
     ``checkpoints`` (after its ``start``, which resumes and gives ``first_step``) saves when due,
@@ -93,13 +128,23 @@ def train(engine: Engine, writer: MetricsWriter, rank: int, first_step: int = 1,
     progress = ProgressReport(cfg.train.steps, cfg.train.log_every, enabled=rank == 0, first_step=first_step)
     started = time.perf_counter()
     records = []
+    pending: list[tuple[StepResult, dict[str, Any]]] = []
+    interval_start = time.perf_counter()
     for step in range(first_step, cfg.train.steps + 1):
         with checkpoints.step(step):
-            record = train_one_step(engine, step, mfu_scale)
-        records.append(record)
-        writer.write(record)
-        progress.update(record)
+            result, record = train_one_step(engine, step, mfu_scale)
+        pending.append((result, record))
+        if read_due(engine, step, record, checkpoints):
+            fill_pending(engine, pending, time.perf_counter() - interval_start, mfu_scale)
+            for _, done in pending:
+                records.append(done)
+                writer.write(done)
+                progress.update(done)
+            pending.clear()
         checkpoints.after_step(step)
+        distlaunch.progress()  # every rank: the launcher's --hang-timeout counts from the last step
+        if not pending:
+            interval_start = time.perf_counter()
     summary = summarize(engine, records, mfu_scale)
     summary["wall_s"] = time.perf_counter() - started
     if rank == 0 and writer.path is not None:
@@ -111,7 +156,7 @@ def train(engine: Engine, writer: MetricsWriter, rank: int, first_step: int = 1,
 
 def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[str, Any]:
     """Validate the layout, start the process group, train, and tear down."""
-    dims: ParallelDims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], env.world_size)
+    dims: ParallelDims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), env.world_size)
     device = pick_device(env.local_rank)
     init_process_group(env, device)
     writer = MetricsWriter(metrics_file, enabled=env.rank == 0)
@@ -119,8 +164,15 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
         engine = Engine(cfg, dims, build_mesh(dims, device), device)
         checkpoints = Checkpointing(engine, env.rank)
         first_step = checkpoints.start()  # resumes from a checkpoint when there is one to resume
-        writer.write({"event": "start", "layout": dims.describe(), "world_size": dims.world_size,
-                      "device": str(device), "config": cfg.model_dump()})
+        writer.write(
+            {
+                "event": "start",
+                "layout": dims.describe(),
+                "world_size": dims.world_size,
+                "device": str(device),
+                "config": cfg.model_dump(),
+            }
+        )
         summary = train(engine, writer, env.rank, first_step, checkpoints)
         writer.write(summary)
         return summary

@@ -8,7 +8,7 @@ tensor would double count. A category only counts storages no earlier category c
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -20,22 +20,24 @@ from distlaunch.engine.presets import PRESETS, GPTConfig  # noqa: F401 - re-expo
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention; q, k, v are separate so tp can split them by heads."""
+    """Multi-head causal self-attention with one fused q/k/v projection.
+
+    ``wqkv``'s output rows are laid out head by head (head 0's q, k, v, then head 1's, ...), so a
+    column-parallel split of the one linear into tp contiguous pieces gives every rank whole heads
+    with their own q, k and v: one projection, and one all-reduce of its input gradient under tp.
+    """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wqkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape  # (B, T, C)
         # -1 heads: the full n_head in one process, n_head / tp on a tensor-parallel rank
-        q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        qkv = self.wqkv(x).view(B, T, -1, 3, self.head_dim)  # (B, T, nh, 3, hs)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh*hs)
         return self.wo(y)  # (B, T, C)

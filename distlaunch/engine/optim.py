@@ -10,9 +10,10 @@ by the same coefficient, so the clipped update equals the single-process one.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from distlaunch.engine.config import TrainSection
 
@@ -23,13 +24,18 @@ def make_optimizer_factory(lr: float, weight_decay: float, betas: tuple[float, f
     """AdamW with weight decay on matrices only (not on norms); takes (param, decay) pairs."""
 
     def make(params: list[tuple[torch.nn.Parameter, bool]]) -> torch.optim.Optimizer:
-        groups = [
-            {"params": [p for p, decay in params if decay], "weight_decay": weight_decay},
-            {"params": [p for p, decay in params if not decay], "weight_decay": 0.0},
-        ]
-        # foreach=False: the same per-tensor kernels whether a tensor is whole, a DTensor or a
-        # ZeRO slice, which keeps every layout bit-compatible with the single-process update
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, foreach=False)
+        # foreach=True: one multi-tensor kernel per Adam operation instead of one small kernel per
+        # tensor. Every operation is elementwise, so the update is the per-tensor one bit for bit
+        # whether a tensor is whole, a DTensor or a ZeRO slice. A foreach list may not mix DTensors
+        # with plain tensors (tp leaves norms and the position embedding plain), hence a group per
+        # (decay, kind).
+        groups = []
+        for decay in (True, False):
+            for dtensor in (True, False):
+                members = [p for p, d in params if d == decay and isinstance(p, DTensor) == dtensor]
+                if members:
+                    groups.append({"params": members, "weight_decay": weight_decay if decay else 0.0})
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=True)
 
     return make
 
@@ -73,10 +79,16 @@ def weighted_sq_norm(pieces: list[tuple[torch.Tensor, float]], device: torch.dev
 
 
 @torch.no_grad()
-def scale_gradients(pieces: Iterable[tuple[torch.Tensor, float]], factor: float) -> None:
-    """Multiply every local gradient piece in place (each rank scales exactly what it optimises)."""
-    if factor == 1.0:
+def scale_gradients(pieces: Iterable[tuple[torch.Tensor, float]], factor: float | torch.Tensor) -> None:
+    """Multiply every local gradient piece in place (each rank scales exactly what it optimises).
+
+    ``factor`` may be a device scalar (the clip coefficient computed without a host sync)."""
+    if isinstance(factor, float) and factor == 1.0:
         return
-    grads = [grad for grad, _ in pieces]
-    if grads:
-        torch._foreach_mul_(grads, factor)  # one fused call, not one small op per tensor
+    # the local storage of DTensor pieces, so the list is plain tensors (foreach may not mix them)
+    grads = [grad._local_tensor if isinstance(grad, DTensor) else grad for grad, _ in pieces]
+    if not grads:
+        return
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(grads[0].device, torch.float32)
+    torch._foreach_mul_(grads, factor)  # one fused call, not one small op per tensor

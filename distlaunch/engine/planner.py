@@ -73,7 +73,7 @@ def stage_tensors(model: GPTConfig, stage: int, n_stages: int, tp: int) -> list[
         out += [Tensor(v // tp, d), Tensor(model.max_seq_len, d)]  # vocab-parallel tok_emb, pos_emb
     for _ in range(stage_layer_counts(model.n_layer, n_stages)[stage]):
         out += [Tensor(1, d)] * 2  # attn_norm weight, bias (replicated)
-        out += [Tensor(d // tp, d)] * 3 + [Tensor(d, d // tp)]  # wq, wk, wv column-, wo row-parallel
+        out += [Tensor(3 * d // tp, d), Tensor(d, d // tp)]  # fused wqkv column-, wo row-parallel
         out += [Tensor(1, d)] * 2  # mlp_norm
         out += [Tensor(f // tp, d), Tensor(d, f // tp)]  # fc column-, proj row-parallel
     if stage == n_stages - 1:
@@ -95,12 +95,12 @@ def state_bytes(tensors: list[Tensor], zero: int, dp: int, dp_rank: int) -> tupl
         return FP32 * full, FP32 * full, 2 * FP32 * full + steps
     if zero in (1, 2):
         slots = [ceil(t.numel / dp) for t in tensors]
-        owned = sum(max(0, min(s, t.numel - dp_rank * s)) for s, t in zip(slots, tensors))
+        owned = sum(max(0, min(s, t.numel - dp_rank * s)) for s, t in zip(slots, tensors, strict=False))
         grads = FP32 * (full if zero == 1 else sum(slots))  # stage 1 keeps the full gradient
         return FP32 * full, grads, 2 * FP32 * owned + steps
     rows = [ceil(t.rows / dp) for t in tensors]  # FSDP2: dim 0 padded to dp equal rows
-    padded = sum(r * t.cols for r, t in zip(rows, tensors))
-    owned = sum(max(0, min(r, t.rows - dp_rank * r)) * t.cols for r, t in zip(rows, tensors))
+    padded = sum(r * t.cols for r, t in zip(rows, tensors, strict=False))
+    owned = sum(max(0, min(r, t.rows - dp_rank * r)) * t.cols for r, t in zip(rows, tensors, strict=False))
     return FP32 * padded, FP32 * padded, 2 * FP32 * owned + steps
 
 
@@ -117,8 +117,9 @@ def in_flight_microbatches(dims: ParallelDims, pp_rank: int) -> float:
     return warmup
 
 
-def activation_bytes(model: GPTConfig, dims: ParallelDims, pp_rank: int, seq_len: int, precision: str,
-                     checkpointing: bool) -> int:
+def activation_bytes(
+    model: GPTConfig, dims: ParallelDims, pp_rank: int, seq_len: int, precision: str, checkpointing: bool
+) -> int:
     """Estimated peak activation bytes of one rank (plus autocast's 16-bit weight copies)."""
     b, s, h, t = dims.micro_batch_size, seq_len, model.d_model, dims.tp
     elem = FP32 if precision == "fp32" else 2
@@ -129,10 +130,8 @@ def activation_bytes(model: GPTConfig, dims: ParallelDims, pp_rank: int, seq_len
     counts = stage_layer_counts(model.n_layer, dims.n_stages)
     layers = sum(counts[i] for i in stages)
     in_flight = in_flight_microbatches(dims, pp_rank)
-    if checkpointing:  # each block keeps its fp32 input; one block is recomputed at a time
-        kept = layers * in_flight * s * b * h * FP32 + per_layer
-    else:
-        kept = layers * in_flight * per_layer
+    # With checkpointing each block keeps its fp32 input, and one block is recomputed at a time.
+    kept = layers * in_flight * s * b * h * FP32 + per_layer if checkpointing else layers * in_flight * per_layer
     if dims.n_stages - 1 in stages:  # fp32 logits of one micro-batch and their gradient
         kept += 2 * FP32 * b * s * model.vocab_size // t
     if elem == 2:  # autocast caches a 16-bit copy of every weight matrix it used
@@ -140,8 +139,15 @@ def activation_bytes(model: GPTConfig, dims: ParallelDims, pp_rank: int, seq_len
     return int(kept)
 
 
-def rank_memory(model: GPTConfig, dims: ParallelDims, rank: int, seq_len: int, precision: str,
-                checkpointing: bool, capacity: int | None) -> RankMemory:
+def rank_memory(
+    model: GPTConfig,
+    dims: ParallelDims,
+    rank: int,
+    seq_len: int,
+    precision: str,
+    checkpointing: bool,
+    capacity: int | None,
+) -> RankMemory:
     """The estimate for one global rank (grid order: tp fastest, then dp, then pp)."""
     tp_rank = rank % dims.tp
     dp_rank = rank // dims.tp % dims.dp
@@ -150,15 +156,41 @@ def rank_memory(model: GPTConfig, dims: ParallelDims, rank: int, seq_len: int, p
     activations = activation_bytes(model, dims, pp_rank, seq_len, precision, checkpointing)
     total = params + grads + optimizer + activations
     fits = None if capacity is None else total <= capacity * HEADROOM
-    return RankMemory(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, tp_rank=tp_rank, params=params, grads=grads,
-                      optimizer=optimizer, activations=activations, total=total, fits=fits)
+    return RankMemory(
+        rank=rank,
+        pp_rank=pp_rank,
+        dp_rank=dp_rank,
+        tp_rank=tp_rank,
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        activations=activations,
+        total=total,
+        fits=fits,
+    )
 
 
-def plan_memory(model: GPTConfig, dims: ParallelDims, seq_len: int, precision: str, checkpointing: bool,
-                device: str, capacity: int | None, source: str) -> MemoryPlan:
+def plan_memory(
+    model: GPTConfig,
+    dims: ParallelDims,
+    seq_len: int,
+    precision: str,
+    checkpointing: bool,
+    device: str,
+    capacity: int | None,
+    source: str,
+) -> MemoryPlan:
     """Every rank's estimate and the overall verdict (None when the capacity is unknown)."""
     ranks = [rank_memory(model, dims, r, seq_len, precision, checkpointing, capacity) for r in range(dims.world_size)]
     fits = None if capacity is None else all(r.fits for r in ranks)
-    return MemoryPlan(device=device, capacity_bytes=capacity, capacity_source=source, precision=precision,
-                      zero=dims.zero, micro_batch_size=dims.micro_batch_size,
-                      activation_checkpointing=checkpointing, fits=fits, ranks=ranks)
+    return MemoryPlan(
+        device=device,
+        capacity_bytes=capacity,
+        capacity_source=source,
+        precision=precision,
+        zero=dims.zero,
+        micro_batch_size=dims.micro_batch_size,
+        activation_checkpointing=checkpointing,
+        fits=fits,
+        ranks=ranks,
+    )

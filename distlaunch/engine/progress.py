@@ -48,12 +48,16 @@ class ProgressReport:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.bar = Progress(
-            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+            TextColumn("[bold]step"),
+            MofNCompleteColumn(),
+            BarColumn(),
             TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
-            TextColumn("eta"), TimeRemainingColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
         )
-        self.task = self.bar.add_task("train", total=self.steps, completed=self.first_step - 1,
-                                      loss="-", lr="-", tps="-")
+        self.task = self.bar.add_task(
+            "train", total=self.steps, completed=self.first_step - 1, loss="-", lr="-", tps="-"
+        )
         self.bar.start()
 
     def eta_s(self, step: int) -> float:
@@ -67,8 +71,13 @@ class ProgressReport:
             return
         step = record["step"]
         if self.bar is not None:
-            self.bar.update(self.task, completed=step, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                            tps=f"{record['tokens_per_s']:.0f}")
+            self.bar.update(
+                self.task,
+                completed=step,
+                loss=f"{record['loss']:.4f}",
+                lr=f"{record['lr']:.2e}",
+                tps=f"{record['tokens_per_s']:.0f}",
+            )
             if record.get("val_loss") is not None:
                 self.bar.console.print(f"step {step}: val_loss {record['val_loss']:.4f}")
         elif step % self.log_every == 0 or step == self.steps or record.get("val_loss") is not None:

@@ -25,12 +25,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from distlaunch.engine.checkpoint.state import OptimizerHyperparams, TrainState
+from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleStep, TrainState
 from distlaunch.engine.config import TrainingConfig
-from distlaunch.engine.data import BatchSampler, load_split
+from distlaunch.engine.data import build_samplers
 from distlaunch.engine.memory import storage_bytes
-from distlaunch.engine.model import GPT, PRESETS, GPTConfig, init_weights
+from distlaunch.engine.model import GPT, GPTConfig, init_weights
 from distlaunch.engine.optim import (
+    CLIP_EPS,
     build_scheduler,
     clip_coefficient,
     make_optimizer_factory,
@@ -44,18 +45,40 @@ from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
 from distlaunch.engine.parallel.zero import ShardedDP
 from distlaunch.engine.precision import DynamicLossScaler, autocast
+from distlaunch.engine.presets import model_config
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step produced, already reduced over the whole job (same on every rank)."""
+    """What one step produced, already reduced over the whole job (same on every rank).
+
+    The loss and the gradient norm stay on the device (``loss_t``, ``grad_norm_t``) so a step does
+    not wait for the device; reading ``loss`` or ``grad_norm`` synchronises. The loop reads them
+    once per ``train.log_every`` steps (``read_results``).
+    """
 
     step: int
-    loss: float
-    grad_norm: float
+    loss_t: torch.Tensor
+    grad_norm_t: torch.Tensor
     lr: float
     seconds: float
     skipped: bool = False  # fp16: inf/nan gradients, no update (the loss scale was halved)
+
+    @property
+    def loss(self) -> float:
+        return float(self.loss_t)
+
+    @property
+    def grad_norm(self) -> float:
+        return float(self.grad_norm_t)
+
+
+def read_results(results: list[StepResult]) -> list[tuple[float, float]]:
+    """(loss, grad_norm) of each result, with one device-to-host copy for all of them."""
+    if not results:
+        return []
+    values = torch.stack([torch.stack([r.loss_t.double(), r.grad_norm_t.double()]) for r in results])
+    return [(loss, norm) for loss, norm in values.tolist()]
 
 
 def build_chunks(model_cfg: GPTConfig, dims: ParallelDims, pp_rank: int, seed: int, device) -> list[GPT]:
@@ -83,13 +106,13 @@ class Engine:
     """One rank of a training job: its model chunks, data slice, ZeRO strategy and schedule.
 
     The whole train state hangs off this object: ``chunks`` (model), ``data_parallel.optimizer``,
-    ``scheduler`` (learning rate), ``scaler`` (fp16 loss scale), the data position (a batch is a
+    ``scheduler`` (learning rate), ``scaler`` (fp16 loss scale), ``data_position`` (a batch is a
     function of the step number alone, see ``BatchSampler``) and the process's torch RNG.
     """
 
     def __init__(self, cfg: TrainingConfig, dims: ParallelDims, mesh: DeviceMesh, device: torch.device):
         self.cfg, self.dims, self.mesh, self.device = cfg, dims, mesh, device
-        self.model_cfg = PRESETS[cfg.model.preset]
+        self.model_cfg = model_config(cfg.model.preset, cfg.data.path)  # a prepared dataset sets the vocabulary
         self.pp_rank = mesh["pp"].get_local_rank()
         self.dp_rank = mesh["dp"].get_local_rank()
         self.tp_mesh = mesh["tp"] if dims.tp > 1 else None
@@ -106,23 +129,16 @@ class Engine:
         # what a checkpoint saves besides model and optimizer tensors (docs/checkpointing.md)
         self.train_state = TrainState()
         self.train_state.register("optimizer_hyperparams", OptimizerHyperparams(self.data_parallel.optimizer))
-        self.train_state.register("lr_scheduler", self.scheduler)
+        self.train_state.register("lr_scheduler", ScheduleStep(self.scheduler))
         self.train_state.register("loss_scaler", self.scaler)
+        self.sampler, self.val_sampler, self.data_position = build_samplers(cfg, self.model_cfg.vocab_size)
+        self.train_state.register("data_position", self.data_position)
         # plain data parallelism: every rank ends the gradient all-reduce with the whole averaged
         # gradient, so the loss can ride in that collective and the gradient norm is local
         self.replicas_only = dims.zero == 0 and dims.tp == 1 and dims.pp == 1
         self.schedule = None
         if dims.pp > 1:
             self.schedule = build_schedule(self.chunks, self.pp_rank, dims, mesh["pp"], device, self._loss_fn)
-        self.sampler, self.val_sampler = self._samplers()
-
-    def _samplers(self) -> tuple[BatchSampler, BatchSampler | None]:
-        train, data = self.cfg.train, self.cfg.data
-        tokens, held_out = load_split(data.path, data.format, data.token_dtype, data.val_fraction)
-        sampler = BatchSampler(tokens, train.seq_len, train.global_batch_size, train.seed)
-        if not train.eval_every:
-            return sampler, None
-        return sampler, BatchSampler(held_out, train.seq_len, train.global_batch_size, train.seed, split="held-out")
 
     @property
     def is_last_stage(self) -> bool:
@@ -140,6 +156,7 @@ class Engine:
         already the dp mean with ``replicas_only``."""
         self.data_parallel.zero_grad()
         x, y = self.sampler.local_batch(step, self.dp_rank, self.dims.dp)
+        self.data_position.batches = step
         total = self._run_batch(x, y, backward=True)
         if self.replicas_only:
             self.data_parallel.sync_grads(total)
@@ -153,13 +170,13 @@ class Engine:
         total = torch.zeros((), device=self.device)
         precision = self.cfg.train.precision
         with loss_context(self.tp_mesh):
-            for xr, yr in zip(x.chunk(self.dims.accum_steps), y.chunk(self.dims.accum_steps)):
+            for xr, yr in zip(x.chunk(self.dims.accum_steps), y.chunk(self.dims.accum_steps), strict=False):
                 if self.schedule is not None:
                     with autocast(precision, self.device):  # forward and backward interleave
                         total += self._pipeline_step(xr, yr, backward)
                     continue
                 n = self.dims.microbatches
-                for xm, ym in zip(xr.chunk(n), yr.chunk(n)):
+                for xm, ym in zip(xr.chunk(n), yr.chunk(n), strict=False):
                     with autocast(precision, self.device):
                         loss = self._loss_fn(self.chunks[0](xm), ym)
                     if backward:
@@ -176,7 +193,7 @@ class Engine:
             run(target=y, losses=losses)
         else:
             run()
-        return sum((loss_value(l) for l in losses), torch.zeros((), device=self.device))
+        return sum((loss_value(loss) for loss in losses), torch.zeros((), device=self.device))
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -191,17 +208,22 @@ class Engine:
         return total.item() / (self.dims.dp * self.dims.tp * self.cfg.train.eval_batches)
 
     def reduce_loss_and_norm(self, local_loss: torch.Tensor) -> tuple[float, float]:
-        """Job-wide mean loss and global gradient norm, in one all-reduce over the world (none
-        with ``replicas_only``: the gradient all-reduce already carried the loss)."""
+        """``reduce_loss_and_norm_tensors`` read on the host."""
+        loss, norm = self.reduce_loss_and_norm_tensors(local_loss)
+        return loss.item(), norm.item()
+
+    def reduce_loss_and_norm_tensors(self, local_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Job-wide mean loss and global gradient norm as device scalars, in one all-reduce over
+        the world (none with ``replicas_only``: the gradient all-reduce already carried the loss)."""
         sq = weighted_sq_norm(list(self.data_parallel.grad_pieces()), self.device)
         if self.replicas_only:
             # the loss was averaged with the gradients; grad_pieces weighs each rank's whole
             # gradient 1/dp (one of dp identical copies), so dp * sq is the job-wide square
-            return local_loss.item(), (sq * self.dims.dp).sqrt().item()
+            return local_loss.detach(), (sq * self.dims.dp).sqrt()
         # only the last stage's dp*tp ranks hold a loss; all of them hold the same dp-slice mean
         packed = torch.stack([local_loss.double() if self.is_last_stage else sq.new_zeros(()), sq])
         dist.all_reduce(packed)
-        return packed[0].item() / (self.dims.dp * self.dims.tp), packed[1].sqrt().item()
+        return packed[0] / (self.dims.dp * self.dims.tp), packed[1].sqrt()
 
     def optimizer_step(self) -> None:
         """Optimizer step (and ZeRO-1/2's parameter all-gather)."""
@@ -227,10 +249,23 @@ class Engine:
         start = time.perf_counter()
         lr = self.data_parallel.optimizer.param_groups[0]["lr"]
         local_loss = self.forward_backward(step)
-        loss, scaled_norm = self.reduce_loss_and_norm(local_loss)
+        loss, scaled_norm = self.reduce_loss_and_norm_tensors(local_loss)
         grad_norm = scaled_norm / self.scaler.scale
-        applied = self.apply_update(grad_norm)
+        if self.scaler.enabled:  # fp16: the skip decision is the host's, so it reads the norm
+            applied = self.apply_update(grad_norm.item())
+        else:  # fp32 / bf16: the clip coefficient stays on the device, no host sync
+            self.apply_update_on_device(grad_norm)
+            applied = True
         return StepResult(step, loss, grad_norm, lr, time.perf_counter() - start, skipped=not applied)
+
+    def apply_update_on_device(self, grad_norm: torch.Tensor) -> None:
+        """Clip to ``train.grad_clip`` with a device-side coefficient and step (fp32 / bf16)."""
+        max_norm = self.cfg.train.grad_clip
+        if max_norm > 0:
+            factor = (max_norm / (grad_norm + CLIP_EPS)).clamp(max=1.0)
+            scale_gradients(self.data_parallel.grad_pieces(), factor)
+        self.optimizer_step()
+        self.scheduler.step()
 
     def state_bytes(self) -> dict[str, int]:
         """This rank's parameter / gradient / optimizer-state bytes, measured from storages."""

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 STEP_TIMEOUT_EXIT = 124  # the code timeout(1) uses: "ran out of time"
 
@@ -25,11 +25,11 @@ class Watchdog:
     def __init__(self, rank: int):
         self.rank = rank
         self._cond = threading.Condition()
-        self._deadline: Optional[float] = None
+        self._deadline: float | None = None
         self._what = ""
         self._limit = 0.0
         self._setting = ""
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
     def guard(self, what: str, seconds: float, setting: str) -> Iterator[None]:

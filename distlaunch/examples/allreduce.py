@@ -19,8 +19,10 @@ def main() -> None:
     value = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     expected = world_size * (world_size + 1) / 2
-    print(f"rank {rank}/{world_size} ({backend}): all_reduce(sum of rank+1) = {value.item():g} "
-          f"({'ok' if value.item() == expected else f'WRONG, expected {expected:g}'})")
+    print(
+        f"rank {rank}/{world_size} ({backend}): all_reduce(sum of rank+1) = {value.item():g} "
+        f"({'ok' if value.item() == expected else f'WRONG, expected {expected:g}'})"
+    )
     dist.barrier()
     dist.destroy_process_group()
     if value.item() != expected:

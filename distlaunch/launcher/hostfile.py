@@ -3,6 +3,7 @@ and DeepSpeed-style ``--include`` / ``--exclude`` filters (``node1:0,1@node2``).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +14,25 @@ from distlaunch.errors import UsageError
 # A host name as OpenSSH and DNS accept it: letters, digits, and . - _ (plus user@ is not allowed here:
 # users belong in ssh_config). IPv6 literals are written in brackets: [fe80::1].
 _HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.%\w]+\]|[A-Za-z0-9_][A-Za-z0-9_.\-]*)$")
+
+
+DEFAULT_MAX_RANKS = 65536
+
+
+def max_ranks() -> int:
+    """The ceiling on ranks per host and on the world size: 65,536, or DISTLAUNCH_MAX_RANKS when set."""
+    text = os.environ.get("DISTLAUNCH_MAX_RANKS", "")
+    return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_MAX_RANKS
+
+
+def check_rank_count(count: int, what: str) -> None:
+    """Refuse a count of ranks above the ceiling before anything is sized by it."""
+    ceiling = max_ranks()
+    if count > ceiling:
+        raise UsageError(
+            f"{what} is {count} ranks, more than distlaunch's ceiling of {ceiling:,}",
+            "check the number; for a larger job raise the ceiling with DISTLAUNCH_MAX_RANKS=N",
+        )
 
 
 class HostSlots(BaseModel):
@@ -36,15 +56,41 @@ def _parse_count(text: str, where: str, lineno: int, line: str) -> int:
     try:
         count = int(text)
     except ValueError:
-        raise _err(where, lineno, line, f"slots {text!r} is not a whole number", "write slots as a positive integer, e.g. slots=8") from None
+        raise _err(
+            where,
+            lineno,
+            line,
+            f"slots {text!r} is not a whole number",
+            "write slots as a positive integer, e.g. slots=8",
+        ) from None
     if count <= 0:
-        raise _err(where, lineno, line, f"slots={count} must be at least 1", "give every host at least one slot, or remove the line")
+        raise _err(
+            where,
+            lineno,
+            line,
+            f"slots={count} must be at least 1",
+            "give every host at least one slot, or remove the line",
+        )
+    if count > max_ranks():
+        raise _err(
+            where,
+            lineno,
+            line,
+            f"slots={count} is more than distlaunch's ceiling of {max_ranks():,} ranks",
+            "check the number; for a larger job raise the ceiling with DISTLAUNCH_MAX_RANKS=N",
+        )
     return count
 
 
 def _check_host(name: str, where: str, lineno: int, line: str) -> str:
     if not _HOST_RE.match(name):
-        raise _err(where, lineno, line, f"{name!r} is not a valid host name", "use a host name, an IP address or an ssh_config alias")
+        raise _err(
+            where,
+            lineno,
+            line,
+            f"{name!r} is not a valid host name",
+            "use a host name, an IP address or an ssh_config alias",
+        )
     return name
 
 
@@ -53,9 +99,19 @@ def _parse_line(line: str, where: str, lineno: int) -> HostSlots:
     host_field, rest = fields[0], fields[1:]
     if ":" in host_field and not host_field.startswith("["):
         if rest:
-            raise _err(where, lineno, line, "unexpected text after host:count", "use either 'node1:8' or 'node1 slots=8', not both")
+            raise _err(
+                where,
+                lineno,
+                line,
+                "unexpected text after host:count",
+                "use either 'node1:8' or 'node1 slots=8', not both",
+            )
         name, _, count = host_field.rpartition(":")
-        return HostSlots(host=_check_host(name, where, lineno, line), slots=list(range(_parse_count(count, where, lineno, line))), line=lineno)
+        return HostSlots(
+            host=_check_host(name, where, lineno, line),
+            slots=list(range(_parse_count(count, where, lineno, line))),
+            line=lineno,
+        )
     name = _check_host(host_field, where, lineno, line)
     if not rest:
         return HostSlots(host=name, slots=[0], explicit=False, line=lineno)
@@ -70,7 +126,9 @@ def _parse_line(line: str, where: str, lineno: int) -> HostSlots:
             guess = value if eq else key
             raise _err(where, lineno, line, f"unknown field {field!r}", f"did you mean slots={guess}?")
         else:
-            raise _err(where, lineno, line, f"unknown field {field!r}", "write 'host slots=N', 'host:N' or a bare 'host'")
+            raise _err(
+                where, lineno, line, f"unknown field {field!r}", "write 'host slots=N', 'host:N' or a bare 'host'"
+            )
     if count is None:
         raise _err(where, lineno, line, "no slots=N given", "write 'host slots=N'")
     return HostSlots(host=name, slots=list(range(count)), line=lineno)
@@ -80,16 +138,24 @@ def parse_hostfile_text(text: str, where: str = "<hostfile>") -> list[HostSlots]
     """Parse hostfile text into hosts in file order; raise UsageError naming file, line and fix."""
     hosts: list[HostSlots] = []
     seen: dict[str, int] = {}
+    total = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         entry = _parse_line(line, where, lineno)
         if entry.host in seen:
-            raise _err(where, lineno, raw, f"host {entry.host!r} is already listed on line {seen[entry.host]}",
-                       "list each host once and give it all its slots (slots=N)")
+            raise _err(
+                where,
+                lineno,
+                raw,
+                f"host {entry.host!r} is already listed on line {seen[entry.host]}",
+                "list each host once and give it all its slots (slots=N)",
+            )
         seen[entry.host] = lineno
         hosts.append(entry)
+        total += entry.nslots
+        check_rank_count(total, f"the world size of hostfile {where} (up to line {lineno})")
     if not hosts:
         raise UsageError(f"hostfile {where} lists no hosts", "add one line per host, e.g. 'node1 slots=8'")
     return hosts
@@ -113,7 +179,9 @@ def _parse_filter(spec: str, option: str) -> dict[str, list[int] | None]:
     for part in spec.split("@"):
         part = part.strip()
         if not part:
-            raise UsageError(f"{option} {spec!r} has an empty entry", "separate hosts with a single '@', e.g. node1:0,1@node2")
+            raise UsageError(
+                f"{option} {spec!r} has an empty entry", "separate hosts with a single '@', e.g. node1:0,1@node2"
+            )
         name, colon, slots = part.partition(":")
         if not colon:
             out[name] = None
@@ -121,8 +189,10 @@ def _parse_filter(spec: str, option: str) -> dict[str, list[int] | None]:
         try:
             out[name] = sorted({int(s) for s in slots.split(",")})
         except ValueError:
-            raise UsageError(f"{option} {spec!r}: slots {slots!r} of {name!r} are not integers",
-                             "list slot indices separated by commas, e.g. node1:0,1") from None
+            raise UsageError(
+                f"{option} {spec!r}: slots {slots!r} of {name!r} are not integers",
+                "list slot indices separated by commas, e.g. node1:0,1",
+            ) from None
     return out
 
 
@@ -133,8 +203,10 @@ def _check_known(filt: dict[str, list[int] | None], hosts: list[HostSlots], opti
             raise UsageError(f"{option}: host {name!r} is not in the hostfile", f"known hosts: {', '.join(by_name)}")
         bad = [s for s in slots or [] if s not in by_name[name].slots]
         if bad:
-            raise UsageError(f"{option}: host {name!r} has no slot {bad[0]}",
-                             f"{name} has slots {by_name[name].slots[0]}..{by_name[name].slots[-1]}")
+            raise UsageError(
+                f"{option}: host {name!r} has no slot {bad[0]}",
+                f"{name} has slots {by_name[name].slots[0]}..{by_name[name].slots[-1]}",
+            )
 
 
 def apply_filters(hosts: list[HostSlots], include: str | None = None, exclude: str | None = None) -> list[HostSlots]:

@@ -5,20 +5,38 @@ from __future__ import annotations
 
 import collections
 import queue
+import shlex
 import signal
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel
 
 from distlaunch.errors import UsageError
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
-from distlaunch.launcher.report import RankExit, RunReport, exit_code_of
+from distlaunch.launcher.report import (
+    HANG_CODE,
+    HOST_SILENT_CODE,
+    HangReport,
+    RankExit,
+    RunReport,
+    SilentHost,
+    exit_code_of,
+)
 from distlaunch.launcher.signals import SignalTrap
+from distlaunch.launcher.stacks import group_stacks, ranges, summary
 from distlaunch.launcher.transport import AgentConnection
 
 TAIL_LINES = 10
+# Agents' events wait here for the supervision loop. Bounded: when rank output outruns the loop, the
+# reader threads wait, the agents' pipes fill and the ranks are slowed, and the launcher's memory stays flat.
+EVENT_QUEUE_SIZE = 256
+STACKS_TIMEOUT_S = 30.0  # how long agents get to send their ranks' stacks after a hang
+KILL_CONFIRM_S = 1.5  # after a second interrupt: how long agents get to confirm before we leave
 LOST_AGENT_CODE = 255  # an agent that vanished without reporting its ranks (host down, connection cut)
 
 
@@ -35,6 +53,9 @@ class ExecOptions(BaseModel):
     max_restarts: int = 0
     log_dir: Path | None = None
     workdir: str | None = None
+    heartbeat_timeout: float = 30.0  # a host silent this long is given up (exit 3); 0: never
+    local_ranks_filter: list[int] | None = None  # show only these local ranks' output (log files keep all)
+    hang_timeout: float = 0.0  # no output and no distlaunch.progress() this long: stacks, stop, exit 124; 0: off
 
 
 Connect = Callable[[NodePlan, "queue.Queue[tuple[int, dict]]"], AgentConnection]
@@ -43,12 +64,21 @@ Connect = Callable[[NodePlan, "queue.Queue[tuple[int, dict]]"], AgentConnection]
 class _Attempt:
     """One start of every rank; ends when every agent has reported its ranks' exits."""
 
-    def __init__(self, plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect, restart_count: int,
-                 interrupts: SignalTrap):
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        options: ExecOptions,
+        sink: Sink,
+        connect: Connect,
+        restart_count: int,
+        interrupts: SignalTrap,
+    ):
         self.plan, self.options, self.sink, self.connect = plan, options, sink, connect
         self.restart_count, self.interrupts = restart_count, interrupts
-        self.events: queue.Queue[tuple[int, dict]] = queue.Queue()
+        self.events: queue.Queue[tuple[int, dict]] = queue.Queue(EVENT_QUEUE_SIZE)
         self.host_of = {r.rank: n.host for n in plan.nodes for r in n.ranks}
+        self.node_of = {n.node_rank: n for n in plan.nodes}  # a per-node launch holds one node, not node 0
+        self.local_rank_of = {r.rank: r.local_rank for n in plan.nodes for r in n.ranks}
         self.tails = {r: collections.deque(maxlen=TAIL_LINES) for r in self.host_of}
         self.exited: set[int] = set()
         self.failures: list[RankExit] = []
@@ -56,11 +86,25 @@ class _Attempt:
         self.killed = False
         self.started_at = time.monotonic()
         self.logs: dict[int, object] = {}
+        self.silent: list[SilentHost] = []
+        self.unconfirmed: list[str] = []  # hosts whose ranks we could not confirm stopped
+        self.kill_deadline: float | None = None
+        self.stragglers = 0  # processes of this job that outlived their rank's process group, ended by agents
+        self.progress_at = time.monotonic()  # the last output or progress() of any rank
+        self.stacks: dict[int, dict] | None = None  # once a hang was seen: rank -> its stacks event
+        self.stacks_deadline = 0.0
+        self.hang: HangReport | None = None
 
     def payload(self, node: NodePlan) -> dict:
-        return {"node_rank": node.node_rank, "ranks": [r.model_dump() for r in node.ranks],
-                "restart_count": self.restart_count, "grace_period": self.options.grace_period,
-                "workdir": self.options.workdir}
+        return {
+            "node_rank": node.node_rank,
+            "ranks": [r.model_dump() for r in node.ranks],
+            "restart_count": self.restart_count,
+            "grace_period": self.options.grace_period,
+            "workdir": self.options.workdir,
+            "heartbeat_timeout": self.options.heartbeat_timeout,
+            "hang_timeout": self.options.hang_timeout,
+        }
 
     def run(self) -> list[RankExit]:
         conns: list[AgentConnection] = []
@@ -71,51 +115,130 @@ class _Attempt:
                 conn.start(self.payload(node))
             self.loop(conns)
         finally:
+            # Readers still posting (the loop ended early) must not block on the full queue while we close.
+            threading.Thread(target=_discard, args=(self.events,), daemon=True).start()
+            given_up = {s.host for s in self.silent} | set(self.unconfirmed)
             for conn in conns:
-                conn.close()
+                conn.close(wait_s=0.5 if conn.host in given_up else None)
             for f in self.logs.values():
                 f.close()
         return self.failures
 
     def loop(self, conns: list[AgentConnection]) -> None:
-        pending = {c.node_rank for c in conns}
+        pending = {c.node_rank: c for c in conns}
+        heartbeat_at = time.monotonic()
         while pending:
             self.check_interrupts(conns)
+            if self.kill_deadline is not None and time.monotonic() > self.kill_deadline:
+                self.unconfirmed = [c.host for c in pending.values()]
+                self.sink.notice(f"could not confirm that every rank stopped on {', '.join(self.unconfirmed)}")
+                return
+            if self.options.heartbeat_timeout and time.monotonic() >= heartbeat_at:
+                heartbeat_at = time.monotonic() + self.options.heartbeat_timeout / 3
+                self.check_heartbeats(conns, pending)
+            self.check_hang(conns, pending)
             try:
                 node_rank, event = self.events.get(timeout=0.1)
             except queue.Empty:
                 continue
             kind = event.get("ev")
+            if kind in ("out", "progress"):
+                self.progress_at = time.monotonic()
             if kind == "out":
                 self.on_output(event["rank"], event["fd"], event["line"])
+            elif kind == "stacks" and self.stacks is not None:
+                self.stacks[event["rank"]] = event
             elif kind == "agent-out":
-                self.sink.notice(f"{self.plan.nodes[node_rank].host}: {event['line']}")
+                self.sink.notice(f"{self.node_of[node_rank].host}: {event['line']}")
             elif kind == "exit":
-                self.on_exit(event["rank"], event["code"], conns)
-            elif kind in ("done", "lost"):
-                pending.discard(node_rank)
+                self.on_exit(event["rank"], event["code"], conns, event.get("error"))
+            elif kind == "stragglers":
+                self.stragglers += event["count"]
+                host = self.plan.nodes[node_rank].host
+                self.sink.notice(f"ended {event['count']} stray process(es) of this job on {host}: {event['pids']}")
+            elif kind in ("done", "lost") and node_rank in pending:
+                del pending[node_rank]
                 if kind == "lost":
-                    self.on_lost(self.plan.nodes[node_rank], conns)
+                    self.on_lost(self.node_of[node_rank], conns)
+
+    def check_hang(self, conns: list[AgentConnection], pending: dict[int, AgentConnection]) -> None:
+        """No progress for --hang-timeout: ask every agent for its ranks' stacks; once they are in, stop."""
+        timeout = self.options.hang_timeout
+        now = time.monotonic()
+        if self.stacks is None:
+            if not timeout or self.stopping or now - self.progress_at <= timeout:
+                return
+            self.sink.notice(f"no rank made progress for {now - self.progress_at:.0f}s: gathering every rank's stack")
+            self.stacks, self.stacks_deadline = {}, now + STACKS_TIMEOUT_S
+            for conn in pending.values():
+                conn.send({"cmd": "stacks"})
+            return
+        if self.hang is not None:
+            return
+        waiting = {r.rank for c in pending.values() for r in self.plan.nodes[c.node_rank].ranks} - self.exited
+        if waiting - set(self.stacks) and now < self.stacks_deadline:
+            return
+        self.hang = write_hang_report(self.plan, self.options, self.stacks, self.host_of, self.restart_count)
+        self.sink.notice(f"hang: {self.hang.summary}")
+        self.sink.notice(f"full stacks: {self.hang.folder}")
+        self.stop(conns, f"the job hung (no progress for {timeout:g}s, --hang-timeout)")
+
+    def check_heartbeats(self, conns: list[AgentConnection], pending: dict[int, AgentConnection]) -> None:
+        """Send every agent our heartbeat; give up a host whose agent has been silent for the timeout."""
+        now = time.monotonic()
+        for conn in list(pending.values()):
+            conn.send({"cmd": "hb"})
+            silent_s = now - conn.last_seen
+            if silent_s <= self.options.heartbeat_timeout:
+                continue
+            del pending[conn.node_rank]  # nothing more can be expected from it
+            self.silent.append(SilentHost(host=conn.host, silent_s=round(silent_s, 1)))
+            node = self.plan.nodes[conn.node_rank]
+            for rank in (r.rank for r in node.ranks if r.rank not in self.exited):
+                self.failures.append(
+                    RankExit(
+                        rank=rank,
+                        host=node.host,
+                        exit_code=HOST_SILENT_CODE,
+                        tail=[*list(self.tails[rank]), f"distlaunch: {node.host} went silent"],
+                        time_s=round(now - self.started_at, 3),
+                    )
+                )
+            self.stop(
+                conns,
+                f"{conn.host} has been silent for {silent_s:.1f}s (no message from its agent; "
+                f"--heartbeat-timeout {self.options.heartbeat_timeout:g})",
+            )
 
     def on_output(self, rank: int, fd: int, line: str) -> None:
         self.tails[rank].append(line)
-        self.sink.rank_line(self.host_of[rank], rank, fd, line)
+        shown = self.options.local_ranks_filter
+        if shown is None or self.local_rank_of[rank] in shown:
+            self.sink.rank_line(self.host_of[rank], rank, fd, line)
         if self.options.log_dir is not None:
             log = self.logs.get(rank)
             if log is None:
-                log = self.logs[rank] = open(Path(self.options.log_dir) / f"rank{rank}.log", "a", encoding="utf-8")
-                if self.restart_count:
-                    log.write(f"--- distlaunch: restart {self.restart_count} ---\n")
-            log.write(line + "\n")
+                # Kept open across lines (closed in close()): reopening per line would cost a syscall storm.
+                log = self.logs[rank] = open_rank_log(self.plan, self.options, rank, self.restart_count)
+            log.write(f"{_stamp()} {'err' if fd == 2 else 'out'}| {line}\n")
             log.flush()
 
-    def on_exit(self, rank: int, returncode: int, conns: list[AgentConnection]) -> None:
+    def on_exit(self, rank: int, returncode: int, conns: list[AgentConnection], error: dict | None = None) -> None:
         self.exited.add(rank)
         if returncode == 0 or self.stopping:
             return
         code, signame = exit_code_of(returncode)
-        self.failures.append(RankExit(rank=rank, host=self.host_of[rank], exit_code=code, signal=signame,
-                                      tail=list(self.tails[rank]), time_s=round(time.monotonic() - self.started_at, 3)))
+        self.failures.append(
+            RankExit(
+                rank=rank,
+                host=self.host_of[rank],
+                exit_code=code,
+                signal=signame,
+                tail=list(self.tails[rank]),
+                error=error,
+                time_s=round(time.monotonic() - self.started_at, 3),
+            )
+        )
         how = f"was killed by {signame}" if signame else f"exited with code {code}"
         self.stop(conns, f"rank {rank} on {self.host_of[rank]} {how}")
 
@@ -124,9 +247,15 @@ class _Attempt:
         if not lost or self.stopping:
             return
         for rank in lost:
-            self.failures.append(RankExit(rank=rank, host=node.host, exit_code=LOST_AGENT_CODE,
-                                          tail=list(self.tails[rank]) + ["distlaunch: lost contact with this node's agent"],
-                                          time_s=round(time.monotonic() - self.started_at, 3)))
+            self.failures.append(
+                RankExit(
+                    rank=rank,
+                    host=node.host,
+                    exit_code=LOST_AGENT_CODE,
+                    tail=[*list(self.tails[rank]), "distlaunch: lost contact with this node's agent"],
+                    time_s=round(time.monotonic() - self.started_at, 3),
+                )
+            )
         self.stop(conns, f"lost contact with the agent on {node.host}")
 
     def stop(self, conns: list[AgentConnection], reason: str) -> None:
@@ -144,9 +273,66 @@ class _Attempt:
             self.stop(conns, f"received {signal.Signals(self.interrupts.first).name}")
         if self.interrupts.count > 1 and not self.killed:
             self.killed = True
+            self.kill_deadline = time.monotonic() + KILL_CONFIRM_S
             self.sink.notice("second interrupt: killing all ranks now")
             for conn in conns:
                 conn.send({"cmd": "kill"})
+
+
+def job_folder(plan: LaunchPlan, options: ExecOptions) -> Path:
+    """The job's own folder: <log-dir>/<job id>, or a private temporary one without --log-dir."""
+    if options.log_dir is not None:
+        folder = Path(options.log_dir) / plan.job_id
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    return Path(tempfile.mkdtemp(prefix=f"distlaunch-{plan.job_id}-"))
+
+
+def _stamp() -> str:
+    """UTC time to the millisecond, as every log line starts."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def open_rank_log(plan: LaunchPlan, options: ExecOptions, rank: int, restart_count: int):
+    """<log-dir>/<job id>/rank<N>.log, opened for appending; a header on creation, a mark on each restart."""
+    path = job_folder(plan, options) / f"rank{rank}.log"
+    new = not path.exists()
+    log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed with the attempt
+    if new:
+        node = next(n for n in plan.nodes if any(r.rank == rank for r in n.ranks))
+        spec = next(r for r in node.ranks if r.rank == rank)
+        log.write(
+            f"# distlaunch job {plan.job_id}: rank {rank} (local rank {spec.local_rank}) on {node.host}, "
+            f"started {_stamp()}\n# command: {shlex.join(spec.argv)}\n"
+            f"# plan: world_size={plan.world_size} nnodes={plan.nnodes} backend={plan.backend} "
+            f"parallel={plan.parallel} master={plan.master_addr}:{plan.master_port}\n"
+            "# each line: UTC time, stream (out|err), the rank's line\n"
+        )
+    if restart_count:
+        log.write(f"# --- restart {restart_count}, {_stamp()} ---\n")
+    return log
+
+
+def write_hang_report(
+    plan: LaunchPlan, options: ExecOptions, stacks: dict[int, dict], host_of: dict[int, str], restart: int
+) -> HangReport:
+    """Write every rank's full stack into the job folder and summarise where the ranks wait."""
+    folder = job_folder(plan, options) / (f"stacks-restart{restart}" if restart else "stacks")
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = {rank: event.get("text", "") for rank, event in stacks.items()}
+    for rank, event in sorted(stacks.items()):
+        head = f"# rank {rank} on {host_of[rank]} ({event.get('tool', 'none')})\n"
+        (folder / f"rank{rank}.txt").write_text(head + event.get("text", ""), encoding="utf-8")
+    missing = sorted(set(host_of) - set(stacks))
+    groups = group_stacks(texts, host_of)
+    text = summary(groups) + (f"; no stack from ranks {ranges(missing)}" if missing else "")
+    return HangReport(timeout_s=options.hang_timeout, summary=text, folder=str(folder), groups=groups)
+
+
+def _discard(events: queue.Queue) -> None:
+    while True:
+        events.get()
 
 
 def execute(plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect) -> RunReport:
@@ -155,22 +341,49 @@ def execute(plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect
         try:
             Path(options.log_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UsageError(f"--log-dir {str(options.log_dir)!r} cannot be created: {exc.strerror}",
-                             "give a folder path that you can write to") from None
+            raise UsageError(
+                f"--log-dir {str(options.log_dir)!r} cannot be created: {exc.strerror}",
+                "give a folder path that you can write to",
+            ) from None
     started = time.monotonic()
     failures: list[RankExit] = []
     restarts = 0
+    attempt = None
+    stragglers = 0
+    hang = None
     with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
         for restart_count in range(options.max_restarts + 1):
             restarts = restart_count
-            failures = _Attempt(plan, options, sink, connect, restart_count, interrupts).run()
+            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts)
+            failures = attempt.run()
+            stragglers += attempt.stragglers
+            hang = attempt.hang or hang
+            if attempt.hang is not None and restart_count < options.max_restarts:
+                sink.notice(f"restarting the job after the hang ({restart_count + 1}/{options.max_restarts})")
+                continue
             if not failures or interrupts.first is not None or restart_count == options.max_restarts:
                 break
             sink.notice(f"restarting the job ({restart_count + 1}/{options.max_restarts})")
     interrupted = signal.Signals(interrupts.first).name if interrupts.first else None
+    silent = attempt.silent if attempt else []
     if interrupted:
         exit_code = 128 + interrupts.first
+    elif attempt is not None and attempt.hang is not None:
+        exit_code = HANG_CODE
+    elif silent:
+        exit_code = HOST_SILENT_CODE
     else:
         exit_code = failures[0].exit_code if failures else 0
-    return RunReport(job_id=plan.job_id, exit_code=exit_code, world_size=plan.world_size, restarts=restarts,
-                     failures=failures, interrupted=interrupted, wall_s=round(time.monotonic() - started, 3))
+    return RunReport(
+        job_id=plan.job_id,
+        exit_code=exit_code,
+        world_size=plan.world_size,
+        restarts=restarts,
+        failures=failures,
+        interrupted=interrupted,
+        silent_hosts=silent,
+        unconfirmed_hosts=attempt.unconfirmed if attempt else [],
+        stragglers=stragglers,
+        hang=hang,
+        wall_s=round(time.monotonic() - started, 3),
+    )

@@ -5,11 +5,18 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from distlaunch.errors import HostError
+from distlaunch.errors import DistlaunchError, ExitCode, HostError
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.report import RunReport
-from distlaunch.launcher.spec import LaunchOptions, check_script, is_local_host, make_spec, resolve_hosts
+from distlaunch.launcher.spec import (
+    LaunchOptions,
+    check_master_port,
+    check_script,
+    is_local_host,
+    make_spec,
+    resolve_hosts,
+)
 from distlaunch.launcher.transport import LocalAgent
 
 if TYPE_CHECKING:
@@ -28,7 +35,9 @@ def host_addresses(opts: LaunchOptions) -> dict[str, str]:
 
 def plan_for(opts: LaunchOptions) -> LaunchPlan:
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
-    return build_plan(make_spec(opts, host_addresses(opts)))
+    plan = build_plan(make_spec(opts, host_addresses(opts)))
+    check_script(opts, all(is_local_host(node.host) for node in plan.nodes))  # a dry-run checks what a run checks
+    return plan
 
 
 def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:
@@ -38,22 +47,58 @@ def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Conn
         if is_local_host(node.host):
             return LocalAgent(node.node_rank, node.host, events)
         if remote is None or node.host not in remote.clients:
-            raise HostError(f"host {node.host!r} was not connected before the launch", "start multi-host jobs through launch()")
+            raise HostError(
+                f"host {node.host!r} was not connected before the launch", "start multi-host jobs through launch()"
+            )
         return remote.agent(node.node_rank, node.host, events)
 
     return connect
 
 
-def launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:
-    """Execute a plan built from ``opts`` and report how it ended."""
+def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
+    """What must hold on this machine right before a plan starts (foreground or detached): exit 2 otherwise."""
     check_script(opts, all(is_local_host(node.host) for node in plan.nodes))
+    check_master_port(opts, plan.nodes[0].host, plan.master_addr, plan.master_port)
+
+
+def launch(
+    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink, command: list[str] | None = None
+) -> RunReport:
+    """Execute a plan built from ``opts``, keep its job record (``distlaunch jobs``) and report how it ended."""
+    check_launch(plan, opts)
+    from distlaunch.jobs.journal import Journal
+
+    backend = "local" if all(is_local_host(node.host) for node in plan.nodes) else "ssh"
+    log_dir = str(exec_opts.log_dir) if exec_opts.log_dir is not None else None
+    journal = Journal.begin(plan, backend, command or [], log_dir, sink.notice)
+    try:
+        report = _launch(plan, opts, exec_opts, sink)
+    except DistlaunchError as exc:
+        journal.end(exit_code=exc.exit_code, error=str(exc))
+        raise
+    except KeyboardInterrupt:
+        journal.end(exit_code=ExitCode.SIGINT, error="interrupted")
+        raise
+    except BaseException as exc:
+        journal.end(exit_code=ExitCode.CHECK_FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
+        raise
+    journal.end(report)
+    return report
+
+
+def _launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:
     remote = [node.host for node in plan.nodes if not is_local_host(node.host)]
     if not remote:
         return execute(plan, exec_opts, sink, make_connect(opts))
     from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote
 
     # Preflight: every remote host connected and able to run the agent before any rank starts anywhere.
-    with RemoteHosts.open(remote, ssh_config=opts.ssh_config, accept_new_host_keys=opts.accept_new_host_keys,
-                          python=opts.remote_python or opts.python, workdir=exec_opts.workdir or os.getcwd(),
-                          job_id=plan.job_id) as hosts:
+    with RemoteHosts.open(
+        remote,
+        ssh_config=opts.ssh_config,
+        accept_new_host_keys=opts.accept_new_host_keys,
+        python=opts.remote_python or opts.python,
+        workdir=exec_opts.workdir or os.getcwd(),
+        job_id=plan.job_id,
+    ) as hosts:
         return execute(plan, exec_opts, sink, make_connect(opts, hosts))

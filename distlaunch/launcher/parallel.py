@@ -47,7 +47,9 @@ def parse_parallel(text: str | None) -> ParallelSpec:
         key, eq, value = part.partition("=")
         key = key.lower()
         if key not in _KEYS or not eq:
-            raise UsageError(f"--parallel {text!r}: unknown entry {part!r}", "use keys dp, tp, pp, zero, e.g. dp=2,tp=2,pp=1,zero=1")
+            raise UsageError(
+                f"--parallel {text!r}: unknown entry {part!r}", "use keys dp, tp, pp, zero, e.g. dp=2,tp=2,pp=1,zero=1"
+            )
         if key in values:
             raise UsageError(f"--parallel {text!r}: {key} is given twice", f"give {key} once")
         if key == "dp" and value.lower() == "auto":
@@ -56,11 +58,16 @@ def parse_parallel(text: str | None) -> ParallelSpec:
         try:
             number = int(value)
         except ValueError:
-            raise UsageError(f"--parallel {text!r}: {key}={value!r} is not an integer", f"write {key}=N" + (" or dp=auto" if key == "dp" else "")) from None
+            raise UsageError(
+                f"--parallel {text!r}: {key}={value!r} is not an integer",
+                f"write {key}=N" + (" or dp=auto" if key == "dp" else ""),
+            ) from None
         if key == "zero" and number not in (0, 1, 2, 3):
             raise UsageError(f"--parallel {text!r}: zero={number} is not a ZeRO stage", "zero must be 0, 1, 2 or 3")
         if key != "zero" and number < 1:
-            raise UsageError(f"--parallel {text!r}: {key}={number} must be at least 1", f"set {key} to a positive integer")
+            raise UsageError(
+                f"--parallel {text!r}: {key}={number} must be at least 1", f"set {key} to a positive integer"
+            )
         values[key] = number
     return ParallelSpec(**values)
 
@@ -70,14 +77,18 @@ def resolve_parallel(spec: ParallelSpec, world_size: int) -> Parallel:
     model_parallel = spec.tp * spec.pp
     if spec.dp is None:
         if world_size % model_parallel:
-            raise UsageError(f"dp=auto: world size {world_size} is not divisible by tp({spec.tp})*pp({spec.pp})={model_parallel}",
-                             f"use a world size that is a multiple of {model_parallel}, or change tp/pp")
+            raise UsageError(
+                f"dp=auto: world size {world_size} is not divisible by tp({spec.tp})*pp({spec.pp})={model_parallel}",
+                f"use a world size that is a multiple of {model_parallel}, or change tp/pp",
+            )
         dp = world_size // model_parallel
     else:
         dp = spec.dp
     if dp * model_parallel != world_size:
-        raise UsageError(f"dp({dp})*tp({spec.tp})*pp({spec.pp}) = {dp * model_parallel} != world size {world_size}",
-                         f"use dp=auto, or change -n / the hostfile slots so {world_size} becomes {dp * model_parallel}")
+        raise UsageError(
+            f"dp({dp})*tp({spec.tp})*pp({spec.pp}) = {dp * model_parallel} != world size {world_size}",
+            f"use dp=auto, or change -n / the hostfile slots so {world_size} becomes {dp * model_parallel}",
+        )
     return Parallel(dp=dp, tp=spec.tp, pp=spec.pp, zero=spec.zero)
 
 
@@ -100,5 +111,7 @@ def check_tp_within_hosts(p: Parallel, host_of_rank: list[str]) -> None:
     for group in groups(p)["tp"]:
         hosts = sorted({host_of_rank[r] for r in group}, key=host_of_rank.index)
         if len(hosts) > 1:
-            raise UsageError(f"tp={p.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans hosts {', '.join(hosts)}",
-                             f"give every host a multiple of {p.tp} processes, or lower tp to fit inside one host")
+            raise UsageError(
+                f"tp={p.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans hosts {', '.join(hosts)}",
+                f"give every host a multiple of {p.tp} processes, or lower tp to fit inside one host",
+            )

@@ -10,7 +10,11 @@ from pydantic import BaseModel, Field
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.parallel import Parallel, ParallelSpec, check_tp_within_hosts, groups, resolve_parallel
 
-_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# by name: ..._TOKEN, API_KEY, ..._SECRET, any PASS (PASSWORD, PASSWD, PASSPHRASE), ..._PAT, CREDENTIALS
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASS|CREDENTIAL|(^|_)PAT$|(^|_)AUTH", re.IGNORECASE)
+# by value: the password of a URL (scheme://user:password@host), and well-known token prefixes
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]*:)(?P<password>[^/\s@]+)(?=@)", re.IGNORECASE)
+_TOKEN_VALUE = re.compile(r"^(hf_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abp]-|sk-|AKIA)[A-Za-z0-9_\-]{8,}")
 MASK = "***"
 
 
@@ -26,6 +30,7 @@ class LaunchSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)  # user --env, forwarded variables
     job_id: str
     addresses: dict[str, str] = Field(default_factory=dict)  # host → address others reach it by
+    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
 
 
 class RankPlan(BaseModel):
@@ -56,8 +61,8 @@ class LaunchPlan(BaseModel):
     nodes: list[NodePlan]
     groups: dict[str, list[list[int]]]
 
-    def masked(self) -> "LaunchPlan":
-        """A copy safe to print: values of env names with TOKEN, KEY, SECRET or PASSWORD are hidden."""
+    def masked(self) -> LaunchPlan:
+        """A copy safe to print: secret-looking env values are hidden (``mask_env``)."""
         copy = self.model_copy(deep=True)
         for node in copy.nodes:
             for rank in node.ranks:
@@ -65,30 +70,92 @@ class LaunchPlan(BaseModel):
         return copy
 
 
+def mask_value(name: str, value: str) -> str:
+    """``value`` safe to print: hidden when the name or the value looks like a secret; a URL keeps all
+    but its password (``https://user:***@host/``)."""
+    if _SECRET.search(name) or _TOKEN_VALUE.match(value):
+        return MASK
+    return _URL_PASSWORD.sub(lambda m: m["head"] + MASK, value)
+
+
 def mask_env(env: dict[str, str]) -> dict[str, str]:
-    """Hide the values of variables whose names look like secrets."""
-    return {k: (MASK if _SECRET.search(k) else v) for k, v in env.items()}
+    """Hide the values of variables that look like secrets, by name or by value."""
+    return {k: mask_value(k, v) for k, v in env.items()}
 
 
-def rank_env(spec: LaunchSpec, parallel: Parallel, world_size: int, node_rank: int, rank: int, local_rank: int,
-             host: HostSlots) -> dict[str, str]:
-    """The torchrun-compatible environment of one rank, plus distlaunch's own variables."""
-    env = dict(spec.env)
-    env.update({
-        "MASTER_ADDR": spec.master_addr,
-        "MASTER_PORT": str(spec.master_port),
+def error_file(job_id: str, rank: int) -> str:
+    """Where a rank's ``@record`` writes its exception (TORCHELASTIC_ERROR_FILE); read back when the rank fails."""
+    return f"/tmp/distlaunch-{job_id}-rank{rank}-error.json"
+
+
+def contract_env(
+    *,
+    master_addr: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    local_rank: int,
+    local_world_size: int,
+    node_rank: int,
+    nnodes: int,
+    job_id: str,
+    parallel: Parallel,
+    backend: str,
+    restart_count: int = 0,
+    max_restarts: int = 0,
+) -> dict[str, str]:
+    """The one writer of the per-rank contract, shared by every backend (local, SSH, srun step).
+
+    It is torchrun's full set (so ``torch.distributed.is_torchelastic_launched()`` is True and torchrun-aware
+    libraries trust RANK/WORLD_SIZE), plus distlaunch's own DISTLAUNCH_* variables.
+    """
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
         "WORLD_SIZE": str(world_size),
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(host.nslots),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
         "NODE_RANK": str(node_rank),
         "GROUP_RANK": str(node_rank),
-        "NNODES": str(len(spec.hosts)),
-        "DISTLAUNCH_JOB_ID": spec.job_id,
+        "GROUP_WORLD_SIZE": str(nnodes),
+        "NNODES": str(nnodes),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "TORCHELASTIC_RUN_ID": job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_ERROR_FILE": error_file(job_id, rank),
+        "TORCHELASTIC_USE_AGENT_STORE": "False",  # ranks build their own store from MASTER_ADDR/MASTER_PORT
+        "DISTLAUNCH_JOB_ID": job_id,
         "DISTLAUNCH_PARALLEL": str(parallel),
-        "DISTLAUNCH_BACKEND": spec.backend,
-        "DISTLAUNCH_RESTART_COUNT": "0",
-    })
+        "DISTLAUNCH_BACKEND": backend,
+        "DISTLAUNCH_RESTART_COUNT": str(restart_count),
+    }
+
+
+def rank_env(
+    spec: LaunchSpec, parallel: Parallel, world_size: int, node_rank: int, rank: int, local_rank: int, host: HostSlots
+) -> dict[str, str]:
+    """The torchrun-compatible environment of one rank, plus distlaunch's own variables."""
+    env = dict(spec.env)
+    env.update(
+        contract_env(
+            master_addr=spec.master_addr,
+            master_port=spec.master_port,
+            world_size=world_size,
+            rank=rank,
+            local_rank=local_rank,
+            local_world_size=host.nslots,
+            node_rank=node_rank,
+            nnodes=len(spec.hosts),
+            job_id=spec.job_id,
+            parallel=parallel,
+            backend=spec.backend,
+            max_restarts=spec.max_restarts,
+        )
+    )
     if spec.backend == "nccl":
         # Slots name GPUs: every rank of a node sees the node's GPUs, LOCAL_RANK picks one (as torchrun).
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in host.slots)
@@ -109,7 +176,17 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
             env = rank_env(spec, parallel, world_size, node_rank, rank, local_rank, host)
             ranks.append(RankPlan(rank=rank, local_rank=local_rank, device=device, env=env, argv=list(spec.command)))
             rank += 1
-        nodes.append(NodePlan(host=host.host, address=spec.addresses.get(host.host, host.host), node_rank=node_rank, ranks=ranks))
-    return LaunchPlan(job_id=spec.job_id, world_size=world_size, nnodes=len(nodes), master_addr=spec.master_addr,
-                      master_port=spec.master_port, backend=spec.backend, parallel=parallel, nodes=nodes,
-                      groups=groups(parallel))
+        nodes.append(
+            NodePlan(host=host.host, address=spec.addresses.get(host.host, host.host), node_rank=node_rank, ranks=ranks)
+        )
+    return LaunchPlan(
+        job_id=spec.job_id,
+        world_size=world_size,
+        nnodes=len(nodes),
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        backend=spec.backend,
+        parallel=parallel,
+        nodes=nodes,
+        groups=groups(parallel),
+    )

@@ -6,6 +6,8 @@ import signal as _signal
 
 from pydantic import BaseModel, Field
 
+from distlaunch.launcher.stacks import StackGroup
+
 
 class RankExit(BaseModel):
     """A rank that failed on its own (not one distlaunch stopped)."""
@@ -15,7 +17,28 @@ class RankExit(BaseModel):
     exit_code: int  # as a shell reports it: 128+N when killed by signal N
     signal: str | None = None
     tail: list[str] = Field(default_factory=list)  # its last lines of output
+    error: dict[str, str] | None = None  # from its TORCHELASTIC_ERROR_FILE (@record): type, message, frame
     time_s: float = 0.0  # seconds since the attempt started
+
+
+HOST_SILENT_CODE = 3  # a host went silent mid-run: counted as unreachable
+HANG_CODE = 124  # no progress for --hang-timeout: stacks gathered, every rank stopped (like timeout(1))
+
+
+class SilentHost(BaseModel):
+    """A host whose agent stopped answering (frozen, partitioned) and was given up."""
+
+    host: str
+    silent_s: float  # seconds since its last message when it was given up
+
+
+class HangReport(BaseModel):
+    """Where the ranks waited when the job stopped making progress."""
+
+    timeout_s: float
+    summary: str  # "ranks 0-2 wait in all_reduce (x.py:42); rank 3 in <module> (x.py:40) on node2"
+    folder: str  # every rank's full stack, one file per rank
+    groups: list[StackGroup] = Field(default_factory=list)
 
 
 class RunReport(BaseModel):
@@ -25,6 +48,10 @@ class RunReport(BaseModel):
     restarts: int = 0
     failures: list[RankExit] = Field(default_factory=list)  # root cause first
     interrupted: str | None = None  # "SIGINT" / "SIGTERM" when the user stopped the job
+    silent_hosts: list[SilentHost] = Field(default_factory=list)
+    unconfirmed_hosts: list[str] = Field(default_factory=list)  # after a second interrupt: not confirmed clean
+    hang: HangReport | None = None
+    stragglers: int = 0  # processes carrying the job's id that outlived their rank and were ended
     wall_s: float = 0.0
 
 

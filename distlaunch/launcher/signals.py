@@ -1,11 +1,11 @@
-"""SIGINT/SIGTERM while distlaunch supervises a job: record them (and optionally react) instead of dying,
+"""SIGINT/SIGTERM/SIGHUP while distlaunch supervises a job: record them (and optionally react) instead of dying,
 so the job can be stopped in order; restores the previous handlers on exit."""
 
 from __future__ import annotations
 
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 
 class SignalTrap:
@@ -17,9 +17,10 @@ class SignalTrap:
         self.on_signal = on_signal
         self._saved: dict[int, object] = {}
 
-    def __enter__(self) -> "SignalTrap":
+    def __enter__(self) -> SignalTrap:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            # SIGHUP: the terminal that started a foreground job was closed; stop the job in order, and say so.
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._saved[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import socket
 import sys
@@ -14,12 +15,19 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostfile import HostSlots, apply_filters, read_hostfile
+from distlaunch.launcher.hostfile import (
+    HostSlots,
+    apply_filters,
+    check_rank_count,
+    parse_hostfile_text,
+    read_hostfile,
+)
 from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.launcher.plan import LaunchSpec
 from distlaunch.remote.env import file_env, forwarded_env
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+_INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?")
 
 
 class LaunchOptions(BaseModel):
@@ -41,6 +49,7 @@ class LaunchOptions(BaseModel):
     ssh_config: Path | None = None
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: python)
+    max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
 
 
 def is_local_host(name: str) -> bool:
@@ -68,22 +77,77 @@ def new_job_id() -> str:
     return f"dl-{secrets.token_hex(6)}"
 
 
+def parse_nproc(text: str | int | None) -> int | None:
+    """``-n N``, or torchrun's ``auto`` (the GPUs here, else 1) and ``gpu`` (the GPUs here, at least one)."""
+    if text is None or isinstance(text, int):
+        return text
+    if text in ("auto", "gpu"):
+        gpus = local_gpu_count()
+        if text == "gpu" and not gpus:
+            raise UsageError("--nproc-per-node gpu: this machine has no GPU", "give a number, e.g. -n 4, or auto")
+        return gpus or 1
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(
+            f"--nproc-per-node {text!r} is not a number", "give the processes per host, e.g. -n 4, or auto / gpu"
+        ) from None
+
+
+def parse_backend(text: str) -> str:
+    """``--backend``: auto, nccl or gloo."""
+    if text not in ("auto", "nccl", "gloo"):
+        raise UsageError(
+            f"--backend {text!r} is not one of auto, nccl, gloo",
+            "distlaunch runs gloo or nccl jobs; write --backend gloo",
+        )
+    return text
+
+
+def parse_seconds(text: str | float) -> float:
+    """``--grace-period``: a finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 86400:
+        raise UsageError(f"--grace-period {text!r} is not a number of seconds", "give seconds from 0 to 86400, e.g. 10")
+    return value
+
+
+def inline_hosts(path: Path) -> list[HostSlots] | None:
+    """Horovod's ``-H node1:2,node2:2``: a host list written in place of a hostfile that does not exist."""
+    text = str(path)
+    if (
+        path.exists()
+        or not re.fullmatch(r"[\w.\-\[\]:]+(,[\w.\-\[\]:]+)*", text)
+        or ("," not in text and ":" not in text)
+    ):
+        return None
+    return parse_hostfile_text("\n".join(text.split(",")), f"-H {text}")
+
+
 def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
     """Hosts and their slot lists after the hostfile, --nproc-per-node and --include/--exclude."""
     n = opts.nproc_per_node
     if n is not None and n < 1:
         raise UsageError(f"--nproc-per-node {n} must be at least 1", "give the number of processes per host, e.g. -n 4")
+    if n is not None:
+        check_rank_count(n, f"--nproc-per-node {n}")
     if opts.hostfile is None:
         if opts.include or opts.exclude:
             raise UsageError("--include/--exclude need a hostfile", "pass -H HOSTFILE")
         count = n or local_gpu_count() or 1
         return [HostSlots(host="localhost", slots=list(range(count)))]
-    hosts = read_hostfile(opts.hostfile)
+    hosts = inline_hosts(opts.hostfile) or read_hostfile(opts.hostfile)
     if n is not None:
         for h in hosts:
             if h.explicit and n > h.nslots:
-                raise UsageError(f"--nproc-per-node {n} is more than the {h.nslots} slots of {h.host} in {opts.hostfile}",
-                                 f"use -n {h.nslots} or less, or raise slots of {h.host}")
+                raise UsageError(
+                    f"--nproc-per-node {n} is more than the {h.nslots} slots of {h.host} in {opts.hostfile}",
+                    f"use -n {h.nslots} or less, or raise slots of {h.host}",
+                )
+        check_rank_count(n * len(hosts), f"the world size ({len(hosts)} hosts × -n {n})")
         hosts = [h.model_copy(update={"slots": h.slots[:n] if h.explicit else list(range(n))}) for h in hosts]
     return apply_filters(hosts, opts.include, opts.exclude)
 
@@ -93,17 +157,59 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
-        if not eq or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise UsageError(f"--env {pair!r} is not KEY=VALUE", "write --env NAME=value (NAME: letters, digits, _)")
+        if not key or not key.isascii() or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UsageError(
+                f"--env {pair!r} is not KEY=VALUE or NAME", "write --env NAME=value (NAME: letters, digits, _)"
+            )
+        if not eq:  # mpirun's -x NAME: forward this launcher's value
+            if key not in os.environ:
+                raise UsageError(
+                    f"--env {key}: {key} is not set here, so there is nothing to forward", f"write --env {key}=value"
+                )
+            value = os.environ[key]
         env[key] = value
     return env
+
+
+def is_interpreter(program: str) -> bool:
+    """``python``, ``python3``, ``python3.11`` or a path to one: the user named the interpreter themselves."""
+    return bool(_INTERPRETER.fullmatch(Path(program).name))
+
+
+def foreign_shebang(program: str) -> bool:
+    """A script whose ``#!`` line names something other than Python (bash, a wrapper): it runs directly."""
+    try:
+        with open(program, "rb") as f:
+            head = f.readline(512)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"python" not in head
+
+
+def runs_directly(opts: LaunchOptions) -> bool:
+    """True when PROGRAM is executed as given (as --no-python), not handed to the Python interpreter."""
+    if opts.no_python:
+        return True
+    if opts.module or not opts.program:
+        return False
+    return is_interpreter(opts.program[0]) or foreign_shebang(opts.program[0])
+
+
+def script_of(opts: LaunchOptions) -> str | None:
+    """The script file a run starts, when there is one to check (not a module, not a bare executable)."""
+    if opts.module or opts.no_python or not opts.program:
+        return None
+    if is_interpreter(opts.program[0]):
+        rest = opts.program[1:]
+        return rest[0] if rest and not rest[0].startswith("-") else None
+    return opts.program[0]
 
 
 def build_command(opts: LaunchOptions) -> list[str]:
     """The argv every rank runs."""
     if not opts.program:
         raise UsageError("no script given", "write: distlaunch run [OPTIONS] script.py [ARGS] (or -m module)")
-    if opts.no_python:
+    if runs_directly(opts):
         return list(opts.program)
     if opts.module:
         return [opts.python, "-m", *opts.program]
@@ -122,7 +228,7 @@ def job_env(opts: LaunchOptions, all_local: bool) -> dict[str, str]:
     """Variables every rank gets on top of the contract: forwarded ones (remote jobs), env files, --env."""
     # Local ranks inherit the launcher's environment anyway; remote ones get only what is named here.
     env = {} if all_local else forwarded_env()
-    env.update(file_env())
+    env.update(file_env(announce=lambda line: print(line, file=sys.stderr, flush=True)))
     env.update(parse_env(opts.env))
     return env
 
@@ -134,16 +240,38 @@ def resolve_port(opts: LaunchOptions, master_is_local: bool) -> int:
     try:
         port = int(opts.master_port)
     except ValueError:
-        raise UsageError(f"--master-port {opts.master_port!r} is not a port", "give an integer 1024-65535, or auto") from None
+        raise UsageError(
+            f"--master-port {opts.master_port!r} is not a port", "give an integer 1024-65535, or auto"
+        ) from None
     if not 1 <= port <= 65535:
         raise UsageError(f"--master-port {port} is out of range", "give an integer 1024-65535, or auto")
     return port
 
 
+def check_master_port(opts: LaunchOptions, master_host: str, master_addr: str, port: int) -> None:
+    """A fixed --master-port that something already listens on here (the master's machine) is refused
+    before any rank starts: rank 0 could not bind it, and ranks could join another job's store."""
+    if opts.master_port == "auto" or not (is_local_host(master_host) or is_loopback(master_addr)):
+        return
+    from distlaunch.doctor.listener_script import holders  # stdlib only: who listens on a port, from /proc
+
+    held = holders(port)
+    if held:
+        who = "; ".join(
+            f"pid {h['pid']} ({h['command']})" if h.get("pid") else f"a process on {h['address']}" for h in held
+        )
+        raise UsageError(
+            f"--master-port {port} is already in use on this machine (the master): {who}",
+            "pick a free port, or leave --master-port auto (a free one is chosen); two jobs on one port would "
+            "cross-connect",
+        )
+
+
 def check_script(opts: LaunchOptions, hosts_local: bool) -> None:
     """Before starting ranks here: a missing script is one clear error, not N identical rank failures."""
-    if hosts_local and not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
-        raise UsageError(f"script {opts.program[0]!r} does not exist", "check the path, or use -m MODULE to run a module")
+    script = script_of(opts)
+    if hosts_local and script is not None and not Path(script).exists():
+        raise UsageError(f"script {script!r} does not exist", "check the path, or use -m MODULE to run a module")
 
 
 def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> LaunchSpec:
@@ -163,6 +291,19 @@ def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> L
     if "OMP_NUM_THREADS" not in os.environ and max(h.nslots for h in hosts) > 1:
         # As torchrun: N ranks each starting one thread per core oversubscribe the machine badly.
         env.setdefault("OMP_NUM_THREADS", "1")
-    return LaunchSpec(hosts=hosts, command=command, parallel=parse_parallel(opts.parallel), master_addr=master_addr,
-                      master_port=resolve_port(opts, is_local_host(first) or is_loopback(master_addr)), backend=backend, env=env,
-                      job_id=new_job_id(), addresses=addresses)
+    if "PYTHONUNBUFFERED" not in os.environ:
+        env.setdefault("PYTHONUNBUFFERED", "1")  # live logs: ranks' prints reach the launcher as they happen
+    if backend == "nccl" and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: a hung collective aborts the rank
+    return LaunchSpec(
+        hosts=hosts,
+        command=command,
+        parallel=parse_parallel(opts.parallel),
+        master_addr=master_addr,
+        master_port=resolve_port(opts, is_local_host(first) or is_loopback(master_addr)),
+        backend=backend,
+        env=env,
+        job_id=new_job_id(),
+        addresses=addresses,
+        max_restarts=opts.max_restarts,
+    )

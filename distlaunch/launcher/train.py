@@ -13,7 +13,7 @@ from pathlib import Path
 from distlaunch.engine.config import TrainingConfig, load_config
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.planner import MemoryPlan, plan_memory
-from distlaunch.engine.presets import PRESETS
+from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
 from distlaunch.launcher.launch import plan_for
 from distlaunch.launcher.parallel import parse_parallel
@@ -21,8 +21,18 @@ from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import LaunchOptions
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "templates" / "train-tiny-cpu.toml"
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 class TrainPlan(LaunchPlan):
@@ -76,8 +86,13 @@ def nvidia_smi_memory() -> int | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         return min(int(line) for line in out.split()) * 2**20  # MiB
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
@@ -101,7 +116,11 @@ def device_capacity(backend: str, gpu_memory: str | None, ranks_per_node: int) -
         return "gpu", parse_size(gpu_memory), "--gpu-memory"
     if backend == "nccl":
         detected = nvidia_smi_memory()
-        return ("gpu", detected, "nvidia-smi on this machine") if detected else ("gpu", None, "unknown (pass --gpu-memory)")
+        return (
+            ("gpu", detected, "nvidia-smi on this machine")
+            if detected
+            else ("gpu", None, "unknown (pass --gpu-memory)")
+        )
     total = host_memory()
     share = total // ranks_per_node if total else None
     return "no GPU: host memory", share, f"/proc/meminfo / {ranks_per_node} ranks per host"
@@ -110,10 +129,18 @@ def device_capacity(backend: str, gpu_memory: str | None, ranks_per_node: int) -
 def train_plan(opts: LaunchOptions, cfg: TrainingConfig, config: Path | None, gpu_memory: str | None) -> TrainPlan:
     """The launch plan with the layout checked against the model and every rank's memory planned."""
     plan = plan_for(opts)
-    model = PRESETS[cfg.model.preset]
+    model = model_config(cfg.model.preset, cfg.data.path)  # a prepared dataset sets the vocabulary
     dims = resolve_parallel_dims(cfg, model, plan.world_size)
     ranks_per_node = max(len(node.ranks) for node in plan.nodes)
     device, capacity, source = device_capacity(plan.backend, gpu_memory, ranks_per_node)
-    memory = plan_memory(model, dims, cfg.train.seq_len, cfg.train.precision, cfg.train.activation_checkpointing,
-                         device, capacity, source)
+    memory = plan_memory(
+        model,
+        dims,
+        cfg.train.seq_len,
+        cfg.train.precision,
+        cfg.train.activation_checkpointing,
+        device,
+        capacity,
+        source,
+    )
     return TrainPlan(**plan.model_dump(), config=str((config or EMBEDDED_CONFIG).resolve()), memory=memory)

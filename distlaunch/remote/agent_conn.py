@@ -7,10 +7,11 @@ pty: when the launcher dies the channel closes, the agent reads EOF on stdin and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import paramiko
 
@@ -28,7 +29,7 @@ class StartedAgent:
         self.channel, self.stream = channel, stream
 
     @classmethod
-    def start(cls, client: paramiko.SSHClient, host: str, python: str, workdir: str, job_id: str) -> "StartedAgent":
+    def start(cls, client: paramiko.SSHClient, host: str, python: str, workdir: str, job_id: str) -> StartedAgent:
         """Run the agent command on a new channel (no pty: its stdin closes when we go away)."""
         transport = client.get_transport()
         try:
@@ -38,8 +39,12 @@ class StartedAgent:
             channel.set_combine_stderr(True)  # a shell or interpreter error shows as agent output
             channel.exec_command(agent_command(python, workdir, job_id))
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise SshError(host, "other", f"cannot start the agent over SSH: {exc}",
-                           f"check that {host} is still up (ssh {host} true)") from None
+            raise SshError(
+                host,
+                "other",
+                f"cannot start the agent over SSH: {exc}",
+                f"check that {host} is still up (ssh {host} true)",
+            ) from None
         return cls(channel, channel.makefile("rb"))
 
     def wait_hello(self, timeout: float = HELLO_TIMEOUT_S) -> list[str] | None:
@@ -95,8 +100,16 @@ def _lines(stream) -> Iterator[str]:
 class SshAgent(AgentConnection):
     """An agent on a remote host, on its own channel of an already open SSH connection."""
 
-    def __init__(self, node_rank: int, host: str, events, client: paramiko.SSHClient, python: str, workdir: str,
-                 started: StartedAgent | None = None):
+    def __init__(
+        self,
+        node_rank: int,
+        host: str,
+        events,
+        client: paramiko.SSHClient,
+        python: str,
+        workdir: str,
+        started: StartedAgent | None = None,
+    ):
         super().__init__(node_rank, host, events)
         self.client, self.python, self.workdir = client, python, workdir
         self.started = started  # the preflight's agent, already running; else one is started here
@@ -111,17 +124,17 @@ class SshAgent(AgentConnection):
         self.channel = agent.channel
         # Remote ranks get a minimal environment plus the plan's, never this machine's whole environment.
         self.send({**payload, "workdir": workdir, "inherit_env": False})
-        self._pump = threading.Thread(target=self.pump, args=(_lines(agent.stream),), daemon=True, name=f"agent-{self.host}")
+        self._pump = threading.Thread(
+            target=self.pump, args=(_lines(agent.stream),), daemon=True, name=f"agent-{self.host}"
+        )
         self._pump.start()
 
     def send(self, message: dict) -> None:
-        with self._lock:
-            try:
-                self.channel.sendall((json.dumps(message) + "\n").encode("utf-8"))
-            except (OSError, EOFError, AttributeError, paramiko.SSHException):
-                pass  # the agent or the connection is already gone; its missing "done" reports that
+        # The agent or the connection may already be gone; its missing "done" reports that.
+        with self._lock, contextlib.suppress(OSError, EOFError, AttributeError, paramiko.SSHException):
+            self.channel.sendall((json.dumps(message) + "\n").encode("utf-8"))
 
-    def close(self) -> None:
+    def close(self, wait_s: float | None = None) -> None:
         if self.channel is None:
             if self.started is not None:
                 self.started.close()
@@ -129,7 +142,7 @@ class SshAgent(AgentConnection):
         try:
             self.channel.shutdown_write()  # EOF: an agent still running stops its ranks by itself
             if self._pump is not None:
-                self._pump.join(CLOSE_WAIT_S)
+                self._pump.join(CLOSE_WAIT_S if wait_s is None else wait_s)
         except (OSError, EOFError, paramiko.SSHException):
             pass
         finally:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
-import socket
 import threading
 import time
 
@@ -40,7 +40,15 @@ def _drain(read, chunks: list[bytes]) -> None:
         chunks.append(data)
 
 
-def run_command(client: paramiko.SSHClient, argv: list[str], timeout: float = 30.0, stdin: str | bytes | None = None) -> CommandResult:
+def _drain_quietly(read, chunks: list[bytes]) -> None:
+    """``_drain`` for a reader thread: a timeout or a closed channel ends it (the caller reports the timeout)."""
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        _drain(read, chunks)
+
+
+def run_command(
+    client: paramiko.SSHClient, argv: list[str], timeout: float = 30.0, stdin: str | bytes | None = None
+) -> CommandResult:
     """Run ``argv`` on the host (every word shlex-quoted, so the remote shell interprets nothing)."""
     command = shlex.join(argv)
     host = host_name(client)
@@ -51,8 +59,12 @@ def run_command(client: paramiko.SSHClient, argv: list[str], timeout: float = 30
     try:
         channel = transport.open_session(timeout=timeout)
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise SshError(host, "other", f"cannot open an SSH session to run {command!r}: {exc}",
-                       "check MaxSessions in the host's sshd_config") from None
+        raise SshError(
+            host,
+            "other",
+            f"cannot open an SSH session to run {command!r}: {exc}",
+            "check MaxSessions in the host's sshd_config",
+        ) from None
     try:
         channel.settimeout(max(deadline - time.monotonic(), 0.001))
         channel.exec_command(command)
@@ -61,19 +73,27 @@ def run_command(client: paramiko.SSHClient, argv: list[str], timeout: float = 30
         channel.shutdown_write()
         err: list[bytes] = []
         # stderr in a thread: a command that fills one pipe while we wait on the other must not stall
-        err_reader = threading.Thread(target=_drain, args=(channel.recv_stderr, err), daemon=True)
+        err_reader = threading.Thread(target=_drain_quietly, args=(channel.recv_stderr, err), daemon=True)
         err_reader.start()
         out: list[bytes] = []
         _drain(channel.recv, out)
         err_reader.join(max(deadline - time.monotonic(), 0.001))
         if err_reader.is_alive() or not channel.status_event.wait(max(deadline - time.monotonic(), 0.001)):
-            raise socket.timeout()
+            raise TimeoutError()
         rc = channel.recv_exit_status()
-    except (socket.timeout, TimeoutError):
-        raise SshError(host, "timeout", f"{command!r} did not finish within {timeout:g}s",
-                       "check that the host is not overloaded, or give the command more time") from None
+    except TimeoutError:
+        raise SshError(
+            host,
+            "timeout",
+            f"{command!r} did not finish within {timeout:g}s",
+            "check that the host is not overloaded, or give the command more time",
+        ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise SshError(host, "other", f"running {command!r} failed: {exc}", "check the SSH connection (ssh -v HOST)") from None
+        raise SshError(
+            host, "other", f"running {command!r} failed: {exc}", "check the SSH connection (ssh -v HOST)"
+        ) from None
     finally:
         channel.close()
-    return CommandResult(rc=rc, stdout=b"".join(out).decode("utf-8", "replace"), stderr=b"".join(err).decode("utf-8", "replace"))
+    return CommandResult(
+        rc=rc, stdout=b"".join(out).decode("utf-8", "replace"), stderr=b"".join(err).decode("utf-8", "replace")
+    )

@@ -5,8 +5,8 @@ environment (it holds this machine's paths and secrets): only well-known tuning 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Mapping
 
 from distlaunch.errors import UsageError
 
@@ -16,6 +16,9 @@ FORWARD_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "PYTHON", "TORCH_")
 FORWARD_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # These describe this machine, not the job: a remote host has its own GPUs and its own Python install.
 NEVER_FORWARD = ("CUDA_VISIBLE_DEVICES", "PYTHONHOME", "PYTHONEXECUTABLE")
+# Variables that choose which code a process loads: set by a .distlaunch_env in the working directory, they
+# draw a warning (such a file may come with a checked-out repository).
+CODE_PATH_NAMES = ("PYTHONPATH", "LD_PRELOAD", "LD_LIBRARY_PATH")
 
 
 def is_env_name(name: str) -> bool:
@@ -25,8 +28,11 @@ def is_env_name(name: str) -> bool:
 
 def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The launcher's variables that remote ranks get by default (NCCL_*, GLOO_*, CUDA_*, PYTHON*, TORCH_*, …)."""
-    return {k: v for k, v in environ.items()
-            if (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES) and k not in NEVER_FORWARD}
+    return {
+        k: v
+        for k, v in environ.items()
+        if (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES) and k not in NEVER_FORWARD
+    }
 
 
 def parse_env_file(path: Path) -> dict[str, str]:
@@ -34,7 +40,9 @@ def parse_env_file(path: Path) -> dict[str, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"env file {str(path)!r} cannot be read: {exc}", "make it a readable UTF-8 text file") from None
+        raise UsageError(
+            f"env file {str(path)!r} cannot be read: {exc}", "make it a readable UTF-8 text file"
+        ) from None
     env = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -43,8 +51,10 @@ def parse_env_file(path: Path) -> dict[str, str]:
         key, eq, value = line.removeprefix("export ").partition("=")
         key = key.strip()
         if not eq or not is_env_name(key):
-            raise UsageError(f"env file {str(path)!r} line {lineno} {raw.strip()!r} is not KEY=VALUE",
-                             "write one NAME=value per line (NAME: letters, digits, _); # starts a comment line")
+            raise UsageError(
+                f"env file {str(path)!r} line {lineno} {raw.strip()!r} is not KEY=VALUE",
+                "write one NAME=value per line (NAME: letters, digits, _); # starts a comment line",
+            )
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
@@ -62,9 +72,26 @@ def env_files(cwd: Path | None = None, home: Path | None = None) -> list[Path]:
     return found
 
 
-def file_env(cwd: Path | None = None, home: Path | None = None) -> dict[str, str]:
-    """The variables of every ``.distlaunch_env`` file, the working directory's overriding home's."""
+def file_env(
+    cwd: Path | None = None, home: Path | None = None, announce: Callable[[str], None] | None = None
+) -> dict[str, str]:
+    """The variables of every ``.distlaunch_env`` file, the working directory's overriding home's.
+
+    ``announce`` gets one line naming the working directory's file and its variables (a file there
+    may come with a cloned repository rather than from you), and a warning when it sets a variable
+    that changes which code runs (PYTHONPATH, LD_PRELOAD, LD_LIBRARY_PATH).
+    """
     env: dict[str, str] = {}
+    here = (cwd or Path.cwd()) / ENV_FILE
     for path in env_files(cwd, home):
-        env.update(parse_env_file(path))
+        values = parse_env_file(path)
+        if announce is not None and path == here:
+            announce(f"distlaunch: using {path}: {', '.join(values) or 'no variables'}")
+            risky = [name for name in values if name in CODE_PATH_NAMES]
+            if risky:
+                announce(
+                    f"distlaunch: warning: {path} sets {', '.join(risky)}, which decide what code every rank "
+                    "loads; remove it from the file unless you put it there"
+                )
+        env.update(values)
     return env

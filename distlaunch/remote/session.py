@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from distlaunch.errors import HostError
-from distlaunch.remote.agent_conn import HELLO_TIMEOUT_S, StartedAgent, SshAgent
+from distlaunch.remote.agent_conn import HELLO_TIMEOUT_S, SshAgent, StartedAgent
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
 
@@ -22,8 +22,17 @@ class RemoteHosts:
         self.started: dict[str, StartedAgent] = {}
 
     @classmethod
-    def open(cls, aliases: list[str], *, ssh_config: Path | str | None, accept_new_host_keys: bool, python: str,
-             workdir: str, job_id: str = "", timeout: float | None = None) -> "RemoteHosts":
+    def open(
+        cls,
+        aliases: list[str],
+        *,
+        ssh_config: Path | str | None,
+        accept_new_host_keys: bool,
+        python: str,
+        workdir: str,
+        job_id: str = "",
+        timeout: float | None = None,
+    ) -> RemoteHosts:
         """Connect to every host and start its agent; raise HostsFailed (exit 3) naming every bad host."""
         targets = resolve_targets(aliases, ssh_config)
         results = connect_all(targets, timeout=timeout, accept_new_host_keys=accept_new_host_keys)
@@ -56,20 +65,30 @@ class RemoteHosts:
         text = "\n".join(output)
         last = output[-1] if output else f"exit status {status}"
         if "cd" in text and self.workdir in text:
-            return HostError(f"{alias}: working directory {self.workdir!r} is not usable ({last})",
-                             f"create it on {alias} (the same checkout as here), or pass --workdir DIR")
-        if status == 127 or self.python in text and ("not found" in text or "No such file" in text):
-            return HostError(f"{alias}: Python {self.python!r} not found ({last})",
-                             "install Python there, or pass --remote-python PATH (an interpreter with distlaunch installed)")
+            return HostError(
+                f"{alias}: working directory {self.workdir!r} is not usable ({last})",
+                f"create it on {alias} (the same checkout as here), or pass --workdir DIR",
+            )
+        if status == 127 or (self.python in text and ("not found" in text or "No such file" in text)):
+            return HostError(
+                f"{alias}: Python {self.python!r} not found ({last})",
+                "install Python there, or pass --remote-python PATH (an interpreter with distlaunch installed)",
+            )
         if "No module named" in text:
-            return HostError(f"{alias}: {self.python} cannot import distlaunch ({last})",
-                             f"install distlaunch for that Python on {alias} (pip install distlaunch), or pass --remote-python / --workdir")
-        return HostError(f"{alias}: {self.python} -m distlaunch.agent did not start: {last}",
-                         f"run it by hand to see why: ssh {alias} {self.python} -m distlaunch.agent")
+            return HostError(
+                f"{alias}: {self.python} cannot import distlaunch ({last})",
+                f"install distlaunch for that Python on {alias} (pip install distlaunch), or pass --remote-python / --workdir",
+            )
+        return HostError(
+            f"{alias}: {self.python} -m distlaunch.agent did not start: {last}",
+            f"run it by hand to see why: ssh {alias} {self.python} -m distlaunch.agent",
+        )
 
     def agent(self, node_rank: int, host: str, events) -> SshAgent:
         """The agent connection for the node on ``host`` (the preflight's agent on first use)."""
-        return SshAgent(node_rank, host, events, self.clients[host], self.python, self.workdir, self.started.pop(host, None))
+        return SshAgent(
+            node_rank, host, events, self.clients[host], self.python, self.workdir, self.started.pop(host, None)
+        )
 
     def close(self) -> None:
         """Stop agents that never got a plan (their stdin closes) and disconnect from every host."""
@@ -78,7 +97,7 @@ class RemoteHosts:
         self.started.clear()
         close_all(self.clients)
 
-    def __enter__(self) -> "RemoteHosts":
+    def __enter__(self) -> RemoteHosts:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,13 +8,21 @@ import errno
 import random
 import socket
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping
 
 import paramiko
 
 from distlaunch.errors import HostError
-from distlaunch.remote.hostkeys import HostKeyPolicy, UnknownHostKey, fingerprint, keyscan_fix, load_known_hosts, remove_fix
+from distlaunch.remote import sshlog
+from distlaunch.remote.hostkeys import (
+    HostKeyPolicy,
+    UnknownHostKey,
+    fingerprint,
+    keyscan_fix,
+    load_known_hosts,
+    remove_fix,
+)
 from distlaunch.remote.sshconfig import SshTarget
 
 CONNECT_TIMEOUT_S = 10.0
@@ -65,6 +73,7 @@ class SshClient(paramiko.SSHClient):
         super().__init__()
         self.alias = alias
         self.hops: list[paramiko.SSHClient] = []
+        self.set_log_channel(sshlog.channel(alias))
 
     def close(self) -> None:
         try:
@@ -77,16 +86,30 @@ class SshClient(paramiko.SSHClient):
 def _socket_error(target: SshTarget, exc: OSError, timeout: float) -> SshError:
     host, where = target.alias, target.endpoint
     if isinstance(exc, socket.gaierror):
-        return SshError(host, "dns", f"cannot resolve host name {target.hostname!r} ({exc.strerror})",
-                        f"check the name in the hostfile, give {host} a HostName in ssh_config, or add it to DNS or /etc/hosts")
+        return SshError(
+            host,
+            "dns",
+            f"cannot resolve host name {target.hostname!r} ({exc.strerror})",
+            f"check the name in the hostfile, give {host} a HostName in ssh_config, or add it to DNS or /etc/hosts",
+        )
     if isinstance(exc, ConnectionRefusedError):
-        return SshError(host, "refused", f"connection refused by {where}",
-                        f"check that sshd runs on {host} and listens on port {target.port} (the Port in ssh_config)")
+        return SshError(
+            host,
+            "refused",
+            f"connection refused by {where}",
+            f"check that sshd runs on {host} and listens on port {target.port} (the Port in ssh_config)",
+        )
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return SshError(host, "timeout", f"no answer from {where} within {timeout:g}s",
-                        f"check that {host} is up and no firewall drops port {target.port}; or raise ConnectTimeout in ssh_config")
+        return SshError(
+            host,
+            "timeout",
+            f"no answer from {where} within {timeout:g}s",
+            f"check that {host} is up and no firewall drops port {target.port}; or raise ConnectTimeout in ssh_config",
+        )
     if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return SshError(host, "other", f"no route to {where} ({exc.strerror})", f"check that {host} is up and on this network")
+        return SshError(
+            host, "other", f"no route to {where} ({exc.strerror})", f"check that {host} is up and on this network"
+        )
     return SshError(host, "other", f"cannot connect to {where}: {exc}", f"try 'ssh -v {host}' to see what fails")
 
 
@@ -94,12 +117,18 @@ def _open_socket(target: SshTarget, via: paramiko.SSHClient | None, timeout: flo
     """A byte stream to the target's sshd: direct TCP, through the previous ProxyJump hop, or a ProxyCommand."""
     if via is not None:
         try:
-            return via.get_transport().open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=timeout)
+            return via.get_transport().open_channel(
+                "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=timeout
+            )
         except paramiko.ChannelException as exc:
             text = exc.text.lower()
             kind = "refused" if "refused" in text else "dns" if "resolve" in text or "name" in text else "other"
-            raise SshError(target.alias, kind, f"jump host cannot open {target.endpoint}: {exc.text}",
-                           f"check that {target.hostname} is reachable from the jump host") from None
+            raise SshError(
+                target.alias,
+                kind,
+                f"jump host cannot open {target.endpoint}: {exc.text}",
+                f"check that {target.hostname} is reachable from the jump host",
+            ) from None
     if target.proxy_command:
         return paramiko.ProxyCommand(target.proxy_command)
     try:
@@ -114,15 +143,27 @@ def _auth_error(target: SshTarget, exc: paramiko.AuthenticationException) -> Ssh
     agent = "no" if target.identities_only else "yes"
     detail = f"authentication failed as user {target.user!r} (keys tried: {keys}; ssh-agent keys: {agent})"
     if isinstance(exc, paramiko.PasswordRequiredException):
-        return SshError(target.alias, "auth", f"{detail}: a key needs its passphrase",
-                        "load the key into ssh-agent (ssh-add KEY) and drop IdentitiesOnly, so no passphrase is asked")
+        return SshError(
+            target.alias,
+            "auth",
+            f"{detail}: a key needs its passphrase",
+            "load the key into ssh-agent (ssh-add KEY) and drop IdentitiesOnly, so no passphrase is asked",
+        )
     if not target.identity_files:
-        return SshError(target.alias, "auth", detail,
-                        f"create a key (ssh-keygen -t ed25519), install it with ssh-copy-id -p {target.port} {target.user}@{target.hostname}, "
-                        f"or set IdentityFile for {target.alias} in ssh_config")
-    return SshError(target.alias, "auth", detail,
-                    f"install the key: ssh-copy-id -i {target.identity_files[0]}.pub -p {target.port} {target.user}@{target.hostname}; "
-                    f"or set User/IdentityFile for {target.alias} in ssh_config")
+        return SshError(
+            target.alias,
+            "auth",
+            detail,
+            f"create a key (ssh-keygen -t ed25519), install it with ssh-copy-id -p {target.port} {target.user}@{target.hostname}, "
+            f"or set IdentityFile for {target.alias} in ssh_config",
+        )
+    return SshError(
+        target.alias,
+        "auth",
+        detail,
+        f"install the key: ssh-copy-id -i {target.identity_files[0]}.pub -p {target.port} {target.user}@{target.hostname}; "
+        f"or set User/IdentityFile for {target.alias} in ssh_config",
+    )
 
 
 def _caused_by(exc: BaseException | None, types: tuple[type, ...]) -> bool:
@@ -138,22 +179,37 @@ def _handshake_error(target: SshTarget, exc: Exception, timeout: float) -> SshEr
     host = target.alias
     if isinstance(exc, UnknownHostKey):
         files = ", ".join(target.known_hosts_files) or "none"
-        return SshError(host, "hostkey-unknown", f"host key of {target.endpoint} ({fingerprint(exc.key)}) is not in known_hosts ({files})",
-                        f"check the fingerprint, then run: {keyscan_fix(target)}; or pass --accept-new-host-keys")
+        return SshError(
+            host,
+            "hostkey-unknown",
+            f"host key of {target.endpoint} ({fingerprint(exc.key)}) is not in known_hosts ({files})",
+            f"check the fingerprint, then run: {keyscan_fix(target)}; or pass --accept-new-host-keys",
+        )
     if isinstance(exc, paramiko.BadHostKeyException):
-        return SshError(host, "hostkey-changed",
-                        f"host key of {target.endpoint} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
-                        f"the server offers {fingerprint(exc.key)} (host reinstalled, or someone in the middle)",
-                        f"if the change is expected, run: {remove_fix(target)} && {keyscan_fix(target)}")
+        return SshError(
+            host,
+            "hostkey-changed",
+            f"host key of {target.endpoint} CHANGED: known_hosts has {fingerprint(exc.expected_key)}, "
+            f"the server offers {fingerprint(exc.key)} (host reinstalled, or someone in the middle)",
+            f"if the change is expected, run: {remove_fix(target)} && {keyscan_fix(target)}",
+        )
     if isinstance(exc, paramiko.AuthenticationException):
         return _auth_error(target, exc)
     if _caused_by(exc, (socket.timeout, TimeoutError)):
-        return SshError(host, "timeout", f"{target.endpoint} accepted the connection but did not finish the SSH handshake within {timeout:g}s",
-                        f"check that port {target.port} on {host} is sshd (not another service) and that it is not overloaded")
+        return SshError(
+            host,
+            "timeout",
+            f"{target.endpoint} accepted the connection but did not finish the SSH handshake within {timeout:g}s",
+            f"check that port {target.port} on {host} is sshd (not another service) and that it is not overloaded",
+        )
     if isinstance(exc, OSError):
         return _socket_error(target, exc, timeout)
-    return SshError(host, "other", f"SSH handshake with {target.endpoint} failed: {exc or type(exc).__name__}",
-                    f"try 'ssh -v {host}' to see what fails")
+    return SshError(
+        host,
+        "other",
+        f"SSH handshake with {target.endpoint} failed: {exc or type(exc).__name__}",
+        f"try 'ssh -v {host}' to see what fails",
+    )
 
 
 def _handshake(target: SshTarget, sock, timeout: float, accept_new_host_keys: bool) -> SshClient:
@@ -161,13 +217,22 @@ def _handshake(target: SshTarget, sock, timeout: float, accept_new_host_keys: bo
     try:
         load_known_hosts(client, target)
         client.set_missing_host_key_policy(HostKeyPolicy(target, accept_new_host_keys))
-        client.connect(target.host_key_alias or target.hostname, port=target.port, username=target.user, sock=sock,
-                       key_filename=target.identity_files or None, allow_agent=not target.identities_only,
-                       look_for_keys=False, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
-                       # key exchange gets twice the banner's time, so a silent server surfaces as a banner timeout
-                       timeout=2 * timeout)
+        client.connect(
+            target.host_key_alias or target.hostname,
+            port=target.port,
+            username=target.user,
+            sock=sock,
+            key_filename=target.identity_files or None,
+            allow_agent=not target.identities_only,
+            look_for_keys=False,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            channel_timeout=timeout,
+            # key exchange gets twice the banner's time, so a silent server surfaces as a banner timeout
+            timeout=2 * timeout,
+        )
         return client
-    except Exception as exc:  # noqa: BLE001 - every failure becomes an SshError naming the host
+    except Exception as exc:
         client.close()
         sock.close()
         raise _handshake_error(target, exc, timeout) from None
@@ -196,8 +261,9 @@ def connect(target: SshTarget, *, timeout: float | None = None, accept_new_host_
     return via
 
 
-def connect_with_retries(target: SshTarget, *, timeout: float | None = None, accept_new_host_keys: bool = False,
-                         retries: int = RETRIES) -> SshClient:
+def connect_with_retries(
+    target: SshTarget, *, timeout: float | None = None, accept_new_host_keys: bool = False, retries: int = RETRIES
+) -> SshClient:
     """``connect``, tried again after a jittered back-off while the error is transient."""
     attempt = 0
     while True:
@@ -215,21 +281,33 @@ def _connect_one(target: SshTarget, timeout: float | None, accept_new: bool, ret
         return connect_with_retries(target, timeout=timeout, accept_new_host_keys=accept_new, retries=retries)
     except SshError as exc:
         return exc
-    except Exception as exc:  # noqa: BLE001 - one host's surprise must not hide the others' results
-        return SshError(target.alias, "other", f"unexpected error: {type(exc).__name__}: {exc}", f"try 'ssh -v {target.alias}'")
+    except Exception as exc:
+        return SshError(
+            target.alias, "other", f"unexpected error: {type(exc).__name__}: {exc}", f"try 'ssh -v {target.alias}'"
+        )
 
 
-def connect_all(targets: Mapping[str, SshTarget], *, timeout: float | None = None, accept_new_host_keys: bool = False,
-                retries: int = RETRIES, max_parallel: int = MAX_PARALLEL) -> dict[str, SshClient | SshError]:
+def connect_all(
+    targets: Mapping[str, SshTarget],
+    *,
+    timeout: float | None = None,
+    accept_new_host_keys: bool = False,
+    retries: int = RETRIES,
+    max_parallel: int = MAX_PARALLEL,
+) -> dict[str, SshClient | SshError]:
     """Connect to every target in parallel; the result per alias is a client or the SshError (never raises)."""
     if not targets:
         return {}
     with ThreadPoolExecutor(max_workers=min(max_parallel, len(targets)), thread_name_prefix="ssh-connect") as pool:
-        futures = {alias: pool.submit(_connect_one, t, timeout, accept_new_host_keys, retries) for alias, t in targets.items()}
+        futures = {
+            alias: pool.submit(_connect_one, t, timeout, accept_new_host_keys, retries) for alias, t in targets.items()
+        }
         return {alias: f.result() for alias, f in futures.items()}
 
 
-def require_all(results: Mapping[str, SshClient | SshError], what: str = "could not be reached") -> dict[str, SshClient]:
+def require_all(
+    results: Mapping[str, SshClient | SshError], what: str = "could not be reached"
+) -> dict[str, SshClient]:
     """The clients if every host connected; else close them and raise HostsFailed naming every failed host."""
     errors = [r for r in results.values() if isinstance(r, SshError)]
     if errors:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import getpass
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Literal, Optional
+from typing import Literal
 
 import paramiko
 from pydantic import BaseModel, Field
@@ -34,11 +35,11 @@ class SshTarget(BaseModel):
     known_hosts_files: list[str] = Field(default_factory=list)  # the first one receives accepted new keys
     global_known_hosts_files: list[str] = Field(default_factory=list)
     strict_host_key_checking: Literal["yes", "accept-new", "no"] = "yes"  # "ask" counts as yes: nobody to ask
-    host_key_alias: Optional[str] = None
-    connect_timeout: Optional[float] = None
-    proxy_command: Optional[str] = None
-    jumps: list["SshTarget"] = Field(default_factory=list)  # ProxyJump hops, first hop first
-    config_file: Optional[str] = None  # where these settings came from, for hints
+    host_key_alias: str | None = None
+    connect_timeout: float | None = None
+    proxy_command: str | None = None
+    jumps: list[SshTarget] = Field(default_factory=list)  # ProxyJump hops, first hop first
+    config_file: str | None = None  # where these settings came from, for hints
 
     @property
     def endpoint(self) -> str:
@@ -63,14 +64,23 @@ def load_ssh_config(path: Path | str | None = None) -> tuple[paramiko.SSHConfig,
     try:
         return paramiko.SSHConfig.from_path(str(file)), str(file)
     except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
-        raise UsageError(f"ssh config {str(file)!r} cannot be read: {exc}",
-                         "fix the file (ssh -G HOST -F FILE shows how OpenSSH reads it)") from None
+        raise UsageError(
+            f"ssh config {str(file)!r} cannot be read: {exc}",
+            "fix the file (ssh -G HOST -F FILE shows how OpenSSH reads it)",
+        ) from None
 
 
 def _expand(value: str, target: SshTarget) -> str:
     """OpenSSH's %-tokens and ~ for file names paramiko leaves unexpanded (UserKnownHostsFile)."""
-    tokens = {"%%": "%", "%d": os.path.expanduser("~"), "%h": target.hostname, "%n": target.alias,
-              "%p": str(target.port), "%r": target.user, "%u": getpass.getuser()}
+    tokens = {
+        "%%": "%",
+        "%d": os.path.expanduser("~"),
+        "%h": target.hostname,
+        "%n": target.alias,
+        "%p": str(target.port),
+        "%r": target.user,
+        "%u": getpass.getuser(),
+    }
     for token, replacement in tokens.items():
         value = value.replace(token, replacement)
     return os.path.expanduser(value)
@@ -115,12 +125,23 @@ def resolve_target(alias: str, config: paramiko.SSHConfig, config_file: str | No
         port = int(found.get("port", 22))
         timeout = float(found["connecttimeout"]) if "connecttimeout" in found else None
     except ValueError as exc:
-        raise UsageError(f"ssh config for {alias!r} has a bad number: {exc}", f"fix Port/ConnectTimeout for {alias} in {config_file}") from None
-    target = SshTarget(alias=alias, hostname=found.get("hostname", alias), port=port, user=found.get("user") or getpass.getuser(),
-                       identities_only=found.get("identitiesonly", "no").lower() == "yes",
-                       strict_host_key_checking=_strictness(found.get("stricthostkeychecking")),
-                       host_key_alias=found.get("hostkeyalias"), connect_timeout=timeout, config_file=config_file)
-    target.identity_files = [f for f in _files(found.get("identityfile"), DEFAULT_IDENTITIES, target) if os.path.isfile(f)]
+        raise UsageError(
+            f"ssh config for {alias!r} has a bad number: {exc}", f"fix Port/ConnectTimeout for {alias} in {config_file}"
+        ) from None
+    target = SshTarget(
+        alias=alias,
+        hostname=found.get("hostname", alias),
+        port=port,
+        user=found.get("user") or getpass.getuser(),
+        identities_only=found.get("identitiesonly", "no").lower() == "yes",
+        strict_host_key_checking=_strictness(found.get("stricthostkeychecking")),
+        host_key_alias=found.get("hostkeyalias"),
+        connect_timeout=timeout,
+        config_file=config_file,
+    )
+    target.identity_files = [
+        f for f in _files(found.get("identityfile"), DEFAULT_IDENTITIES, target) if os.path.isfile(f)
+    ]
     target.known_hosts_files = _files(found.get("userknownhostsfile"), DEFAULT_KNOWN_HOSTS, target)
     target.global_known_hosts_files = _files(found.get("globalknownhostsfile"), GLOBAL_KNOWN_HOSTS, target)
     proxy_command = found.get("proxycommand")
@@ -131,16 +152,23 @@ def resolve_target(alias: str, config: paramiko.SSHConfig, config_file: str | No
     return target
 
 
-def _resolve_jumps(alias: str, jump: str, config: paramiko.SSHConfig, config_file: str | None, depth: int) -> list[SshTarget]:
+def _resolve_jumps(
+    alias: str, jump: str, config: paramiko.SSHConfig, config_file: str | None, depth: int
+) -> list[SshTarget]:
     if depth >= MAX_JUMPS:
-        raise UsageError(f"ProxyJump chain for {alias!r} is longer than {MAX_JUMPS} hops", f"look for a ProxyJump loop in {config_file}")
+        raise UsageError(
+            f"ProxyJump chain for {alias!r} is longer than {MAX_JUMPS} hops",
+            f"look for a ProxyJump loop in {config_file}",
+        )
     hops = []
     for spec in jump.split(","):
         user, host, port = _split_jump(spec.strip())
         hop = resolve_target(host, config, config_file, depth + 1)
         # A hop's own ProxyJump comes first (OpenSSH does the same), then the hop itself.
         hops += hop.jumps
-        hops.append(hop.model_copy(update={"jumps": [], **({"user": user} if user else {}), **({"port": port} if port else {})}))
+        hops.append(
+            hop.model_copy(update={"jumps": [], **({"user": user} if user else {}), **({"port": port} if port else {})})
+        )
     return hops
 
 

@@ -39,8 +39,13 @@ def scontrol_node_addr(node: str) -> str | None:
     if scontrol is None:
         return None
     try:
-        out = subprocess.run([scontrol, "show", "node", "-o", node], capture_output=True, text=True,
-                             timeout=SCONTROL_TIMEOUT_S, check=False)
+        out = subprocess.run(
+            [scontrol, "show", "node", "-o", node],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return node_addr_from_scontrol(out.stdout) if out.returncode == 0 else None
@@ -53,9 +58,10 @@ def node_address(node: str) -> str:
     addr = scontrol_node_addr(node)
     if addr and (addr != node) and resolves(addr):
         return addr
-    raise HostError(f"the first node of the step, {node!r}, does not resolve and scontrol gave no usable NodeAddr "
-                    f"(got {addr!r})", "pass --master-addr ADDRESS (an address of that node every node can reach), "
-                    "or export MASTER_ADDR before srun")
+    raise HostError(
+        f"the first node of the step, {node!r}, does not resolve and scontrol gave no usable NodeAddr (got {addr!r})",
+        "pass --master-addr ADDRESS (an address of that node every node can reach), or export MASTER_ADDR before srun",
+    )
 
 
 def master_address(first_node: str, given: str | None, environ: Mapping[str, str]) -> str:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from distlaunch.errors import UsageError
 from distlaunch.launcher.parallel import Parallel, ParallelSpec, groups
+from distlaunch.launcher.plan import contract_env
 from distlaunch.slurm.step import SlurmStep, node_of_rank
 
 # Derived ports stay below Linux's ephemeral range (32768+), where the kernel hands out client ports.
@@ -53,7 +54,8 @@ def check_nproc_per_node(step: SlurmStep, nproc_per_node: int | None) -> None:
         f"-n/--nproc-per-node {nproc_per_node} inside a Slurm step of {step.local_world_size} task(s) on {step.node_name or 'this node'}: "
         f"under srun every task is one rank, so {step.local_world_size} tasks × {nproc_per_node} processes would be "
         f"{step.local_world_size * nproc_per_node} ranks per node",
-        f"drop -n and let srun start one task per rank: srun --ntasks-per-node={nproc_per_node} distlaunch run ...")
+        f"drop -n and let srun start one task per rank: srun --ntasks-per-node={nproc_per_node} distlaunch run ...",
+    )
 
 
 def srun_shape(ntasks: int, nnodes: int) -> str:
@@ -69,15 +71,20 @@ def resolve_step_parallel(spec: ParallelSpec, step: SlurmStep) -> Parallel:
     world = step.world_size
     if spec.dp is None:
         if world % model_parallel:
-            raise UsageError(f"--parallel tp={spec.tp},pp={spec.pp}: dp=auto needs SLURM_NTASKS={world} to be a multiple of "
-                             f"tp*pp={model_parallel}", f"start a multiple of {model_parallel} tasks, e.g. {srun_shape(model_parallel * max(1, world // model_parallel), step.nnodes)}")
+            raise UsageError(
+                f"--parallel tp={spec.tp},pp={spec.pp}: dp=auto needs SLURM_NTASKS={world} to be a multiple of "
+                f"tp*pp={model_parallel}",
+                f"start a multiple of {model_parallel} tasks, e.g. {srun_shape(model_parallel * max(1, world // model_parallel), step.nnodes)}",
+            )
         dp = world // model_parallel
     else:
         dp = spec.dp
     if dp * model_parallel != world:
-        raise UsageError(f"--parallel dp={dp},tp={spec.tp},pp={spec.pp} needs dp*tp*pp = {dp * model_parallel} ranks but the Slurm "
-                         f"step has SLURM_NTASKS={world} tasks", f"use dp=auto, or start {dp * model_parallel} tasks "
-                         f"({srun_shape(dp * model_parallel, step.nnodes)})")
+        raise UsageError(
+            f"--parallel dp={dp},tp={spec.tp},pp={spec.pp} needs dp*tp*pp = {dp * model_parallel} ranks but the Slurm "
+            f"step has SLURM_NTASKS={world} tasks",
+            f"use dp=auto, or start {dp * model_parallel} tasks ({srun_shape(dp * model_parallel, step.nnodes)})",
+        )
     parallel = Parallel(dp=dp, tp=spec.tp, pp=spec.pp, zero=spec.zero)
     check_tp_within_nodes(parallel, step)
     return parallel
@@ -101,10 +108,12 @@ def check_tp_within_nodes(parallel: Parallel, step: SlurmStep) -> None:
         spans = len(known) > 1 or (known and any(r not in node_of for r in group))
         if spans:
             names = ", ".join(step.nodes[n] for n in sorted(known))
-            raise UsageError(f"--parallel tp={parallel.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans nodes "
-                             f"({names}{', …' if len(known) < 2 else ''}; tasks per node {step.tasks_per_node}, "
-                             f"distribution {step.distribution})",
-                             f"use --ntasks-per-node a multiple of {parallel.tp} with block distribution, or lower tp")
+            raise UsageError(
+                f"--parallel tp={parallel.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans nodes "
+                f"({names}{', …' if len(known) < 2 else ''}; tasks per node {step.tasks_per_node}, "
+                f"distribution {step.distribution})",
+                f"use --ntasks-per-node a multiple of {parallel.tp} with block distribution, or lower tp",
+            )
 
 
 def check_gpu_binding(step: SlurmStep, gpus_here: int) -> None:
@@ -113,20 +122,27 @@ def check_gpu_binding(step: SlurmStep, gpus_here: int) -> None:
     shown = f"CUDA_VISIBLE_DEVICES={','.join(visible)}"
     repeated = sorted({g for g in visible if visible.count(g) > 1})
     if repeated:
-        raise UsageError(f"{shown} on {step.node_name or 'this node'} names GPU {', '.join(repeated)} more than once: "
-                         "two ranks would be given the same GPU", "list every GPU once (or leave CUDA_VISIBLE_DEVICES to Slurm)")
+        raise UsageError(
+            f"{shown} on {step.node_name or 'this node'} names GPU {', '.join(repeated)} more than once: "
+            "two ranks would be given the same GPU",
+            "list every GPU once (or leave CUDA_VISIBLE_DEVICES to Slurm)",
+        )
     lws = step.local_world_size
     if len(visible) >= lws:
         return
     where = f"rank {step.rank} (SLURM_LOCALID={step.local_rank}) on {step.node_name or 'this node'}"
     if len(visible) == 1:
-        raise UsageError(f"{where} sees one GPU ({shown}) but its node runs {lws} ranks: srun bound each task to its own "
-                         "GPU, so cuda:LOCAL_RANK does not exist for LOCAL_RANK ≥ 1",
-                         "let every task see the node's GPUs: srun --gpus-per-node=N --gpu-bind=none (distlaunch slurm run "
-                         "does this) instead of --gpus-per-task")
-    raise UsageError(f"{where}: {lws} ranks on this node but {len(visible)} GPU(s) visible ({shown}): ranks would share a "
-                     "GPU or find none", f"ask for one GPU per rank (--gpus-per-node={lws}) or run "
-                     f"--ntasks-per-node={len(visible)}")
+        raise UsageError(
+            f"{where} sees one GPU ({shown}) but its node runs {lws} ranks: srun bound each task to its own "
+            "GPU, so cuda:LOCAL_RANK does not exist for LOCAL_RANK ≥ 1",
+            "let every task see the node's GPUs: srun --gpus-per-node=N --gpu-bind=none (distlaunch slurm run "
+            "does this) instead of --gpus-per-task",
+        )
+    raise UsageError(
+        f"{where}: {lws} ranks on this node but {len(visible)} GPU(s) visible ({shown}): ranks would share a "
+        "GPU or find none",
+        f"ask for one GPU per rank (--gpus-per-node={lws}) or run --ntasks-per-node={len(visible)}",
+    )
 
 
 def pick_backend(backend: str, step: SlurmStep, gpus_here: int) -> Literal["gloo", "nccl"]:
@@ -138,8 +154,16 @@ def pick_backend(backend: str, step: SlurmStep, gpus_here: int) -> Literal["gloo
     return "nccl" if gpus_here else "gloo"
 
 
-def map_rank(step: SlurmStep, master_addr: str, *, master_port: int | None = None, parallel: ParallelSpec = ParallelSpec(),
-             backend: str = "auto", gpus_here: int = 0, nproc_per_node: int | None = None) -> SlurmRank:
+def map_rank(
+    step: SlurmStep,
+    master_addr: str,
+    *,
+    master_port: int | None = None,
+    parallel: ParallelSpec = ParallelSpec(),
+    backend: str = "auto",
+    gpus_here: int = 0,
+    nproc_per_node: int | None = None,
+) -> SlurmRank:
     """Map SLURM_PROCID/LOCALID/NTASKS/NODEID/NNODES onto RANK/LOCAL_RANK/WORLD_SIZE/NODE_RANK/NNODES, after checks."""
     check_nproc_per_node(step, nproc_per_node)
     resolved = resolve_step_parallel(parallel, step)
@@ -148,15 +172,32 @@ def map_rank(step: SlurmStep, master_addr: str, *, master_port: int | None = Non
         check_gpu_binding(step, gpus_here)
     port = master_port if master_port is not None else derived_port(step.job_id, step.step_id)
     job_id = f"slurm-{step.job_id}.{step.step_id}"
-    env = {
-        "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(step.world_size), "RANK": str(step.rank),
-        "LOCAL_RANK": str(step.local_rank), "LOCAL_WORLD_SIZE": str(step.local_world_size),
-        "NODE_RANK": str(step.node_rank), "GROUP_RANK": str(step.node_rank), "NNODES": str(step.nnodes),
-        "DISTLAUNCH_JOB_ID": job_id, "DISTLAUNCH_PARALLEL": str(resolved), "DISTLAUNCH_BACKEND": chosen,
-        "DISTLAUNCH_RESTART_COUNT": str(step.restart_count),
-    }
-    return SlurmRank(job_id=job_id, rank=step.rank, local_rank=step.local_rank, world_size=step.world_size,
-                     local_world_size=step.local_world_size, node_rank=step.node_rank, nnodes=step.nnodes,
-                     node=step.nodes[step.node_rank], master_addr=master_addr, master_port=port, backend=chosen,
-                     parallel=resolved, env=env)
+    env = contract_env(
+        master_addr=master_addr,
+        master_port=port,
+        world_size=step.world_size,
+        rank=step.rank,
+        local_rank=step.local_rank,
+        local_world_size=step.local_world_size,
+        node_rank=step.node_rank,
+        nnodes=step.nnodes,
+        job_id=job_id,
+        parallel=resolved,
+        backend=chosen,
+        restart_count=step.restart_count,
+    )
+    return SlurmRank(
+        job_id=job_id,
+        rank=step.rank,
+        local_rank=step.local_rank,
+        world_size=step.world_size,
+        local_world_size=step.local_world_size,
+        node_rank=step.node_rank,
+        nnodes=step.nnodes,
+        node=step.nodes[step.node_rank],
+        master_addr=master_addr,
+        master_port=port,
+        backend=chosen,
+        parallel=resolved,
+        env=env,
+    )

@@ -81,15 +81,20 @@ def tasks_per_node(opts: SlurmJobOptions, nodes: int, environ: Mapping[str, str]
     """--ntasks-per-node (or -n), else the allocation's, else --ntasks / nodes, else one per GPU, else 1."""
     given, nproc = opts.ntasks_per_node, opts.nproc_per_node
     if given is not None and nproc is not None and given != nproc:
-        raise UsageError(f"--ntasks-per-node {given} and -n/--nproc-per-node {nproc} disagree: under Slurm each task is one "
-                         f"rank (distlaunch starts no extra processes), so {given} tasks × {nproc} processes would be "
-                         f"{given * nproc} ranks per node", f"give one of them: --ntasks-per-node {nproc}")
+        raise UsageError(
+            f"--ntasks-per-node {given} and -n/--nproc-per-node {nproc} disagree: under Slurm each task is one "
+            f"rank (distlaunch starts no extra processes), so {given} tasks × {nproc} processes would be "
+            f"{given * nproc} ranks per node",
+            f"give one of them: --ntasks-per-node {nproc}",
+        )
     if given or nproc:
         return given or nproc
     if opts.ntasks is not None:
         if opts.ntasks % nodes:
-            raise UsageError(f"--ntasks {opts.ntasks} does not split evenly over {nodes} node(s)",
-                             f"use a multiple of {nodes}, or give --ntasks-per-node")
+            raise UsageError(
+                f"--ntasks {opts.ntasks} does not split evenly over {nodes} node(s)",
+                f"use a multiple of {nodes}, or give --ntasks-per-node",
+            )
         return opts.ntasks // nodes
     return _count(environ, "SLURM_NTASKS_PER_NODE") or opts.gpus_per_node or _count(environ, "SLURM_GPUS_PER_NODE") or 1
 
@@ -97,11 +102,15 @@ def tasks_per_node(opts: SlurmJobOptions, nodes: int, environ: Mapping[str, str]
 def check_gpus(gpus: int, per_node: int) -> None:
     """One GPU per rank: fewer means two ranks on one GPU, more means GPUs paid for and idle."""
     if gpus and gpus < per_node:
-        raise UsageError(f"--ntasks-per-node {per_node} with --gpus-per-node {gpus}: two ranks would be given the same GPU",
-                         f"run one rank per GPU: --ntasks-per-node {gpus} (or --gpus-per-node {per_node})")
+        raise UsageError(
+            f"--ntasks-per-node {per_node} with --gpus-per-node {gpus}: two ranks would be given the same GPU",
+            f"run one rank per GPU: --ntasks-per-node {gpus} (or --gpus-per-node {per_node})",
+        )
     if gpus > per_node:
-        raise UsageError(f"--gpus-per-node {gpus} with --ntasks-per-node {per_node}: {gpus - per_node} GPU(s) per node would idle",
-                         f"run one rank per GPU: --ntasks-per-node {gpus}")
+        raise UsageError(
+            f"--gpus-per-node {gpus} with --ntasks-per-node {per_node}: {gpus - per_node} GPU(s) per node would idle",
+            f"run one rank per GPU: --ntasks-per-node {gpus}",
+        )
 
 
 def job_parallel(text: str | None, nodes: int, per_node: int) -> Parallel:
@@ -111,8 +120,10 @@ def job_parallel(text: str | None, nodes: int, per_node: int) -> Parallel:
     shape = f"-N {nodes} × --ntasks-per-node {per_node} = {world} ranks"
     if spec.dp is None:
         if world % mp:
-            raise UsageError(f"--parallel {text}: dp=auto needs a multiple of tp*pp = {mp} ranks, but {shape}",
-                             f"change -N / --ntasks-per-node so that the world size is a multiple of {mp}")
+            raise UsageError(
+                f"--parallel {text}: dp=auto needs a multiple of tp*pp = {mp} ranks, but {shape}",
+                f"change -N / --ntasks-per-node so that the world size is a multiple of {mp}",
+            )
         dp = world // mp
     else:
         dp = spec.dp
@@ -123,8 +134,11 @@ def job_parallel(text: str | None, nodes: int, per_node: int) -> Parallel:
     parallel = Parallel(dp=dp, tp=spec.tp, pp=spec.pp, zero=spec.zero)
     for group in groups(parallel)["tp"]:
         if group[0] // per_node != group[-1] // per_node:
-            raise UsageError(f"--parallel tp={spec.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} would span nodes "
-                             f"({per_node} tasks per node)", f"use --ntasks-per-node a multiple of {spec.tp}, or lower tp")
+            raise UsageError(
+                f"--parallel tp={spec.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} would span nodes "
+                f"({per_node} tasks per node)",
+                f"use --ntasks-per-node a multiple of {spec.tp}, or lower tp",
+            )
     return parallel
 
 
@@ -138,20 +152,47 @@ def forwarded_options(opts: SlurmJobOptions) -> list[str]:
         argv += ["--master-port", opts.master_port]
     if opts.backend != "auto":
         argv += ["--backend", opts.backend]
-    for pair in opts.env:
-        argv += ["--env", pair]
+    # --env values never go on a command line (ps shows it to every user of the node): they travel
+    # in srun's / sbatch's environment, and --export names them (export_option)
     return argv + (["-m"] if opts.module else []) + (["--no-python"] if opts.no_python else [])
+
+
+def export_option(names: list[str], default: str | None) -> str | None:
+    """``--export=ALL,NAME...``: the --env names (never their values) added to what srun/sbatch would export.
+
+    ``default`` is the site's or user's setting (SLURM_EXPORT_ENV for srun, SBATCH_EXPORT for sbatch).
+    """
+    if not names:
+        return None
+    base = [] if (default or "ALL").upper() in ("NONE", "NIL") else (default or "ALL").split(",")
+    return ",".join(dict.fromkeys([*base, *names]))
 
 
 def rank_command(opts: SlurmJobOptions) -> list[str]:
     """``python -m distlaunch run --launcher slurm [launch options] -- PROGRAM``: what each task runs."""
-    return [opts.python, "-m", "distlaunch", "run", "--launcher", "slurm", *forwarded_options(opts), "--", *opts.program]
+    return [
+        opts.python,
+        "-m",
+        "distlaunch",
+        "run",
+        "--launcher",
+        "slurm",
+        *forwarded_options(opts),
+        "--",
+        *opts.program,
+    ]
 
 
-def srun_command(shape: JobShape, opts: SlurmJobOptions) -> list[str]:
+def srun_command(shape: JobShape, opts: SlurmJobOptions, environ: Mapping[str, str] | None = None) -> list[str]:
     """srun with one task per rank; --kill-on-bad-exit so one failing rank stops the whole step."""
-    argv = ["srun", f"--nodes={shape.nodes}", f"--ntasks={shape.world_size}", f"--ntasks-per-node={shape.ntasks_per_node}",
-            "--kill-on-bad-exit=1", "--label"]
+    argv = [
+        "srun",
+        f"--nodes={shape.nodes}",
+        f"--ntasks={shape.world_size}",
+        f"--ntasks-per-node={shape.ntasks_per_node}",
+        "--kill-on-bad-exit=1",
+        "--label",
+    ]
     if shape.gpus_per_node:
         # Every task sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun.
         argv += [f"--gpus-per-node={shape.gpus_per_node}", "--gpu-bind=none"]
@@ -159,21 +200,30 @@ def srun_command(shape: JobShape, opts: SlurmJobOptions) -> list[str]:
         value = getattr(shape, flag)
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")
+    export = export_option(list(parse_env(opts.env)), (environ or {}).get("SLURM_EXPORT_ENV"))
+    if export:
+        argv.append(f"--export={export}")
     return argv + rank_command(opts)
 
 
 def _check_program(opts: SlurmJobOptions) -> None:
     build_command(LaunchOptions(program=opts.program, module=opts.module, no_python=opts.no_python))
     if not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
-        raise UsageError(f"script {opts.program[0]!r} does not exist", "check the path (tasks start in this directory), "
-                         "or use -m MODULE")
+        raise UsageError(
+            f"script {opts.program[0]!r} does not exist",
+            "check the path (tasks start in this directory), or use -m MODULE",
+        )
 
 
 def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
     """Fill in what the allocation (if any) says, check the shape, and build the srun command."""
-    for flag, value in (("-N/--nodes", opts.nodes), ("--ntasks-per-node", opts.ntasks_per_node),
-                        ("-n/--nproc-per-node", opts.nproc_per_node), ("--ntasks", opts.ntasks),
-                        ("--cpus-per-task", opts.cpus_per_task)):
+    for flag, value in (
+        ("-N/--nodes", opts.nodes),
+        ("--ntasks-per-node", opts.ntasks_per_node),
+        ("-n/--nproc-per-node", opts.nproc_per_node),
+        ("--ntasks", opts.ntasks),
+        ("--cpus-per-task", opts.cpus_per_task),
+    ):
         _positive(flag, value)
     _check_program(opts)
     parse_env(opts.env)
@@ -182,13 +232,28 @@ def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
     nodes = opts.nodes or _count(environ, "SLURM_JOB_NUM_NODES") or _count(environ, "SLURM_NNODES") or 1
     per_node = tasks_per_node(opts, nodes, environ)
     if opts.ntasks is not None and opts.ntasks != nodes * per_node:
-        raise UsageError(f"--ntasks {opts.ntasks} != -N {nodes} × --ntasks-per-node {per_node} = {nodes * per_node}",
-                         "give two of --nodes, --ntasks-per-node, --ntasks")
+        raise UsageError(
+            f"--ntasks {opts.ntasks} != -N {nodes} × --ntasks-per-node {per_node} = {nodes * per_node}",
+            "give two of --nodes, --ntasks-per-node, --ntasks",
+        )
     gpus = opts.gpus_per_node if opts.gpus_per_node is not None else (_count(environ, "SLURM_GPUS_PER_NODE") or 0)
     check_gpus(gpus, per_node)
     cpus = opts.cpus_per_task or _count(environ, "SLURM_CPUS_PER_TASK")  # srun >= 22.05 no longer inherits it
-    shape = JobShape(nodes=nodes, ntasks_per_node=per_node, world_size=nodes * per_node, gpus_per_node=gpus,
-                     cpus_per_task=cpus, partition=opts.partition, account=opts.account, time=opts.time,
-                     job_name=opts.job_name)
-    return SlurmJob(**shape.model_dump(), parallel=job_parallel(opts.parallel, nodes, per_node),
-                    allocation=environ.get("SLURM_JOB_ID"), rank_command=rank_command(opts), srun=srun_command(shape, opts))
+    shape = JobShape(
+        nodes=nodes,
+        ntasks_per_node=per_node,
+        world_size=nodes * per_node,
+        gpus_per_node=gpus,
+        cpus_per_task=cpus,
+        partition=opts.partition,
+        account=opts.account,
+        time=opts.time,
+        job_name=opts.job_name,
+    )
+    return SlurmJob(
+        **shape.model_dump(),
+        parallel=job_parallel(opts.parallel, nodes, per_node),
+        allocation=environ.get("SLURM_JOB_ID"),
+        rank_command=rank_command(opts),
+        srun=srun_command(shape, opts, environ),
+    )

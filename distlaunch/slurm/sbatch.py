@@ -7,11 +7,13 @@ A line whose placeholders all render empty is left out, so optional ``#SBATCH`` 
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import shlex
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
@@ -19,7 +21,8 @@ from typing import TextIO
 from pydantic import BaseModel
 
 from distlaunch.errors import HostError, UsageError
-from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, forwarded_options
+from distlaunch.launcher.spec import parse_env
+from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, export_option, forwarded_options
 from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S, wait_for_job
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}( ?)")
@@ -35,8 +38,10 @@ def render(template: str, values: dict[str, str], name: str = "sbatch template")
     """Fill ``{{name}}`` placeholders; drop lines whose placeholders are all empty; unknown names are an error."""
     unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - set(values))
     if unknown:
-        raise UsageError(f"{name} uses unknown placeholder(s) {', '.join('{{' + u + '}}' for u in unknown)}",
-                         f"known placeholders: {', '.join(sorted(values))}")
+        raise UsageError(
+            f"{name} uses unknown placeholder(s) {', '.join('{{' + u + '}}' for u in unknown)}",
+            f"known placeholders: {', '.join(sorted(values))}",
+        )
     lines = []
     for line in template.splitlines(keepends=True):
         names = [m.group(1) for m in _PLACEHOLDER.finditer(line)]
@@ -60,11 +65,18 @@ def _optional(value: object) -> str:
 def script_values(job: SlurmJob, opts: SlurmJobOptions, output: str | None) -> dict[str, str]:
     """The placeholder values of one job."""
     return {
-        "job_name": job.job_name or default_job_name(opts), "nodes": str(job.nodes),
-        "ntasks_per_node": str(job.ntasks_per_node), "gpus_per_node": _optional(job.gpus_per_node),
-        "cpus_per_task": _optional(job.cpus_per_task), "time": _optional(job.time), "partition": _optional(job.partition),
-        "account": _optional(job.account), "output": _optional(output),
-        "distlaunch": f"{shlex.quote(opts.python)} -m distlaunch", "launch_options": shlex.join(forwarded_options(opts)),
+        "job_name": job.job_name or default_job_name(opts),
+        "nodes": str(job.nodes),
+        "ntasks_per_node": str(job.ntasks_per_node),
+        "gpus_per_node": _optional(job.gpus_per_node),
+        "cpus_per_task": _optional(job.cpus_per_task),
+        "time": _optional(job.time),
+        "partition": _optional(job.partition),
+        "account": _optional(job.account),
+        "output": _optional(output),
+        "export": _optional(export_option(list(parse_env(opts.env)), None)),
+        "distlaunch": f"{shlex.quote(opts.python)} -m distlaunch",
+        "launch_options": shlex.join(forwarded_options(opts)),
         "program": shlex.join(opts.program),
     }
 
@@ -76,7 +88,9 @@ def render_script(job: SlurmJob, opts: SlurmJobOptions, output: str | None, temp
     try:
         text = template.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"cannot read --template {template}: {exc.strerror}", "give the path of your sbatch template") from None
+        raise UsageError(
+            f"cannot read --template {template}: {exc.strerror}", "give the path of your sbatch template"
+        ) from None
     return render(text, script_values(job, opts, output), name=f"template {template}")
 
 
@@ -132,24 +146,50 @@ def make_output_dir(output: str | None) -> None:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
 
 
-def submit(script: str, *, wait: bool, job_name: str, output: str | None, out: TextIO | None = None) -> SbatchResult:
-    """Submit with ``sbatch --parsable`` (script on stdin); with ``wait``, follow the job's output until it ends."""
+def submit(
+    script: str,
+    *,
+    wait: bool,
+    job_name: str,
+    output: str | None,
+    out: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
+    on_submitted: Callable[[SbatchResult], None] | None = None,
+) -> SbatchResult:
+    """Submit with ``sbatch --parsable`` (script on stdin); with ``wait``, follow the job's output until it ends.
+
+    ``env`` (the --env values) is added to sbatch's environment, which the job exports: never to the script.
+    ``on_submitted`` hears of the job as soon as Slurm has accepted it.
+    """
     out = out or sys.stdout
     make_output_dir(output)
     try:
-        done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True,
-                              timeout=SLURM_CMD_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            ["sbatch", "--parsable"],
+            input=script,
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=SLURM_CMD_TIMEOUT_S,
+            check=False,
+        )
     except FileNotFoundError:
-        raise HostError("'sbatch' not found: Slurm's client commands are not installed here",
-                        "run on a Slurm login node, or install slurm-client") from None
+        raise HostError(
+            "'sbatch' not found: Slurm's client commands are not installed here",
+            "run on a Slurm login node, or install slurm-client",
+        ) from None
     job_id = done.stdout.strip().split(";")[0]  # --parsable: "JOBID" or "JOBID;CLUSTER"
     if done.returncode or not job_id:
         err = done.stderr.strip().splitlines()
-        raise HostError(f"sbatch refused the job: {err[-1] if err else f'exit code {done.returncode}'}",
-                        "check --partition, --account, --time and the node/GPU counts against sinfo")
+        raise HostError(
+            f"sbatch refused the job: {err[-1] if err else f'exit code {done.returncode}'}",
+            "check --partition, --account, --time and the node/GPU counts against sinfo",
+        )
     result = SbatchResult(job_id=job_id, output=output_path(output, job_id, job_name))
     out.write(f"submitted batch job {job_id}\n")
     out.flush()
+    if on_submitted is not None:
+        on_submitted(result)
     if not wait:
         return result
     follower = _Follower(Path(result.output), out) if result.output else None

@@ -42,8 +42,10 @@ def expand_nodelist(text: str) -> list[str]:
     try:
         hosts = hostlist.expand_hostlist(text)
     except hostlist.BadHostlist as exc:
-        raise UsageError(f"Slurm node list {text!r} is not a valid hostlist ({exc})",
-                         "check SLURM_JOB_NODELIST / SLURM_STEP_NODELIST, e.g. gpu[01-04,07]") from None
+        raise UsageError(
+            f"Slurm node list {text!r} is not a valid hostlist ({exc})",
+            "check SLURM_JOB_NODELIST / SLURM_STEP_NODELIST, e.g. gpu[01-04,07]",
+        ) from None
     if not hosts:
         raise UsageError(f"Slurm node list {text!r} is empty", "run inside a Slurm job step (srun ...)")
     return hosts
@@ -56,8 +58,10 @@ def expand_tasks_per_node(text: str) -> list[int]:
     except (ValueError, hostlist.BadHostlist):
         counts = []
     if not counts or min(counts) < 1:
-        raise UsageError(f"Slurm tasks per node {text!r} is not a task count list",
-                         "expected e.g. 4 or 2(x3),1 in SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE")
+        raise UsageError(
+            f"Slurm tasks per node {text!r} is not a task count list",
+            "expected e.g. 4 or 2(x3),1 in SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE",
+        )
     return counts
 
 
@@ -74,8 +78,10 @@ def _int(environ: Mapping[str, str], *names: str, default: int | None = None) ->
     if value is None:
         if default is not None:
             return default
-        raise UsageError(f"{names[0]} is not set: this is not an srun task",
-                         "start it under srun (srun distlaunch run train.py), or use distlaunch slurm run")
+        raise UsageError(
+            f"{names[0]} is not set: this is not an srun task",
+            "start it under srun (srun distlaunch run train.py), or use distlaunch slurm run",
+        )
     try:
         return int(value)
     except ValueError:
@@ -107,8 +113,10 @@ def read_step(environ: Mapping[str, str]) -> SlurmStep:
     step_id = step_id_of(environ)
     job_id = _first(environ, "SLURM_JOB_ID", "SLURM_JOBID")
     if step_id is None or job_id is None or "SLURM_PROCID" not in environ:
-        raise UsageError("not inside an srun task step (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_PROCID are not all set)",
-                         "start it with srun (srun distlaunch run train.py), or let distlaunch slurm run call srun")
+        raise UsageError(
+            "not inside an srun task step (SLURM_JOB_ID, SLURM_STEP_ID, SLURM_PROCID are not all set)",
+            "start it with srun (srun distlaunch run train.py), or let distlaunch slurm run call srun",
+        )
     nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") or ""
     nodes = expand_nodelist(nodelist)
     tasks_text = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
@@ -117,23 +125,46 @@ def read_step(environ: Mapping[str, str]) -> SlurmStep:
     tasks_per_node = expand_tasks_per_node(tasks_text) if tasks_text else [world_size // nnodes] * nnodes
     gtids = environ.get("SLURM_GTIDS", "")
     step = SlurmStep(
-        job_id=job_id, step_id=step_id, rank=_int(environ, "SLURM_PROCID"), local_rank=_int(environ, "SLURM_LOCALID"),
-        world_size=world_size, node_rank=_int(environ, "SLURM_NODEID"), nnodes=nnodes, nodes=nodes,
-        tasks_per_node=tasks_per_node, distribution=(environ.get("SLURM_DISTRIBUTION") or "block").split(":")[0],
-        ranks_here=[int(r) for r in gtids.split(",") if r.strip().isdigit()], node_name=environ.get("SLURMD_NODENAME", ""),
-        restart_count=_int(environ, "SLURM_RESTART_COUNT", default=0), visible_gpus=_visible_gpus(environ))
+        job_id=job_id,
+        step_id=step_id,
+        rank=_int(environ, "SLURM_PROCID"),
+        local_rank=_int(environ, "SLURM_LOCALID"),
+        world_size=world_size,
+        node_rank=_int(environ, "SLURM_NODEID"),
+        nnodes=nnodes,
+        nodes=nodes,
+        tasks_per_node=tasks_per_node,
+        distribution=(environ.get("SLURM_DISTRIBUTION") or "block").split(":")[0],
+        ranks_here=[int(r) for r in gtids.split(",") if r.strip().isdigit()],
+        node_name=environ.get("SLURMD_NODENAME", ""),
+        restart_count=_int(environ, "SLURM_RESTART_COUNT", default=0),
+        visible_gpus=_visible_gpus(environ),
+    )
     _check_consistent(step)
     return step
 
 
 def _check_consistent(step: SlurmStep) -> None:
-    if len(step.nodes) != step.nnodes or len(step.tasks_per_node) != step.nnodes or sum(step.tasks_per_node) != step.world_size:
-        raise UsageError(f"inconsistent Slurm step: {step.nnodes} nodes {step.nodes}, tasks per node {step.tasks_per_node}, "
-                         f"{step.world_size} tasks", "do not override SLURM_* variables by hand; let srun set them")
-    if not (0 <= step.rank < step.world_size and 0 <= step.node_rank < step.nnodes
-            and 0 <= step.local_rank < step.local_world_size):
-        raise UsageError(f"inconsistent Slurm task: SLURM_PROCID={step.rank} of {step.world_size}, SLURM_NODEID={step.node_rank} "
-                         f"of {step.nnodes}, SLURM_LOCALID={step.local_rank}", "do not override SLURM_* variables by hand")
+    if (
+        len(step.nodes) != step.nnodes
+        or len(step.tasks_per_node) != step.nnodes
+        or sum(step.tasks_per_node) != step.world_size
+    ):
+        raise UsageError(
+            f"inconsistent Slurm step: {step.nnodes} nodes {step.nodes}, tasks per node {step.tasks_per_node}, "
+            f"{step.world_size} tasks",
+            "do not override SLURM_* variables by hand; let srun set them",
+        )
+    if not (
+        0 <= step.rank < step.world_size
+        and 0 <= step.node_rank < step.nnodes
+        and 0 <= step.local_rank < step.local_world_size
+    ):
+        raise UsageError(
+            f"inconsistent Slurm task: SLURM_PROCID={step.rank} of {step.world_size}, SLURM_NODEID={step.node_rank} "
+            f"of {step.nnodes}, SLURM_LOCALID={step.local_rank}",
+            "do not override SLURM_* variables by hand",
+        )
 
 
 def node_of_rank(step: SlurmStep) -> list[int] | None:

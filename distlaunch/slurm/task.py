@@ -18,10 +18,16 @@ from distlaunch.slurm.step import read_step
 
 def check_task_options(opts: LaunchOptions) -> None:
     """Options that choose hosts have no meaning under srun: Slurm placed the tasks already."""
-    for flag, value in (("-H/--hostfile", opts.hostfile), ("-i/--include", opts.include), ("-e/--exclude", opts.exclude)):
+    for flag, value in (
+        ("-H/--hostfile", opts.hostfile),
+        ("-i/--include", opts.include),
+        ("-e/--exclude", opts.exclude),
+    ):
         if value:
-            raise UsageError(f"{flag} {value} cannot be used under srun: Slurm has placed the tasks",
-                             "choose nodes with srun/sbatch (-N, --nodelist, --exclude), or use --launcher agent")
+            raise UsageError(
+                f"{flag} {value} cannot be used under srun: Slurm has placed the tasks",
+                "choose nodes with srun/sbatch (-N, --nodelist, --exclude), or use --launcher agent",
+            )
 
 
 def master_port_for(opts: LaunchOptions, environ: Mapping[str, str]) -> int | None:
@@ -38,9 +44,15 @@ def rank_for_task(opts: LaunchOptions, environ: Mapping[str, str]) -> SlurmRank:
     """Read this srun task's SLURM_* variables and map them to a checked rank."""
     check_task_options(opts)
     step = read_step(environ)
-    rank = map_rank(step, master_address(step.nodes[0], opts.master_addr, environ),
-                    master_port=master_port_for(opts, environ), parallel=parse_parallel(opts.parallel),
-                    backend=opts.backend, gpus_here=local_gpu_count(), nproc_per_node=opts.nproc_per_node)
+    rank = map_rank(
+        step,
+        master_address(step.nodes[0], opts.master_addr, environ),
+        master_port=master_port_for(opts, environ),
+        parallel=parse_parallel(opts.parallel),
+        backend=opts.backend,
+        gpus_here=local_gpu_count(),
+        nproc_per_node=opts.nproc_per_node,
+    )
     return rank.model_copy(update={"argv": build_command(opts)})
 
 
@@ -52,6 +64,8 @@ def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -
         # As torchrun: N ranks on a node each starting one thread per core oversubscribe it badly.
         env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")  # srun forwards output as it comes; Python would hold it back in a pipe
+    if rank.backend == "nccl":
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: a hung collective aborts the rank
     env.update(rank.env)
     return env
 
@@ -60,13 +74,17 @@ def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) 
     """Replace this process by the rank's program: no extra process sits between srun and the script."""
     command = rank.argv
     if not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
-        raise UsageError(f"script {opts.program[0]!r} does not exist on {rank.node} (cwd {os.getcwd()})",
-                         "use a path every node can see (a shared filesystem), or -m MODULE")
+        raise UsageError(
+            f"script {opts.program[0]!r} does not exist on {rank.node} (cwd {os.getcwd()})",
+            "use a path every node can see (a shared filesystem), or -m MODULE",
+        )
     env = task_env(rank, opts, environ)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
-        raise UsageError(f"cannot start {command[0]!r} on {rank.node}: {exc.strerror}",
-                         "check --python and the script path on every node") from None
+        raise UsageError(
+            f"cannot start {command[0]!r} on {rank.node}: {exc.strerror}",
+            "check --python and the script path on every node",
+        ) from None

@@ -13,6 +13,7 @@
 #SBATCH --partition={{partition}}
 #SBATCH --account={{account}}
 #SBATCH --output={{output}}
+#SBATCH --export={{export}}
 set -euo pipefail
 
 # `distlaunch slurm run` reads nodes, tasks, GPUs and CPUs per node from the #SBATCH lines above (through
@@ -20,4 +21,5 @@ set -euo pipefail
 #   srun --kill-on-bad-exit=1 --label ... python -m distlaunch run --launcher slurm ... SCRIPT ARGS
 # Every task maps its SLURM_* variables to MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE ... and
 # execs the script. One failing rank stops the step; the job exits with that rank's exit code.
+# --env values are not written here: sbatch takes them from the environment distlaunch submits with.
 exec {{distlaunch}} slurm run {{launch_options}} -- {{program}}

@@ -16,9 +16,16 @@ from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 20
-BASE = ["model.preset='tiny'", f"train.steps={STEPS}", "train.global_batch_size=4", "train.seq_len=32",
-        "train.seed=7", "checkpoint.every=5", "checkpoint.keep=2"]
-SAME_LAYOUT_RTOL = 1e-6  # the issue's bar for resuming on the same layout (measured: 0, bitwise equal)
+BASE = [
+    "model.preset='tiny'",
+    f"train.steps={STEPS}",
+    "train.global_batch_size=4",
+    "train.seq_len=32",
+    "train.seed=7",
+    "checkpoint.every=5",
+    "checkpoint.keep=2",
+]
+SAME_LAYOUT_RTOL = 1e-6  # the bar for resuming on the same layout (measured: 0, bitwise equal)
 
 
 def engine_args(ckpt_dir: Path, metrics: Path, *overrides: str) -> list[str]:
@@ -69,8 +76,16 @@ class Run:
 def launch_engine(tmp: Path, *launch: str, overrides: tuple[str, ...] = (), timeout: float = 180) -> Run:
     """``distlaunch run -n 2 LAUNCH... -m distlaunch.engine`` in a subprocess; fails on a non-zero exit."""
     ckpt, metrics = tmp / "ckpt", tmp / "metrics.jsonl"
-    r = run_cli("run", "--grace-period", "1", *launch, *engine_args(ckpt, metrics, *overrides),
-                env=cli_env(), timeout=timeout, cwd=REPO)
+    r = run_cli(
+        "run",
+        "--grace-period",
+        "1",
+        *launch,
+        *engine_args(ckpt, metrics, *overrides),
+        env=cli_env(),
+        timeout=timeout,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return Run(ckpt, metrics, r.stdout, r.stderr)
 
@@ -79,4 +94,3 @@ def launch_engine(tmp: Path, *launch: str, overrides: tuple[str, ...] = (), time
 def reference(tmp_path_factory) -> Run:
     """The uninterrupted job every recovered job must reproduce."""
     return launch_engine(tmp_path_factory.mktemp("reference"), "-n", "2")
-

@@ -70,10 +70,17 @@ def test_saving_a_step_again_replaces_it_and_points_latest_to_it(tmp_path):
     assert prune(tmp_path, keep=1, tag="job-r1") == []  # latest is kept even when older by number
 
 
-@pytest.mark.parametrize("resume,tries,expected", [
-    ("auto", 0, "step_000010"), ("auto", 1, "step_000010"), ("latest", 0, "step_000010"),
-    ("never", 1, None), ("PATH", 0, "step_000005"), ("PATH", 1, "step_000010"),
-])
+@pytest.mark.parametrize(
+    "resume,tries,expected",
+    [
+        ("auto", 0, "step_000010"),
+        ("auto", 1, "step_000010"),
+        ("latest", 0, "step_000010"),
+        ("never", 1, None),
+        ("PATH", 0, "step_000005"),
+        ("PATH", 1, "step_000010"),
+    ],
+)
 def test_resume_source(tmp_path, resume, tries, expected):
     save(tmp_path, 5)
     save(tmp_path, 10)
@@ -101,19 +108,24 @@ def test_fault_fires_on_its_rank_on_the_first_try_only_unless_every_try():
     assert restart_count({"DISTLAUNCH_RESTART_COUNT": "2"}) == 2 and restart_count({}) == 0
 
 
-@pytest.mark.parametrize("section,match", [
-    (FaultSection(rank=1, step=3, kind="hang"), "would hang forever"),
-    (FaultSection(rank=4, step=3), "the job has 2 rank"),
-    (FaultSection(rank=1), "must be set together"),
-])
+@pytest.mark.parametrize(
+    "section,match",
+    [
+        (FaultSection(rank=1, step=3, kind="hang"), "would hang forever"),
+        (FaultSection(rank=4, step=3), "the job has 2 rank"),
+        (FaultSection(rank=1), "must be set together"),
+    ],
+)
 def test_fault_settings_that_cannot_work_are_refused(section, match):
     with pytest.raises(UsageError, match=match):
         FaultPlan.for_rank(section, 0, 2, tries=0, step_timeout=0)
 
 
 def test_watchdog_ends_a_stuck_process_with_its_exit_code_and_a_reason():
-    code = ("import time; from distlaunch.engine.watchdog import Watchdog\n"
-            "with Watchdog(3).guard('step 7', 0.3, 'train.step_timeout'):\n    time.sleep(30)")
+    code = (
+        "import time; from distlaunch.engine.watchdog import Watchdog\n"
+        "with Watchdog(3).guard('step 7', 0.3, 'train.step_timeout'):\n    time.sleep(30)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == STEP_TIMEOUT_EXIT
     assert r.stderr.startswith("error: rank 3: step 7 did not finish within 0.3s (train.step_timeout)")

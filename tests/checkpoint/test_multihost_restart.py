@@ -9,8 +9,16 @@ from tests.checkpoint.conftest import SAME_LAYOUT_RTOL, STEPS, launch_engine, ma
 
 def test_crash_on_the_second_host_restarts_both_hosts_and_resumes(reference, sshd_cluster, tmp_path):
     hostfile = sshd_cluster.write_hostfile(tmp_path / "hostfile", nhosts=2, slots=1)
-    run = launch_engine(tmp_path, "-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config),
-                        "--max-restarts", "1", overrides=("fault.rank=1", "fault.step=12"))
+    run = launch_engine(
+        tmp_path,
+        "-H",
+        str(hostfile),
+        "--ssh-config",
+        str(sshd_cluster.ssh_config),
+        "--max-restarts",
+        "1",
+        overrides=("fault.rank=1", "fault.step=12"),
+    )
     assert "[node2 rank 1] fault injection: rank 1 crashes at step 12" in run.output
     assert "rank 1 on node2 exited with code 42" in run.output and "restarting the job (1/1)" in run.output
     assert f"[node1 rank 0] resumed from {run.ckpt / 'step_000010'} (step 10" in run.output

@@ -28,8 +28,9 @@ def assert_same_run(run, reference) -> None:
 
 
 def test_rank_crash_at_step_12_restarts_from_step_10_and_matches_the_uninterrupted_run(reference, tmp_path):
-    run = launch_engine(tmp_path, "-n", "2", "--max-restarts", "1",
-                        overrides=("fault.rank=1", "fault.step=12", "fault.kind='crash'"))
+    run = launch_engine(
+        tmp_path, "-n", "2", "--max-restarts", "1", overrides=("fault.rank=1", "fault.step=12", "fault.kind='crash'")
+    )
     assert "rank 1 crashes at step 12" in run.output
     assert "rank 1 on localhost exited with code 42" in run.output and "restarting the job (1/1)" in run.output
     assert f"resumed from {run.ckpt / 'step_000010'} (step 10" in run.output
@@ -37,8 +38,14 @@ def test_rank_crash_at_step_12_restarts_from_step_10_and_matches_the_uninterrupt
 
 
 def test_crash_inside_a_save_keeps_the_previous_checkpoint_and_the_restart_resumes_from_it(reference, tmp_path):
-    run = launch_engine(tmp_path, "-n", "2", "--max-restarts", "1",
-                        overrides=("fault.rank=1", "fault.step=10", "fault.kind='crash-in-save'"))
+    run = launch_engine(
+        tmp_path,
+        "-n",
+        "2",
+        "--max-restarts",
+        "1",
+        overrides=("fault.rank=1", "fault.step=10", "fault.kind='crash-in-save'"),
+    )
     assert "rank 1 crashes while saving the step-10 checkpoint" in run.output
     # the unfinished step-10 directory was never taken as latest: the restart went back to step 5
     assert f"resumed from {run.ckpt / 'step_000005'} (step 5" in run.output
@@ -47,8 +54,14 @@ def test_crash_inside_a_save_keeps_the_previous_checkpoint_and_the_restart_resum
 
 
 def test_hung_rank_is_ended_by_the_step_timeout_and_the_job_restarts(reference, tmp_path):
-    run = launch_engine(tmp_path, "-n", "2", "--max-restarts", "1",
-                        overrides=("fault.rank=1", "fault.step=7", "fault.kind='hang'", "train.step_timeout=3"))
+    run = launch_engine(
+        tmp_path,
+        "-n",
+        "2",
+        "--max-restarts",
+        "1",
+        overrides=("fault.rank=1", "fault.step=7", "fault.kind='hang'", "train.step_timeout=3"),
+    )
     assert "rank 1 hangs at step 7" in run.output
     assert "step 7 did not finish within 3s (train.step_timeout); exiting with code 124" in run.output
     assert "exited with code 124" in run.output

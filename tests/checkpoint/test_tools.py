@@ -34,9 +34,11 @@ def test_inspect_shows_step_layout_and_sizes_as_a_table_and_json(reference):
 
 
 def test_inspect_does_not_import_torch(reference):
-    code = ("import sys; from distlaunch.cli.app import main; "
-            f"code = main(['checkpoint', 'inspect', {str(reference.ckpt)!r}, '--json']); "
-            "sys.exit(code or ('torch' in sys.modules and 'torch was imported'))")
+    code = (
+        "import sys; from distlaunch.cli.app import main; "
+        f"code = main(['checkpoint', 'inspect', {str(reference.ckpt)!r}, '--json']); "
+        "sys.exit(code or ('torch' in sys.modules and 'torch was imported'))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
 
@@ -61,15 +63,28 @@ def test_crash_inside_a_save_leaves_the_previous_checkpoint_published_and_loadab
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     args = engine_args(ckpt, metrics, "train.steps=10")[1:]  # drop "-m": run the module directly
     crash = ["--set", "fault.rank=0", "--set", "fault.step=10", "--set", "fault.kind='crash-in-save'"]
-    r = subprocess.run([sys.executable, "-m", *args, *crash], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, **cli_env()}, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", *args, *crash],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **cli_env()},
+        cwd=REPO,
+    )
     assert r.returncode == 42 and "while saving the step-10 checkpoint" in r.stderr, r.stderr
     unfinished = [p for p in ckpt.iterdir() if LEFTOVER.match(p.name)]
     assert len(unfinished) == 1 and (unfinished[0] / ".metadata").exists()  # shards fully written, unpublished
     assert latest_checkpoint(ckpt) == ckpt / "step_000005" and not (ckpt / "step_000010").exists()
     inspected = invoke(["checkpoint", "inspect", str(ckpt)])
     assert "step 5," in inspected.stdout and "unfinished save" in inspected.stdout
-    r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **cli_env()}, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **cli_env()},
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert f"resumed from {ckpt / 'step_000005'} (step 5" in r.stdout
     assert sorted(step_losses(metrics)) == list(range(1, 11))

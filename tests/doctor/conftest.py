@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from fixtures.sshd import SshdCluster, start_sshd
 from helpers import invoke
 
@@ -69,8 +68,10 @@ def write_config(path: Path, cluster: SshdCluster, extra: str) -> Path:
 
 
 def host_block(alias: str, hostname: str, port: int, identity: Path, known_hosts: Path) -> str:
-    return (f"Host {alias}\n  HostName {hostname}\n  Port {port}\n  IdentityFile {identity}\n  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n  ConnectTimeout 3\n")
+    return (
+        f"Host {alias}\n  HostName {hostname}\n  Port {port}\n  IdentityFile {identity}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n  ConnectTimeout 3\n"
+    )
 
 
 def need_root_netns() -> str | None:
@@ -133,10 +134,15 @@ def netns_host(tmp_path_factory):
         _sh("ip", "link", "set", inside, "netns", name)
         _sh("ip", "addr", "add", f"{net}.1/24", "dev", outside)
         _sh("ip", "link", "set", outside, "up")
-        for argv in (["ip", "addr", "add", f"{net}.2/24", "dev", inside], ["ip", "link", "set", inside, "up"],
-                     ["ip", "link", "set", "lo", "up"]):
+        for argv in (
+            ["ip", "addr", "add", f"{net}.2/24", "dev", inside],
+            ["ip", "link", "set", inside, "up"],
+            ["ip", "link", "set", "lo", "up"],
+        ):
             _sh("ip", "netns", "exec", name, *argv)
-        cluster = start_sshd(tmp_path_factory.mktemp("netns-sshd"), addresses=[f"{net}.2"], prefix=("ip", "netns", "exec", name))
+        cluster = start_sshd(
+            tmp_path_factory.mktemp("netns-sshd"), addresses=[f"{net}.2"], prefix=("ip", "netns", "exec", name)
+        )
         yield NetnsHost(name, outside, inside, f"{net}.2", cluster, hosts_dir / "hosts")
     finally:
         if cluster is not None:
@@ -144,4 +150,3 @@ def netns_host(tmp_path_factory):
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", outside], capture_output=True)  # gVisor keeps the peer otherwise
         shutil.rmtree(hosts_dir, ignore_errors=True)
-

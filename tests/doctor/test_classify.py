@@ -5,9 +5,21 @@ from __future__ import annotations
 import pytest
 
 from distlaunch.doctor.bench import parse_size
-from distlaunch.doctor.checks_cluster import clock_checks, duplicate_checks, master_port_check, parallel_check, ssh_checks
+from distlaunch.doctor.checks_cluster import (
+    clock_checks,
+    duplicate_checks,
+    master_port_check,
+    parallel_check,
+    ssh_checks,
+)
 from distlaunch.doctor.checks_host import gpus_check, memlock_check, nccl_check, shm_check, torch_check
-from distlaunch.doctor.checks_network import loopback_hostname_check, nccl_selects, nic_check, reachable_check
+from distlaunch.doctor.checks_network import (
+    ifname_suggestion,
+    loopback_hostname_check,
+    nccl_selects,
+    nic_check,
+    reachable_check,
+)
 from distlaunch.doctor.gather import HostResult, ListenerResult
 from distlaunch.doctor.listener_script import decode_address
 from distlaunch.doctor.model import DoctorReport, HostFacts, check
@@ -18,15 +30,35 @@ from distlaunch.remote.sshconfig import SshTarget
 
 
 def facts(**over) -> HostFacts:
-    base = dict(hostname="gpu1", fqdn="gpu1.lab", hostname_addrs=["10.0.0.5"], fqdn_addrs=["10.0.0.5"], machine_id="m1",
-                boot_id="b1", python={"executable": "/usr/bin/python3", "version": "3.11.7"}, distlaunch="0.1.0",
-                torch={"version": "2.5.1+cu124", "cuda": "12.4", "nccl": "2.21.5", "path": "/x"},
-                gpus={"source": "nvidia-smi", "names": ["NVIDIA H100"] * 8},
-                interfaces=[{"name": "lo", "up": True, "addrs": ["127.0.0.1"]}, {"name": "eth0", "up": True, "addrs": ["10.0.0.5"]},
-                            {"name": "ib0", "up": True, "addrs": ["192.168.1.5"]}],
-                shm_bytes=64 << 30, memlock=-1, infiniband=[], time=1000.0, sent_at=1000.0, received_at=1000.1,
-                master={"resolved": ["10.0.0.1"], "address": "10.0.0.1", "route": {"dev": "eth0", "src": "10.0.0.5"},
-                        "connect": {"result": "ok", "token": "n0nce", "seconds": 0.001}})
+    base = dict(
+        hostname="gpu1",
+        fqdn="gpu1.lab",
+        hostname_addrs=["10.0.0.5"],
+        fqdn_addrs=["10.0.0.5"],
+        machine_id="m1",
+        boot_id="b1",
+        python={"executable": "/usr/bin/python3", "version": "3.11.7"},
+        distlaunch="0.1.0",
+        torch={"version": "2.5.1+cu124", "cuda": "12.4", "nccl": "2.21.5", "path": "/x"},
+        gpus={"source": "nvidia-smi", "names": ["NVIDIA H100"] * 8},
+        interfaces=[
+            {"name": "lo", "up": True, "addrs": ["127.0.0.1"]},
+            {"name": "eth0", "up": True, "addrs": ["10.0.0.5"]},
+            {"name": "ib0", "up": True, "addrs": ["192.168.1.5"]},
+        ],
+        shm_bytes=64 << 30,
+        memlock=-1,
+        infiniband=[],
+        time=1000.0,
+        sent_at=1000.0,
+        received_at=1000.1,
+        master={
+            "resolved": ["10.0.0.1"],
+            "address": "10.0.0.1",
+            "route": {"dev": "eth0", "src": "10.0.0.5"},
+            "connect": {"result": "ok", "token": "n0nce", "seconds": 0.001},
+        },
+    )
     base.update(over)
     return HostFacts.model_validate(base)
 
@@ -37,8 +69,15 @@ def result(host: str, f: HostFacts | None, hostname: str = "10.0.0.5") -> HostRe
 
 
 def listener(**over) -> ListenerResult:
-    base = dict(host="gpu0", address="10.0.0.1", port=29500, nonce="n0nce", started=True, bound=True,
-                status={"bound": True, "holders": []})
+    base = dict(
+        host="gpu0",
+        address="10.0.0.1",
+        port=29500,
+        nonce="n0nce",
+        started=True,
+        bound=True,
+        status={"bound": True, "holders": []},
+    )
     base.update(over)
     return ListenerResult(**base)
 
@@ -51,12 +90,24 @@ def test_hint_links_to_the_troubleshooting_section():
 def test_report_ok_follows_failures_not_warnings():
     assert DoctorReport.of([check("shm", "h", "warn", "small", "grow it")]).ok is True
     assert DoctorReport.of([check("shm", "h", "fail", "gone", "mount it")]).ok is False
-    assert set(DoctorReport.of([]).model_dump()) == {"ok", "checks"}  # the DESIGN.md shape without --bench
+    assert set(DoctorReport.of([]).model_dump()) == {
+        "ok",
+        "checks",
+    }  # the documented shape without --bench (docs/cli.md)
 
 
-@pytest.mark.parametrize("value, name, selected", [("eth", "eth0", True), ("eth", "ib0", False), ("=eth0", "eth0", True),
-                                                   ("=eth", "eth0", False), ("^docker,lo", "eth0", True),
-                                                   ("^docker,lo", "lo", False), ("ib,eth", "eth1", True)])
+@pytest.mark.parametrize(
+    "value, name, selected",
+    [
+        ("eth", "eth0", True),
+        ("eth", "ib0", False),
+        ("=eth0", "eth0", True),
+        ("=eth", "eth0", False),
+        ("^docker,lo", "eth0", True),
+        ("^docker,lo", "lo", False),
+        ("ib,eth", "eth1", True),
+    ],
+)
 def test_nccl_socket_ifname_semantics(value, name, selected):
     assert nccl_selects(value, name) is selected
 
@@ -67,16 +118,38 @@ def test_nic_suggests_the_interface_toward_the_master():
 
 
 def test_nic_user_value_matching_nothing_fails_and_leaving_out_the_route_warns():
-    assert nic_check("gpu1", facts(), {"NCCL_SOCKET_IFNAME": "enp"}, False).status == "fail"
-    assert nic_check("gpu1", facts(), {"GLOO_SOCKET_IFNAME": "eth0,bond0"}, False).status == "fail"
-    assert nic_check("gpu1", facts(), {"NCCL_SOCKET_IFNAME": "ib"}, False).status == "warn"
-    assert nic_check("gpu1", facts(), {"NCCL_SOCKET_IFNAME": "^lo", "GLOO_SOCKET_IFNAME": "eth0"}, False).status == "pass"
+    assert nic_check("gpu1", facts(), {"NCCL_SOCKET_IFNAME": "enp"}, False, "nccl").status == "fail"
+    assert nic_check("gpu1", facts(), {"GLOO_SOCKET_IFNAME": "eth0,bond0"}, False, "gloo").status == "fail"
+    assert nic_check("gpu1", facts(), {"NCCL_SOCKET_IFNAME": "ib"}, False, "nccl").status == "warn"
+    assert (
+        nic_check("gpu1", facts(), {"NCCL_SOCKET_IFNAME": "^lo", "GLOO_SOCKET_IFNAME": "eth0"}, False).status == "pass"
+    )
 
 
-def test_loopback_hostname_fails_across_machines_but_not_on_one():
+def test_nic_variable_of_the_other_backend_only_warns():
+    gloo_job = nic_check("gpu1", facts(), {"NCCL_SOCKET_IFNAME": "enp"}, False, "gloo")
+    assert gloo_job.status == "warn" and "harmless for this gloo job" in gloo_job.detail
+    nccl_job = nic_check("gpu1", facts(), {"GLOO_SOCKET_IFNAME": "bond0"}, False, "nccl")
+    assert nccl_job.status == "warn"
+
+
+def test_nic_reports_every_problem_and_one_value_for_all_hosts():
+    c = nic_check(
+        "gpu1", facts(), {"NCCL_SOCKET_IFNAME": "ens5", "GLOO_SOCKET_IFNAME": "ens5"}, False, "gloo", "eth0,ens5"
+    )
+    assert c.status == "fail"
+    assert "NCCL_SOCKET_IFNAME=ens5" in c.detail and "GLOO_SOCKET_IFNAME=ens5" in c.detail
+    assert "NCCL_SOCKET_IFNAME=eth0,ens5" in c.hint and "GLOO_SOCKET_IFNAME" in c.hint
+    assert ifname_suggestion(["eth0", "ens5", "eth0", None]) == "eth0,ens5"
+
+
+def test_loopback_hostname_fails_a_gloo_job_and_warns_an_nccl_one():
     f = facts(hostname_addrs=["127.0.1.1"], fqdn_addrs=["127.0.1.1"])
     c = loopback_hostname_check("gpu1", f, single_machine=False, ifnames_set=False)
     assert c.status == "fail" and "127.0.1.1" in c.detail and "map gpu1 to 10.0.0.5" in c.hint
+    nccl = loopback_hostname_check("gpu1", f, single_machine=False, ifnames_set=False, backend="nccl")
+    assert nccl.status == "warn" and "NCCL picks" in nccl.detail
+    assert loopback_hostname_check("gpu1", f, False, False, "gloo", gloo_set=True).status == "warn"
     assert loopback_hostname_check("gpu1", f, single_machine=True, ifnames_set=False).status == "pass"
     assert loopback_hostname_check("gpu1", f, single_machine=False, ifnames_set=True).status == "warn"
     assert loopback_hostname_check("gpu1", facts(), False, False).status == "pass"
@@ -131,11 +204,19 @@ def test_reachability_kinds_are_told_apart():
 
 
 def test_master_port_reasons():
-    held = listener(bound=False, status={"bound": False, "reason": "in-use",
-                                         "holders": [{"address": "0.0.0.0", "pid": 4242, "command": "python train.py"}]})
+    held = listener(
+        bound=False,
+        status={
+            "bound": False,
+            "reason": "in-use",
+            "holders": [{"address": "0.0.0.0", "pid": 4242, "command": "python train.py"}],
+        },
+    )
     c = master_port_check(held)
     assert c.status == "fail" and "pid 4242 (python train.py)" in c.detail and "kill 4242" in c.hint
-    foreign = listener(bound=False, status={"bound": False, "reason": "not-local", "address": "10.0.0.9", "holders": []})
+    foreign = listener(
+        bound=False, status={"bound": False, "reason": "not-local", "address": "10.0.0.9", "holders": []}
+    )
     assert "is not an address of gpu0" in master_port_check(foreign).detail
     assert master_port_check(listener()).status == "pass"
     assert master_port_check(listener(started=False, error="master host gpu0 could not be reached")).status == "skip"

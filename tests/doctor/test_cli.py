@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from helpers import invoke
+
 from tests.doctor.conftest import assert_healthy, doctor, free_port
 
 
@@ -20,20 +21,25 @@ def test_this_machine_only_passes():
 def test_table_groups_by_host_with_fix_and_verdict(sshd_cluster, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=2\nnowhere.invalid slots=2\n", encoding="utf-8")
-    result = invoke(["doctor", "-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config),
-                     "--master-port", str(free_port())])
+    result = invoke(
+        ["doctor", "-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--master-port", str(free_port())]
+    )
     assert result.exit_code == 1
     out = result.stdout
     assert "node1" in out and "nowhere.invalid" in out
-    assert "FAIL" in out and "fix:" in out and "troubleshooting.md#dns" in out.replace("\n", "").replace("│", "").replace(" ", "")
+    assert (
+        "FAIL" in out
+        and "fix:" in out
+        and "troubleshooting.md#dns" in out.replace("\n", "").replace("│", "").replace(" ", "")
+    )
     assert out.strip().splitlines()[-1].startswith("NOT READY: 1 check(s) failed on nowhere.invalid")
 
 
-def test_bad_hostfile_is_a_failed_check(tmp_path):
+def test_bad_hostfile_is_a_usage_error(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 gpus=8\n", encoding="utf-8")
     run = doctor("-H", str(hostfile))
-    assert run.exit_code == 1
+    assert run.exit_code == 2  # as for run: the input is wrong, no host was checked
     found = run.get("hostfile", "(local)")
     assert found["status"] == "fail" and "line 1" in found["detail"] and "slots=8" in found["hint"]
 

@@ -5,8 +5,10 @@ test cluster must reach it. Firewall rules and /etc/hosts lines are real, only i
 from __future__ import annotations
 
 import socket
+import subprocess
 
 import pytest
+from helpers import run_cli
 
 from tests.doctor.conftest import doctor, host_block, write_config
 
@@ -15,8 +17,11 @@ from tests.doctor.conftest import doctor, host_block, write_config
 def two_networks(netns_host, sshd_cluster, tmp_path):
     """ssh_config and hostfile for: master ``nsnode`` (in the namespace) and ``node1`` (here, loopback)."""
     ns = netns_host.cluster
-    config = write_config(tmp_path / "ssh_config", sshd_cluster,
-                          host_block("nsnode", netns_host.address, ns.port, ns.user_key, ns.known_hosts))
+    config = write_config(
+        tmp_path / "ssh_config",
+        sshd_cluster,
+        host_block("nsnode", netns_host.address, ns.port, ns.user_key, ns.known_hosts),
+    )
     hostfile = tmp_path / "hosts"
     hostfile.write_text("nsnode slots=1\nnode1 slots=1\n", encoding="utf-8")
     with socket.socket() as s:
@@ -27,7 +32,9 @@ def two_networks(netns_host, sshd_cluster, tmp_path):
     netns_host.ns("iptables", "-F", "INPUT")
 
 
-@pytest.mark.parametrize("rule, result", [(["-j", "DROP"], "timeout"), (["-j", "REJECT", "--reject-with", "tcp-reset"], "refused")])
+@pytest.mark.parametrize(
+    "rule, result", [(["-j", "DROP"], "timeout"), (["-j", "REJECT", "--reject-with", "tcp-reset"], "refused")]
+)
 def test_firewall_on_master_port(netns_host, two_networks, rule, result):
     args, port = two_networks
     # Only packets arriving over the veth: the master can still reach itself, as in a real cluster.
@@ -61,19 +68,55 @@ def test_reachable_master_across_namespaces(netns_host, two_networks):
     assert dup["status"] == "fail" and "same machine as nsnode" in dup["detail"]
 
 
-def test_hostname_resolving_to_loopback(netns_host, two_networks):
+def job(args: list[str], *extra: str) -> subprocess.CompletedProcess:
+    """The real gloo all-reduce on the same hosts and options as the doctor run."""
+    return run_cli("run", *args, *extra, "-m", "distlaunch.examples.allreduce", timeout=180)
+
+
+def test_hostname_resolving_to_loopback_fails_a_gloo_job_as_the_job_does(netns_host, two_networks):
     args, _ = two_networks
     netns_host.set_hosts(f"127.0.0.1 localhost\n127.0.1.1 {socket.gethostname()}\n")  # Ubuntu's default line
     run = doctor(*args)
     check = run.get("loopback-hostname", "nsnode")
-    assert check["status"] == "fail"
+    assert check["status"] == "fail" and run.report["ok"] is False
     assert "127.0.1.1" in check["detail"] and "/etc/hosts" in check["hint"]
     assert f"GLOO_SOCKET_IFNAME={netns_host.inside}" in check["hint"]
+    done = job(args)
+    assert done.returncode != 0  # ground truth: gloo advertises the loopback address and the mesh fails
+    assert "connectFullMesh" in done.stderr
+    nccl = doctor(*args, "--backend", "nccl").get("loopback-hostname", "nsnode")
+    assert nccl["status"] == "warn"  # NCCL picks its interface itself
+
+
+def test_nccl_variable_on_a_gloo_job_only_warns(netns_host, two_networks):
+    args, _ = two_networks
+    run = doctor(*args, "--env", "NCCL_SOCKET_IFNAME=ib", "--backend", "gloo")
+    nic = run.get("nic", "node1")
+    assert nic["status"] == "warn" and "harmless for this gloo job" in nic["detail"]
+
+
+def test_heterogeneous_nic_names_get_one_value_for_every_host(netns_host, two_networks):
+    args, _ = two_networks
+    inside, outside = netns_host.inside, netns_host.outside  # the master's NIC and node1's NIC differ in name
+    run = doctor(
+        *args, "--backend", "nccl", "--env", f"NCCL_SOCKET_IFNAME={inside}", "--env", f"GLOO_SOCKET_IFNAME={inside}"
+    )
+    node1 = run.get("nic", "node1")
+    assert node1["status"] == "fail"
+    assert f"NCCL_SOCKET_IFNAME={inside}" in node1["detail"] and f"GLOO_SOCKET_IFNAME={inside}" in node1["detail"]
+    assert f"NCCL_SOCKET_IFNAME={inside},{outside}" in node1["hint"]
+    assert run.status("nic", "nsnode") == "pass"
+    # gloo names must exist on every host: the gloo job with the master's name fails on node1, as doctor said
+    run = doctor(*args, "--backend", "gloo", "--env", f"GLOO_SOCKET_IFNAME={inside}")
+    assert run.status("nic", "node1") == "fail" and run.report["ok"] is False
+    assert job(args, "--backend", "gloo", "--env", f"GLOO_SOCKET_IFNAME={inside}").returncode != 0
 
 
 def test_socket_ifname_matching_no_interface(netns_host, two_networks):
     args, _ = two_networks
-    run = doctor(*args, "--env", "NCCL_SOCKET_IFNAME=ib", "--env", f"GLOO_SOCKET_IFNAME={netns_host.inside}")
+    run = doctor(
+        *args, "--backend", "nccl", "--env", "NCCL_SOCKET_IFNAME=ib", "--env", f"GLOO_SOCKET_IFNAME={netns_host.inside}"
+    )
     nsnode, node1 = run.get("nic", "nsnode"), run.get("nic", "node1")
     assert nsnode["status"] == "fail" and "NCCL_SOCKET_IFNAME=ib matches no interface" in nsnode["detail"]
     assert node1["status"] == "fail"

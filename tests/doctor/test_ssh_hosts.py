@@ -20,6 +20,8 @@ def test_healthy_cluster_passes_every_check(sshd_cluster, tmp_path):
         assert_healthy(run, host)
     assert run.status("master-port", "node1") == "pass"
     assert run.status("master-reachable", "node3") == "pass"
+    clock = run.get("clock", "node3")  # NTP-style: several round trips to a helper on the host, with its error bar
+    assert "round trips" in clock["detail"] and "±" in clock["detail"]
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +33,17 @@ def broken_run(sshd_cluster, tmp_path_factory):
     empty_known = d / "empty_known_hosts"
     empty_known.write_text("", encoding="utf-8")
     c = sshd_cluster
-    extra = (host_block("ghost.invalid", "ghost.invalid", c.port, c.user_key, c.known_hosts)  # RFC 2606: never resolves
-             + host_block("nolisten", "127.0.0.99", c.port, c.user_key, c.known_hosts)  # loopback, nothing listens
-             + host_block("badkey", c.addresses[1], c.port, stranger, c.known_hosts)
-             + host_block("newkey", c.addresses[2], c.port, c.user_key, empty_known))
+    extra = (
+        host_block("ghost.invalid", "ghost.invalid", c.port, c.user_key, c.known_hosts)  # RFC 2606: never resolves
+        + host_block("nolisten", "127.0.0.99", c.port, c.user_key, c.known_hosts)  # loopback, nothing listens
+        + host_block("badkey", c.addresses[1], c.port, stranger, c.known_hosts)
+        + host_block("newkey", c.addresses[2], c.port, c.user_key, empty_known)
+    )
     config = write_config(d / "ssh_config", c, extra)
     hostfile = d / "hosts"
-    hostfile.write_text("node1 slots=2\nghost.invalid slots=1\nnolisten slots=1\nbadkey slots=1\nnewkey slots=1\nnode2 slots=2\n")
+    hostfile.write_text(
+        "node1 slots=2\nghost.invalid slots=1\nnolisten slots=1\nbadkey slots=1\nnewkey slots=1\nnode2 slots=2\n"
+    )
     return doctor("-H", str(hostfile), "--ssh-config", str(config), "--master-port", str(free_port()))
 
 
@@ -86,8 +92,10 @@ def test_healthy_hosts_beside_broken_ones_still_pass(broken_run):
 def port_holder():
     """A real listener on the master's address, in a child process of ours."""
     port = free_port()
-    code = ("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.11', int(sys.argv[1]))); s.listen(); "
-            "print('ready', flush=True); time.sleep(120)")
+    code = (
+        "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.11', int(sys.argv[1]))); s.listen(); "
+        "print('ready', flush=True); time.sleep(120)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     yield port, proc.pid
@@ -110,15 +118,27 @@ def test_master_port_held_names_the_holder(sshd_cluster, tmp_path, port_holder):
 
 def test_remote_interpreter_without_torch(sshd_cluster, tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-    python = str(tmp_path / "venv" / "bin" / "python")
+    # A bare interpreter: also without a PYTHONPATH that the test session may hand to remote hosts.
+    wrapper = tmp_path / "bare-python"
+    wrapper.write_text(f'#!/bin/sh\nunset PYTHONPATH\nexec {tmp_path / "venv" / "bin" / "python"} "$@"\n')
+    wrapper.chmod(0o755)
+    python = str(wrapper)
     hostfile = sshd_cluster.write_hostfile(tmp_path / "hosts", 2)
-    run = doctor("-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--master-port", str(free_port()),
-                 "--remote-python", python)
+    run = doctor(
+        "-H",
+        str(hostfile),
+        "--ssh-config",
+        str(sshd_cluster.ssh_config),
+        "--master-port",
+        str(free_port()),
+        "--remote-python",
+        python,
+    )
     assert run.exit_code == 1
     for host in ("node1", "node2"):
         torch = run.get("torch-version", host)
         assert torch["status"] == "fail"
-        assert torch["detail"] == f"torch is not installed for {python}"
+        assert torch["detail"] == f"torch is not installed for {tmp_path / 'venv' / 'bin' / 'python'}"
         assert "pip install torch" in torch["hint"]
         assert run.status("python", host) == "fail"  # distlaunch itself is missing there too
         assert run.status("master-reachable", host) == "pass"  # the probe itself ran on the bare interpreter
@@ -126,8 +146,16 @@ def test_remote_interpreter_without_torch(sshd_cluster, tmp_path):
 
 def test_missing_remote_interpreter(sshd_cluster, tmp_path):
     hostfile = sshd_cluster.write_hostfile(tmp_path / "hosts", 1)
-    run = doctor("-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--master-port", str(free_port()),
-                 "--remote-python", "/nonexistent/bin/python3")
+    run = doctor(
+        "-H",
+        str(hostfile),
+        "--ssh-config",
+        str(sshd_cluster.ssh_config),
+        "--master-port",
+        str(free_port()),
+        "--remote-python",
+        "/nonexistent/bin/python3",
+    )
     python = run.get("python", "node1")
     assert python["status"] == "fail" and "/nonexistent/bin/python3" in python["detail"]
     assert run.status("master-port", "node1") == "skip"

@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.testing import assert_close
 
-from distlaunch.engine.model import GPT, MLP, CausalSelfAttention, GPTConfig, init_weights
+from distlaunch.engine.model import GPT, GPTConfig, init_weights
+from distlaunch.engine.optim import make_optimizer_factory
 from distlaunch.engine.parallel.data import ReplicatedDP, full_tensor
 from distlaunch.engine.parallel.mesh import init_process_group, read_env
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, tp_plan
 from distlaunch.engine.parallel.zero import ShardedDP
-from distlaunch.engine.optim import make_optimizer_factory
 
 CFG = GPTConfig(n_layer=2, n_head=4, d_model=32, max_seq_len=16)
 
@@ -66,6 +66,26 @@ def check_tp_attention() -> None:
 
 def check_tp_mlp() -> None:
     _check_layer("blocks.0.mlp")
+
+
+def check_tp_block_backward_does_two_all_reduces() -> None:
+    """Megatron's count: one all-reduce for the fused q/k/v input gradient, one for the MLP's."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    model = _model()
+    apply_tp(model, mesh)
+    block = model.blocks["0"]
+    x = _same_input(2, 8, CFG.d_model).requires_grad_()
+    forward, backward = CommDebugMode(), CommDebugMode()
+    with forward:
+        out = block(x)
+    with backward:
+        out.pow(2).sum().backward()
+    all_reduce = torch.ops.c10d_functional.all_reduce
+    assert forward.get_comm_counts().get(all_reduce, 0) == 2, forward.get_comm_counts()
+    assert backward.get_comm_counts().get(all_reduce, 0) == 2, backward.get_comm_counts()
+    assert backward.get_total_counts() == 2, backward.get_comm_counts()
 
 
 def check_vocab_parallel_embedding_head_and_loss() -> None:

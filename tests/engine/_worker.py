@@ -40,8 +40,14 @@ def run_layout(overrides: list[str], world_size: int) -> dict:
         engine.optimizer_step()
         losses.append(loss)
         norms.append(norm)
-    return {"losses": losses, "grad_norms": norms, "grads": grads, "mem": engine.state_bytes(),
-            "groups": groups, "dims": dims.describe()}
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "grads": grads,
+        "mem": engine.state_bytes(),
+        "groups": groups,
+        "dims": dims.describe(),
+    }
 
 
 def main(out_dir: str, spec_json: str) -> None:

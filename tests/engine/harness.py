@@ -27,19 +27,36 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "DISTLAUNCH_PARALLEL")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     if world_size > 0:
-        env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
     return env
 
 
-def spawn(argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None) -> list[subprocess.CompletedProcess]:
+def spawn(
+    argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None
+) -> list[subprocess.CompletedProcess]:
     """Run ``argv`` as ``world_size`` ranks (0: one process without the launch environment)."""
     port = free_port()
     procs = []
     for rank in range(max(world_size, 1)):
         env = rank_env(rank, world_size, port) | (extra_env or {})
-        procs.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     results = []
     try:
         for proc in procs:
@@ -53,15 +70,13 @@ def spawn(argv: list[str], world_size: int, timeout: float, extra_env: dict | No
     return results
 
 
-def run_layouts(out_dir: Path, world_size: int, base: list[str], layouts: dict[str, list[str]],
-                timeout: float = 600) -> dict[str, list[dict]]:
+def run_layouts(
+    out_dir: Path, world_size: int, base: list[str], layouts: dict[str, list[str]], timeout: float = 600
+) -> dict[str, list[dict]]:
     """Train every layout in one job of ``world_size`` ranks; results per layout, per rank."""
     spec = json.dumps({"base": base, "layouts": layouts})
     results = spawn([sys.executable, str(WORKER), str(out_dir), spec], world_size, timeout)
     failed = [(i, r.stderr[-3000:]) for i, r in enumerate(results) if r.returncode != 0]
     if failed:
         raise RuntimeError(f"{world_size}-rank job failed: rank {failed[0][0]}:\n{failed[0][1]}")
-    return {
-        name: [torch.load(out_dir / f"{name}.rank{r}.pt") for r in range(max(world_size, 1))]
-        for name in layouts
-    }
+    return {name: [torch.load(out_dir / f"{name}.rank{r}.pt") for r in range(max(world_size, 1))] for name in layouts}

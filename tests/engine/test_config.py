@@ -7,7 +7,7 @@ import pytest
 from distlaunch.engine.config import Preset, load_config, parse_parallel_spec
 from distlaunch.engine.model import PRESETS, GPTConfig, num_params
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.parallel.mesh import read_env, rank_groups
+from distlaunch.engine.parallel.mesh import rank_groups, read_env
 from distlaunch.engine.parallel.pipeline import bubble_fraction, stage_layer_counts
 from distlaunch.errors import UsageError
 
@@ -81,12 +81,19 @@ def test_launcher_parallel_env_fills_and_conflicts():
         (8, ["parallel.pp=8", "train.global_batch_size=8"], "8 pipeline stages .* only 4 layers"),
         (4, ["parallel.pp=2", "parallel.schedule=interleaved", "parallel.virtual_stages=4"], "8 pipeline stages"),
         (2, ["parallel.pp=2", "parallel.microbatches=1"], "1 micro-batches for 2 pipeline stages"),
-        (2, ["parallel.pp=2", "parallel.schedule=interleaved", "parallel.microbatches=3",
-             "train.global_batch_size=6"], "multiple of pp=2"),
+        (
+            2,
+            ["parallel.pp=2", "parallel.schedule=interleaved", "parallel.microbatches=3", "train.global_batch_size=6"],
+            "multiple of pp=2",
+        ),
         (2, ["parallel.schedule=interleaved", "parallel.virtual_stages=1"], "at least 2 virtual stages"),
         (4, ["train.global_batch_size=6"], "not divisible by dp=4"),
         (1, ["train.global_batch_size=8", "train.micro_batch_size=3"], "cannot be split into"),
-        (1, ["train.micro_batch_size=2", "parallel.microbatches=2", "train.global_batch_size=8"], r"!= global_batch_size/dp"),
+        (
+            1,
+            ["train.micro_batch_size=2", "parallel.microbatches=2", "train.global_batch_size=8"],
+            r"!= global_batch_size/dp",
+        ),
         (1, ["train.seq_len=4096"], "exceeds the model's max_seq_len=256"),
     ],
 )

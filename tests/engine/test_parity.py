@@ -12,11 +12,20 @@ import torch
 
 from tests.engine.harness import run_layouts
 
-BASE = ["model.preset='tiny'", "train.steps=20", "train.global_batch_size=8", "train.seq_len=64",
-        "train.lr=1e-3", "train.seed=7",
-        # the plain-PyTorch reference below: constant lr, no clipping, AdamW's default betas, all data
-        "train.lr_schedule='constant'", "train.grad_clip=0", "train.beta2=0.999", "data.val_fraction=0"]
-LOSS_RTOL = 1e-5  # the issue's bar: relative difference per step
+BASE = [
+    "model.preset='tiny'",
+    "train.steps=20",
+    "train.global_batch_size=8",
+    "train.seq_len=64",
+    "train.lr=1e-3",
+    "train.seed=7",
+    # the plain-PyTorch reference below: constant lr, no clipping, AdamW's default betas, all data
+    "train.lr_schedule='constant'",
+    "train.grad_clip=0",
+    "train.beta2=0.999",
+    "data.val_fraction=0",
+]
+LOSS_RTOL = 1e-5  # the parity bar: relative difference per step
 NORM_RTOL = 1e-4  # gradient norm per step (measured: <= 3e-6; headroom for other CPUs' kernels)
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-6  # one step's gradients: summation order differs per layout
 
@@ -77,7 +86,7 @@ def layout_results(tmp_path_factory):
 
 
 def _relative(a: list[float], b: list[float]) -> list[float]:
-    return [abs(x - y) / abs(y) for x, y in zip(a, b)]
+    return [abs(x - y) / abs(y) for x, y in zip(a, b, strict=False)]
 
 
 @pytest.mark.parametrize("world_size,name", CASES, ids=[n for _, n in CASES])
@@ -97,8 +106,13 @@ def test_step1_gradients_match_single_process(world_size, name, reference, layou
     for rank, result in enumerate(ranks):
         for param, grad in result["grads"].items():
             expected = reference["grads"][param]
-            torch.testing.assert_close(grad, expected, rtol=GRAD_RTOL, atol=GRAD_ATOL,
-                                       msg=lambda m: f"rank {rank} {param}: {m}")
+            torch.testing.assert_close(
+                grad,
+                expected,
+                rtol=GRAD_RTOL,
+                atol=GRAD_ATOL,
+                msg=lambda m, rank=rank, param=param: f"rank {rank} {param}: {m}",
+            )
             seen.add(param)
     assert seen == set(reference["grads"]), "some parameters are held by no rank"
 

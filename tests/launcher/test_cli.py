@@ -31,6 +31,24 @@ def test_dry_run_table_shows_hosts_groups_and_masks_secrets():
     assert "HF_TOKEN='***'" in out and "hush" not in out
 
 
+def test_dry_run_masks_secrets_by_value_and_by_name():
+    env = {
+        "REPO_URL": "https://alice:hunter2@git.example.com/x.git",
+        "GITLAB_PAT": "plainlooking",
+        "DB_PASSPHRASE": "opensesame",
+        "MY_VAR": "hf_abcdefghijklmnop",
+        "PROXY": "http://proxy.example.com:3128",
+    }
+    args = [arg for k, v in env.items() for arg in ("--env", f"{k}={v}")]
+    r = invoke(["run", "-n", "1", *args, "--dry-run", "--json", "-m", "pkg.train"])
+    assert r.exit_code == 0, r.stderr
+    shown = json.loads(r.stdout)["nodes"][0]["ranks"][0]["env"]
+    assert shown["REPO_URL"] == "https://alice:***@git.example.com/x.git"
+    assert shown["GITLAB_PAT"] == shown["DB_PASSPHRASE"] == shown["MY_VAR"] == "***"
+    assert shown["PROXY"] == "http://proxy.example.com:3128"  # a port is not a password
+    assert not any(secret in r.stdout for secret in ("hunter2", "plainlooking", "opensesame", "hf_abc"))
+
+
 def test_options_after_the_script_belong_to_the_script():
     r = invoke(["run", "-n", "2", "--dry-run", "--json", "-m", "pkg.mod", "-n", "5", "--json"])
     plan = json.loads(r.stdout)
@@ -38,17 +56,29 @@ def test_options_after_the_script_belong_to_the_script():
     assert plan["nodes"][0]["ranks"][0]["argv"][1:] == ["-m", "pkg.mod", "-n", "5", "--json"]
 
 
-@pytest.mark.parametrize("args, code, fragment", [
-    (["run", "-H", "{bad}", "x.py"], 2, "line 2 'node2 slot=4': unknown field 'slot=4' (hint: did you mean slots=4?)"),
-    (["run", "-H", "/nonexistent/hosts", "x.py"], 2, "does not exist"),
-    (["run", "-n", "4", "--parallel", "dp=3", "--dry-run", "x.py"], 2, "dp(3)*tp(1)*pp(1) = 3 != world size 4"),
-    (["run", "-n", "2", "--master-port", "http", "x.py"], 2, "--master-port 'http' is not a port"),
-    (["run", "-n", "2", "--env", "NOEQUALS", "x.py"], 2, "--env 'NOEQUALS' is not KEY=VALUE"),
-    (["run", "--frobnicate", "x.py"], 2, "No such option: --frobnicate"),
-    (["run", "-n", "2", "missing_script.py"], 2, "script 'missing_script.py' does not exist"),
-    (["run", "-H", HOSTFILE, "-n", "8", "--dry-run", "x.py"], 2, "more than the 4 slots of node1"),
-    (["run", "-n", "1", "--log-dir", "{bad}", str(ROOT / "tests/launcher/scripts/env_dump.py")], 2, "cannot be created: File exists"),
-])
+@pytest.mark.parametrize(
+    "args, code, fragment",
+    [
+        (
+            ["run", "-H", "{bad}", "x.py"],
+            2,
+            "line 2 'node2 slot=4': unknown field 'slot=4' (hint: did you mean slots=4?)",
+        ),
+        (["run", "-H", "/nonexistent/hosts", "x.py"], 2, "does not exist"),
+        (["run", "-n", "4", "--parallel", "dp=3", "--dry-run", "x.py"], 2, "dp(3)*tp(1)*pp(1) = 3 != world size 4"),
+        (["run", "-n", "2", "--master-port", "http", "x.py"], 2, "--master-port 'http' is not a port"),
+        (["run", "-n", "2", "--env", "NOEQUALS", "x.py"], 2, "--env NOEQUALS: NOEQUALS is not set here"),
+        (["run", "-n", "2", "--env", "1BAD=x", "x.py"], 2, "--env '1BAD=x' is not KEY=VALUE"),
+        (["run", "--frobnicate", "x.py"], 2, "No such option: --frobnicate"),
+        (["run", "-n", "2", "missing_script.py"], 2, "script 'missing_script.py' does not exist"),
+        (["run", "-H", HOSTFILE, "-n", "8", "--dry-run", "x.py"], 2, "more than the 4 slots of node1"),
+        (
+            ["run", "-n", "1", "--log-dir", "{bad}", str(ROOT / "tests/launcher/scripts/env_dump.py")],
+            2,
+            "cannot be created: File exists",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, code, fragment, tmp_path):
     bad = tmp_path / "hosts"
     bad.write_text("node1 slots=4\nnode2 slot=4\n")
@@ -63,8 +93,21 @@ def test_bad_input_is_one_line_and_exit_2(args, code, fragment, tmp_path):
 def test_help_lists_the_launch_options():
     r = invoke(["run", "--help"])
     assert r.exit_code == 0
-    for option in ("--hostfile", "--nproc-per-node", "--parallel", "--include", "--exclude", "--master-addr",
-                   "--master-port", "--backend", "--max-restarts", "--log-dir", "--env", "--dry-run", "--json"):
+    for option in (
+        "--hostfile",
+        "--nproc-per-node",
+        "--parallel",
+        "--include",
+        "--exclude",
+        "--master-addr",
+        "--master-port",
+        "--backend",
+        "--max-restarts",
+        "--log-dir",
+        "--env",
+        "--dry-run",
+        "--json",
+    ):
         assert option in r.stdout
 
 

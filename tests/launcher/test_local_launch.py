@@ -28,8 +28,13 @@ def clean_env(**extra) -> dict:
 def start(*args, **env) -> tuple[subprocess.Popen, str]:
     """Start the launcher in the background with a unique marker in every rank's environment."""
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen(distlaunch_cmd(*args[:-1], "--env", f"DLTEST_MARK={mark}", args[-1]), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env(**env))
+    proc = subprocess.Popen(
+        distlaunch_cmd(*args[:-1], "--env", f"DLTEST_MARK={mark}", args[-1]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(**env),
+    )
     return proc, mark
 
 
@@ -44,10 +49,14 @@ def wait_for_lines(proc: subprocess.Popen, needle: str, count: int, timeout: flo
 
 
 def test_every_rank_gets_the_torchrun_environment():
-    r = run_cli("run", "-n", "4", "--env", "EXTRA=a b $(x) ;ü", script("env_dump.py"), "x", "y z", "--flag", env=clean_env())
+    r = run_cli(
+        "run", "-n", "4", "--env", "EXTRA=a b $(x) ;ü", script("env_dump.py"), "x", "y z", "--flag", env=clean_env()
+    )
     assert r.returncode == 0, r.stderr
-    envs = sorted((json.loads(line.split("ENV ", 1)[1]) for line in r.stdout.splitlines() if "ENV " in line),
-                  key=lambda e: int(e["RANK"]))
+    envs = sorted(
+        (json.loads(line.split("ENV ", 1)[1]) for line in r.stdout.splitlines() if "ENV " in line),
+        key=lambda e: int(e["RANK"]),
+    )
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
     for e in envs:
@@ -63,7 +72,7 @@ def test_every_rank_gets_the_torchrun_environment():
 def test_failing_rank_stops_the_others_and_sets_the_exit_code():
     proc, mark = start("run", "-n", "4", "--grace-period", "2", script("fail_one.py"), FAIL_RANK="2", FAIL_CODE="7")
     began = time.monotonic()
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 7, err
     assert time.monotonic() - began < 2 + 10
     assert "rank 2 on localhost exited with code 7" in err
@@ -104,9 +113,39 @@ def test_lines_are_whole_and_never_mixed(tmp_path):
     lines = r.stdout.splitlines()
     assert len(lines) == 4 * 1501
     assert all(pattern.match(line) for line in lines), next(line for line in lines if not pattern.match(line))
+    (job,) = tmp_path.iterdir()
     for rank in range(4):
-        logged = (tmp_path / f"rank{rank}.log").read_text().splitlines()
+        logged = [ln.split("| ", 1)[1] for ln in (job / f"rank{rank}.log").read_text().splitlines() if "| " in ln]
         assert len(logged) == 1501 and logged[0] == f"R{rank}-00000-" + str(rank) * 300
+
+
+def test_log_dir_keeps_one_folder_per_job_with_stamped_lines_and_restart_marks(tmp_path):
+    for _ in range(2):  # two jobs into the same --log-dir never share a file
+        r = run_cli(
+            "run",
+            "-n",
+            "2",
+            "--max-restarts",
+            "1",
+            "--local-ranks-filter",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+            script("restart.py"),
+            env=clean_env(),
+        )
+        assert r.returncode == 0, r.stderr
+        assert "[rank 0]" not in r.stdout and "[rank 1]" in r.stdout  # the terminal shows local rank 1 only
+    jobs = sorted(tmp_path.iterdir())
+    assert len(jobs) == 2 and all(j.name.startswith("dl-") for j in jobs)
+    for job in jobs:
+        text = (job / "rank0.log").read_text()  # rank 0 was hidden on the terminal, kept in its file
+        assert text.startswith(f"# distlaunch job {job.name}: rank 0 (local rank 0) on localhost, started 20")
+        assert "# command: " in text and "restart.py" in text and "# plan: world_size=2" in text
+        assert "# --- restart 1, 20" in text
+        lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+        assert lines and all(re.match(r"^20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (out|err)\| ", ln) for ln in lines)
+        assert any("try 1" in ln for ln in lines)
 
 
 def test_max_restarts_restarts_the_group_with_the_count():
@@ -124,7 +163,25 @@ def test_torchrun_script_runs_unchanged_with_real_gloo_allreduce():
 
 
 def test_help_and_dry_run_never_import_torch(tmp_path):
-    code = ("import sys; from distlaunch.cli.app import main; main(['--help']); "
-            "main(['run', '-n', '2', '--dry-run', '--json', 'x.py']); print('TORCH', 'torch' in sys.modules)")
+    code = (
+        "import sys; from distlaunch.cli.app import main; main(['--help']); "
+        "main(['run', '-n', '2', '--dry-run', '--json', 'x.py']); print('TORCH', 'torch' in sys.modules)"
+    )
     r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "TORCH False" in r.stdout
+
+
+def test_rank_output_that_looks_like_markup_is_printed_as_it_is(tmp_path):
+    script = tmp_path / "gloo_like.py"
+    script.write_text(
+        "import sys\n"
+        "print('[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] Connection refused', file=sys.stderr)\n"
+        "print('[bold]not bold[/bold] [/]', file=sys.stderr)\n"
+        "sys.exit(6)\n"
+    )
+    r = run_cli("run", "-n", "1", str(script), "[x]", cwd=tmp_path)
+    assert r.returncode == 6, r.stderr
+    assert "internal error" not in r.stderr
+    assert "[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144]" in r.stderr  # in the root-cause table
+    dry = run_cli("run", "-n", "1", "--dry-run", str(script), "[/x]", cwd=tmp_path)
+    assert dry.returncode == 0 and "[/x]" in dry.stdout

@@ -11,14 +11,17 @@ def test_parse_full_and_partial_specs():
     assert parse_parallel(None) == ParallelSpec()
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("dp=2,xp=2", "unknown entry 'xp=2'"),
-    ("zero=4", "zero=4 is not a ZeRO stage"),
-    ("tp=0", "tp=0 must be at least 1"),
-    ("tp=two", "tp='two' is not an integer"),
-    ("dp=2,dp=4", "dp is given twice"),
-    ("tp", "unknown entry 'tp'"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("dp=2,xp=2", "unknown entry 'xp=2'"),
+        ("zero=4", "zero=4 is not a ZeRO stage"),
+        ("tp=0", "tp=0 must be at least 1"),
+        ("tp=two", "tp='two' is not an integer"),
+        ("dp=2,dp=4", "dp is given twice"),
+        ("tp", "unknown entry 'tp'"),
+    ],
+)
 def test_parse_errors(text, fragment):
     with pytest.raises(UsageError, match=fragment):
         parse_parallel(text)

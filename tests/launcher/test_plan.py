@@ -17,15 +17,23 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def spec(hosts, parallel=None, **kw) -> LaunchSpec:
     kw = {"master_addr": "10.0.0.1", "master_port": 29500, "job_id": "dl-golden", **kw}
-    return LaunchSpec(hosts=hosts, command=["python3", "train.py", "--lr", "3e-4"], parallel=parse_parallel(parallel), **kw)
+    return LaunchSpec(
+        hosts=hosts, command=["python3", "train.py", "--lr", "3e-4"], parallel=parse_parallel(parallel), **kw
+    )
 
 
 CASES = {
-    "two_hosts_dp2_tp2_pp2": lambda: spec(read_hostfile(ROOT / "hostfiles/deepspeed.txt"), "dp=2,tp=2,pp=2,zero=1",
-                                          env={"WANDB_API_KEY": "s3cret", "NCCL_DEBUG": "INFO"}),
+    "two_hosts_dp2_tp2_pp2": lambda: spec(
+        read_hostfile(ROOT / "hostfiles/deepspeed.txt"),
+        "dp=2,tp=2,pp=2,zero=1",
+        env={"WANDB_API_KEY": "s3cret", "NCCL_DEBUG": "INFO"},
+    ),
     "local_4_gloo": lambda: spec(parse_hostfile_text("localhost slots=4"), master_addr="127.0.0.1"),
-    "nccl_included_slots": lambda: spec([h.model_copy(update={"slots": [2, 3]}) for h in parse_hostfile_text("gpu1 slots=4\ngpu2 slots=4")],
-                                        "tp=2", backend="nccl"),
+    "nccl_included_slots": lambda: spec(
+        [h.model_copy(update={"slots": [2, 3]}) for h in parse_hostfile_text("gpu1 slots=4\ngpu2 slots=4")],
+        "tp=2",
+        backend="nccl",
+    ),
 }
 
 
@@ -52,11 +60,34 @@ def test_env_contract_per_rank():
     rank5 = plan.nodes[1].ranks[1]
     env = rank5.env
     assert (rank5.rank, rank5.local_rank) == (5, 1)
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "NNODES",
-                                "MASTER_ADDR", "MASTER_PORT", "DISTLAUNCH_PARALLEL", "DISTLAUNCH_JOB_ID")} == {
-        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "1", "GROUP_RANK": "1",
-        "NNODES": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "DISTLAUNCH_PARALLEL": "dp=2,tp=2,pp=2,zero=1",
-        "DISTLAUNCH_JOB_ID": "dl-golden"}
+    assert {
+        k: env[k]
+        for k in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "NODE_RANK",
+            "GROUP_RANK",
+            "NNODES",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "DISTLAUNCH_PARALLEL",
+            "DISTLAUNCH_JOB_ID",
+        )
+    } == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "NODE_RANK": "1",
+        "GROUP_RANK": "1",
+        "NNODES": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "DISTLAUNCH_PARALLEL": "dp=2,tp=2,pp=2,zero=1",
+        "DISTLAUNCH_JOB_ID": "dl-golden",
+    }
 
 
 def test_secrets_masked_only_in_the_printable_copy():

@@ -12,12 +12,22 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
 
 WORKER = str(Path(__file__).parent / "scripts" / "worker.py")
-TRICKY = ["a b", "it's", 'say "hi"', "$(touch /tmp/distlaunch-pwned)", "x; exit 7", "two\nlines", "ünïcødé ✓ 🚀", "`id`", "*", "", "-"]
+TRICKY = [
+    "a b",
+    "it's",
+    'say "hi"',
+    "$(touch /tmp/distlaunch-pwned)",
+    "x; exit 7",
+    "two\nlines",
+    "ünïcødé ✓ 🚀",
+    "`id`",
+    "*",
+    "",
+    "-",
+]
 
 
 def cli_env(**extra) -> dict:
@@ -33,12 +43,18 @@ class Job:
     """A launcher running in the background; ``job_id`` is read from its ranks' "ready" lines."""
 
     def __init__(self, cluster, *args: str, cwd=None, **env):
-        self.proc = subprocess.Popen(distlaunch_cmd(*launch_args(cluster, *args)), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=cli_env(**env), cwd=cwd)
+        self.proc = subprocess.Popen(
+            distlaunch_cmd(*launch_args(cluster, *args)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(**env),
+            cwd=cwd,
+        )
         self.lines: list[str] = []
         self.job_id = ""
 
-    def wait_ready(self, count: int = 6, timeout: float = 60) -> "Job":
+    def wait_ready(self, count: int = 6, timeout: float = 60) -> Job:
         deadline = time.monotonic() + timeout
         while sum("ready rank=" in line for line in self.lines) < count:
             assert time.monotonic() < deadline, f"timed out waiting for {count} ready ranks: {self.lines}"
@@ -68,9 +84,12 @@ def test_gloo_allreduce_across_three_hosts(sshd_cluster):
 def test_env_contract_forwarding_and_quoting_reach_remote_ranks(sshd_cluster, tmp_path):
     (tmp_path / ".distlaunch_env").write_text("# tuning\n\nFROM_FILE='file value'\nexport OVERRIDDEN=file\n")
     value = "v a l $(x) `y` ; 'q' \"d\"\nnext ü ✓"
-    r = run_cli(*launch_args(sshd_cluster, "--env", f"TRICKY={value}", "--env", "OVERRIDDEN=cli", WORKER, "dump", *TRICKY),
-                env=cli_env(NCCL_DEBUG="INFO", TORCH_SHOW_CPP_STACKTRACES="1", MY_SECRET_TOKEN="hush", UNRELATED="no"),
-                cwd=tmp_path, timeout=60)
+    r = run_cli(
+        *launch_args(sshd_cluster, "--env", f"TRICKY={value}", "--env", "OVERRIDDEN=cli", WORKER, "dump", *TRICKY),
+        env=cli_env(NCCL_DEBUG="INFO", TORCH_SHOW_CPP_STACKTRACES="1", MY_SECRET_TOKEN="hush", UNRELATED="no"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     dumps = [json.loads(line.split("DUMP ", 1)[1]) for line in r.stdout.splitlines() if "DUMP " in line]
     assert sorted(int(d["env"]["RANK"]) for d in dumps) == list(range(6))
@@ -90,7 +109,7 @@ def test_env_contract_forwarding_and_quoting_reach_remote_ranks(sshd_cluster, tm
 def test_rank_failing_on_node3_stops_node1_and_node2(sshd_cluster):
     job = Job(sshd_cluster, "--grace-period", "1", WORKER, "hold", "5", "7").wait_ready()
     assert len(job.processes()) >= 3 + 6 + 6  # three agents, six ranks, each rank's child
-    out, err = job.finish()
+    _out, err = job.finish()
     assert job.proc.returncode == 7, err
     assert "rank 5 on node3 exited with code 7" in err and "rank 5 failing now" in err
     assert wait_until(lambda: not job.processes(), 5), f"job processes left: {job.processes()}"
@@ -130,16 +149,31 @@ def test_two_concurrent_jobs_on_the_same_hosts_are_independent(sshd_cluster):
 
 def test_unreachable_host_fails_fast_with_exit_3_and_starts_nothing(sshd_cluster, tmp_path):
     config = tmp_path / "ssh_config"
-    config.write_text(f"Host ghost\n  HostName 127.0.0.99\n  Port {sshd_cluster.port}\n\n" + sshd_cluster.ssh_config.read_text())
+    config.write_text(
+        f"Host ghost\n  HostName 127.0.0.99\n  Port {sshd_cluster.port}\n\n" + sshd_cluster.ssh_config.read_text()
+    )
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=2\nghost slots=2\nnode2 slots=2\nnowhere.invalid slots=1\n")
     mark = f"m{time.monotonic_ns()}"
-    r = run_cli("run", "-H", str(hostfile), "--ssh-config", str(config), "--env", f"DLTEST_MARK={mark}", WORKER, "hold",
-                env=cli_env(), timeout=60)
+    r = run_cli(
+        "run",
+        "-H",
+        str(hostfile),
+        "--ssh-config",
+        str(config),
+        "--env",
+        f"DLTEST_MARK={mark}",
+        WORKER,
+        "hold",
+        env=cli_env(),
+        timeout=60,
+    )
     assert r.returncode == 3, r.stderr
     lines = r.stderr.strip().splitlines()
     assert lines[0] == "error: 2 hosts could not be reached; no rank was started:"
-    assert lines[1].startswith("  ghost: connection refused by 127.0.0.99") and "check that sshd runs on ghost" in lines[1]
+    assert (
+        lines[1].startswith("  ghost: connection refused by 127.0.0.99") and "check that sshd runs on ghost" in lines[1]
+    )
     assert lines[2].startswith("  nowhere.invalid: cannot resolve host name 'nowhere.invalid'")
     assert "ready" not in r.stdout and not pids_with_env("DLTEST_MARK", mark)
 
@@ -153,17 +187,24 @@ def test_unknown_host_key_exit_3_with_keyscan_line_unless_accepted(sshd_cluster,
     r = run_cli(*args, env=cli_env(), timeout=60)
     assert r.returncode == 3, r.stderr
     assert "3 hosts could not be reached" in r.stderr
-    assert f"hint: check the fingerprint, then run: ssh-keyscan -p {sshd_cluster.port} -H 127.0.0.13 >> {known}" in r.stderr
+    assert (
+        f"hint: check the fingerprint, then run: ssh-keyscan -p {sshd_cluster.port} -H 127.0.0.13 >> {known}"
+        in r.stderr
+    )
     r = run_cli(*args[:-2], "--accept-new-host-keys", WORKER, "dump", env=cli_env(), timeout=60)
     assert r.returncode == 0, r.stderr
     assert len(known.read_text().splitlines()) == 3  # recorded, so the next run needs no opt-in
 
 
 def test_remote_python_that_cannot_run_the_agent_is_exit_3(sshd_cluster, tmp_path):
-    r = run_cli(*launch_args(sshd_cluster, "--remote-python", "/nonexistent/python3", WORKER, "dump"), env=cli_env(), timeout=60)
+    r = run_cli(
+        *launch_args(sshd_cluster, "--remote-python", "/nonexistent/python3", WORKER, "dump"), env=cli_env(), timeout=60
+    )
     assert r.returncode == 3, r.stderr
     assert "node1: Python '/nonexistent/python3' not found" in r.stderr and "--remote-python" in r.stderr
-    r = run_cli(*launch_args(sshd_cluster, "--workdir", str(tmp_path / "missing"), WORKER, "dump"), env=cli_env(), timeout=60)
+    r = run_cli(
+        *launch_args(sshd_cluster, "--workdir", str(tmp_path / "missing"), WORKER, "dump"), env=cli_env(), timeout=60
+    )
     assert r.returncode == 3 and f"working directory {str(tmp_path / 'missing')!r} is not usable" in r.stderr, r.stderr
 
 

@@ -19,9 +19,16 @@ UNUSED_ADDRESS = "127.0.0.99"  # on loopback, nothing listens here: connections 
 
 def write_config(tmp_path, cluster, name: str, **overrides) -> str:
     """An ssh_config with one Host ``name`` set up like node1, with some settings replaced."""
-    settings = {"HostName": cluster.addresses[0], "Port": cluster.port, "User": cluster.user,
-                "IdentityFile": cluster.user_key, "IdentitiesOnly": "yes",
-                "UserKnownHostsFile": cluster.known_hosts, "StrictHostKeyChecking": "yes", **overrides}
+    settings = {
+        "HostName": cluster.addresses[0],
+        "Port": cluster.port,
+        "User": cluster.user,
+        "IdentityFile": cluster.user_key,
+        "IdentitiesOnly": "yes",
+        "UserKnownHostsFile": cluster.known_hosts,
+        "StrictHostKeyChecking": "yes",
+        **overrides,
+    }
     path = tmp_path / f"ssh_config_{name}"
     body = "".join(f"  {k} {v}\n" for k, v in settings.items() if v is not None)
     path.write_text(f"Host {name}\n{body}\n" + cluster.ssh_config.read_text(), encoding="utf-8")
@@ -52,7 +59,11 @@ def test_connect_and_run_command_quotes_every_word(sshd_cluster):
         assert result.rc == 0, result.stderr
         assert result.stdout.strip() == repr(tricky)
         assert run_command(client, ["cat"], timeout=10, stdin="in é\n").stdout == "in é\n"
-        assert run_command(client, ["sh", "-c", "echo oops >&2; exit 5"], timeout=10).model_dump() == {"rc": 5, "stdout": "", "stderr": "oops\n"}
+        assert run_command(client, ["sh", "-c", "echo oops >&2; exit 5"], timeout=10).model_dump() == {
+            "rc": 5,
+            "stdout": "",
+            "stderr": "oops\n",
+        }
     finally:
         client.close()
 
@@ -80,13 +91,18 @@ def test_unknown_host_key_gives_keyscan_line(sshd_cluster, tmp_path):
     empty.write_text("")
     err = connect_error(write_config(tmp_path, sshd_cluster, "fresh", UserKnownHostsFile=empty), "fresh")
     assert (err.kind, err.check_id) == ("hostkey-unknown", "ssh.hostkey")
-    assert f"ssh-keyscan -p {sshd_cluster.port} -H 127.0.0.11 >> {empty}" in err.hint and "--accept-new-host-keys" in err.hint
+    assert (
+        f"ssh-keyscan -p {sshd_cluster.port} -H 127.0.0.11 >> {empty}" in err.hint
+        and "--accept-new-host-keys" in err.hint
+    )
     assert empty.read_text() == ""  # refused keys are never recorded
 
 
 def test_accept_new_host_keys_records_the_key(sshd_cluster, tmp_path):
     empty = tmp_path / "new_known_hosts"
-    target = resolve_targets(["fresh"], write_config(tmp_path, sshd_cluster, "fresh", UserKnownHostsFile=empty))["fresh"]
+    target = resolve_targets(["fresh"], write_config(tmp_path, sshd_cluster, "fresh", UserKnownHostsFile=empty))[
+        "fresh"
+    ]
     connect(target, accept_new_host_keys=True).close()
     assert empty.read_text() == f"[127.0.0.11]:{sshd_cluster.port} {sshd_cluster.host_key_line}\n"
     connect(target).close()  # now known: no opt-in needed
@@ -95,10 +111,14 @@ def test_accept_new_host_keys_records_the_key(sshd_cluster, tmp_path):
 def test_changed_host_key_is_refused(sshd_cluster, tmp_path):
     other = paramiko.ECDSAKey.generate()
     wrong = tmp_path / "wrong_known_hosts"
-    wrong.write_text(f"[127.0.0.11]:{sshd_cluster.port} {sshd_cluster.host_key_line.split()[0]} "
-                     f"{paramiko.Ed25519Key(filename=str(sshd_cluster.dir / 'user_ed25519')).get_base64()}\n"
-                     f"[127.0.0.11]:{sshd_cluster.port} {other.get_name()} {other.get_base64()}\n")
-    err = connect_error(write_config(tmp_path, sshd_cluster, "spoofed", UserKnownHostsFile=wrong), "spoofed", accept_new_host_keys=True)
+    wrong.write_text(
+        f"[127.0.0.11]:{sshd_cluster.port} {sshd_cluster.host_key_line.split()[0]} "
+        f"{paramiko.Ed25519Key(filename=str(sshd_cluster.dir / 'user_ed25519')).get_base64()}\n"
+        f"[127.0.0.11]:{sshd_cluster.port} {other.get_name()} {other.get_base64()}\n"
+    )
+    err = connect_error(
+        write_config(tmp_path, sshd_cluster, "spoofed", UserKnownHostsFile=wrong), "spoofed", accept_new_host_keys=True
+    )
     assert (err.kind, err.check_id) == ("hostkey-changed", "ssh.hostkey") and "CHANGED" in err.detail
     assert f"ssh-keygen -R '[127.0.0.11]:{sshd_cluster.port}' -f {wrong}" in err.hint
 

@@ -16,8 +16,14 @@ NODE_GPUS = "0,1,2,3"
 
 def gpu_task(local_id: int, visible: str, per_node: int = 4) -> dict[str, str]:
     """Task ``local_id`` of a step with ``per_node`` tasks on each of 2 nodes, seeing CUDA_VISIBLE_DEVICES=visible."""
-    return task_env(local_id, 0, local_id, SLURM_NTASKS=str(2 * per_node), SLURM_STEP_TASKS_PER_NODE=f"{per_node}(x2)",
-                    CUDA_VISIBLE_DEVICES=visible)
+    return task_env(
+        local_id,
+        0,
+        local_id,
+        SLURM_NTASKS=str(2 * per_node),
+        SLURM_STEP_TASKS_PER_NODE=f"{per_node}(x2)",
+        CUDA_VISIBLE_DEVICES=visible,
+    )
 
 
 def test_nproc_per_node_inside_a_step_is_the_classic_mistake():
@@ -59,7 +65,9 @@ def test_every_task_sees_the_node_gpus_and_picks_its_own():
 def test_gpu_bound_per_task_does_not_match_local_rank():
     with pytest.raises(UsageError) as err:
         map_rank(read_step(gpu_task(2, "2")), "h")
-    assert "rank 2 (SLURM_LOCALID=2) on gpu07 sees one GPU (CUDA_VISIBLE_DEVICES=2) but its node runs 4 ranks" in str(err.value)
+    assert "rank 2 (SLURM_LOCALID=2) on gpu07 sees one GPU (CUDA_VISIBLE_DEVICES=2) but its node runs 4 ranks" in str(
+        err.value
+    )
     assert "--gpu-bind=none" in err.value.hint
 
 
@@ -101,9 +109,11 @@ def test_job_shape_errors():
 
 
 def test_job_gpus_one_per_rank():
-    with pytest.raises(UsageError, match="--ntasks-per-node 8 with --gpus-per-node 4: two ranks would be given the same GPU"):
+    with pytest.raises(
+        UsageError, match="--ntasks-per-node 8 with --gpus-per-node 4: two ranks would be given the same GPU"
+    ):
         resolve_job(job(nodes=1, ntasks_per_node=8, gpus_per_node=4), {})
-    with pytest.raises(UsageError, match="--gpus-per-node 8 with --ntasks-per-node 4: 4 GPU.s. per node would idle"):
+    with pytest.raises(UsageError, match=r"--gpus-per-node 8 with --ntasks-per-node 4: 4 GPU.s. per node would idle"):
         resolve_job(job(nodes=1, ntasks_per_node=4, gpus_per_node=8), {})
     assert resolve_job(job(nodes=2, gpus_per_node=4), {}).ntasks_per_node == 4  # one task per GPU by default
 
@@ -112,13 +122,18 @@ def test_job_parallel_errors():
     with pytest.raises(UsageError, match=r"dp\*tp\*pp = 8 but -N 2 × --ntasks-per-node 2 = 4 ranks") as err:
         resolve_job(job(nodes=2, ntasks_per_node=2, parallel="dp=2,tp=2,pp=2"), {})
     assert err.value.hint == "use dp=auto, or run -N 2 --ntasks-per-node 4"
-    with pytest.raises(UsageError, match="tensor-parallel group of ranks 4..7 would span nodes"):
+    with pytest.raises(UsageError, match=r"tensor-parallel group of ranks 4\.\.7 would span nodes"):
         resolve_job(job(nodes=2, ntasks_per_node=6, parallel="tp=4"), {})
 
 
 def test_inside_an_allocation_the_shape_comes_from_it():
-    alloc = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "SLURM_NTASKS_PER_NODE": "2",
-             "SLURM_GPUS_PER_NODE": "a100:2", "SLURM_CPUS_PER_TASK": "6"}
+    alloc = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_GPUS_PER_NODE": "a100:2",
+        "SLURM_CPUS_PER_TASK": "6",
+    }
     resolved = resolve_job(job(), alloc)
     assert (resolved.nodes, resolved.ntasks_per_node, resolved.world_size, resolved.gpus_per_node) == (3, 2, 6, 2)
     assert resolved.allocation == "7"

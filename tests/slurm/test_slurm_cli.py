@@ -14,9 +14,34 @@ from tests.slurm.test_slurm_env import task_env
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parents[2]
-GPT_JOB = ["-N", "2", "--ntasks-per-node", "4", "--gpus-per-node", "4", "--cpus-per-task", "8", "--time", "2:00:00",
-           "-p", "gpu", "-A", "proj42", "-J", "gpt", "--python", "/opt/venv/bin/python", "--parallel", "dp=auto,tp=2,pp=2",
-           "--env", "NCCL_DEBUG=WARN", "--", "train.py", "--config", "my cfg.toml"]
+GPT_JOB = [
+    "-N",
+    "2",
+    "--ntasks-per-node",
+    "4",
+    "--gpus-per-node",
+    "4",
+    "--cpus-per-task",
+    "8",
+    "--time",
+    "2:00:00",
+    "-p",
+    "gpu",
+    "-A",
+    "proj42",
+    "-J",
+    "gpt",
+    "--python",
+    "/opt/venv/bin/python",
+    "--parallel",
+    "dp=auto,tp=2,pp=2",
+    "--env",
+    "NCCL_DEBUG=WARN",
+    "--",
+    "train.py",
+    "--config",
+    "my cfg.toml",
+]
 
 
 @pytest.fixture
@@ -33,10 +58,16 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8"), f"{name} changed; regenerate with UPDATE_GOLDEN=1 if deliberate"
 
 
-@pytest.mark.parametrize("name, args", [
-    ("sbatch_gpt.sh", ["--output", "logs/%x-%j.out", *GPT_JOB]),
-    ("sbatch_minimal.sh", ["-N", "2", "--ntasks-per-node", "2", "--python", "python3", "-m", "distlaunch.examples.allreduce"]),
-])
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("sbatch_gpt.sh", ["--output", "logs/%x-%j.out", *GPT_JOB]),
+        (
+            "sbatch_minimal.sh",
+            ["-N", "2", "--ntasks-per-node", "2", "--python", "python3", "-m", "distlaunch.examples.allreduce"],
+        ),
+    ],
+)
 def test_sbatch_dry_run_matches_golden(in_tmp, name, args):
     r = invoke(["slurm", "sbatch", "--dry-run", *args])
     assert r.exit_code == 0, r.stderr
@@ -48,9 +79,10 @@ def test_slurm_run_dry_run_prints_the_srun_command(in_tmp):
     assert r.exit_code == 0, r.stderr
     assert r.stdout == (
         "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 --label --gpus-per-node=4 --gpu-bind=none "
-        "--cpus-per-task=8 --partition=gpu --account=proj42 --time=2:00:00 --job-name=gpt /opt/venv/bin/python -m "
-        "distlaunch run --launcher slurm --parallel dp=auto,tp=2,pp=2 --env NCCL_DEBUG=WARN -- train.py --config "
-        "'my cfg.toml'\n")
+        "--cpus-per-task=8 --partition=gpu --account=proj42 --time=2:00:00 --job-name=gpt --export=ALL,NCCL_DEBUG "
+        "/opt/venv/bin/python -m distlaunch run --launcher slurm --parallel dp=auto,tp=2,pp=2 -- train.py --config "
+        "'my cfg.toml'\n"
+    )
 
 
 def test_slurm_run_dry_run_json_is_the_job(in_tmp):
@@ -63,7 +95,9 @@ def test_slurm_run_dry_run_json_is_the_job(in_tmp):
 def test_tasks_times_processes_is_one_error_line(in_tmp):
     r = invoke(["slurm", "run", "--ntasks-per-node", "4", "-n", "8", "--dry-run", "train.py"])
     assert r.exit_code == 2
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: --ntasks-per-node 4 and -n/--nproc-per-node 8 disagree")
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(
+        "error: --ntasks-per-node 4 and -n/--nproc-per-node 8 disagree"
+    )
     assert "32 ranks per node" in r.stderr and "(hint: give one of them: --ntasks-per-node 8)" in r.stderr
 
 
@@ -83,7 +117,9 @@ def test_own_template_with_an_unknown_placeholder(in_tmp):
     (in_tmp / "my.sh").write_text("#!/bin/bash\n#SBATCH --qos={{qos}}\nsrun {{program}}\n")
     r = invoke(["slurm", "sbatch", "--template", "my.sh", "--dry-run", "train.py"])
     assert r.exit_code == 2 and "template my.sh uses unknown placeholder(s) {{qos}}" in r.stderr
-    (in_tmp / "my.sh").write_text("#!/bin/bash\n#SBATCH --nodes={{nodes}}\n#SBATCH --qos=high\n{{distlaunch}} slurm run -- {{program}}\n")
+    (in_tmp / "my.sh").write_text(
+        "#!/bin/bash\n#SBATCH --nodes={{nodes}}\n#SBATCH --qos=high\n{{distlaunch}} slurm run -- {{program}}\n"
+    )
     r = invoke(["slurm", "sbatch", "--template", "my.sh", "--python", "py", "--dry-run", "train.py"])
     assert r.stdout == "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --qos=high\npy -m distlaunch slurm run -- train.py\n"
 

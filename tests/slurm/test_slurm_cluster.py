@@ -33,30 +33,47 @@ def assert_allreduce_ok(result: subprocess.CompletedProcess, world_size: int) ->
 
 def test_plain_srun_distlaunch_run_sets_every_variable(slurm_cluster, tmp_path):
     # The user writes nothing but srun: ranks, nodes, master and port all come from Slurm.
-    argv = ["srun", "-N", "2", "--ntasks-per-node", "2", *distlaunch_cmd("run", "--parallel", "tp=2"), str(SCRIPTS / "rank_env.py")]
+    argv = [
+        "srun",
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        *distlaunch_cmd("run", "--parallel", "tp=2"),
+        str(SCRIPTS / "rank_env.py"),
+    ]
     result = run(slurm_cluster, argv, tmp_path)
     assert result.returncode == 0, result.stderr
     envs = rank_envs(result.stdout)
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
     assert [(e["SLURMD_NODENAME"], e["NODE_RANK"], e["LOCAL_RANK"]) for e in envs] == [
-        ("node1", "0", "0"), ("node1", "0", "1"), ("node2", "1", "0"), ("node2", "1", "1")]
+        ("node1", "0", "0"),
+        ("node1", "0", "1"),
+        ("node2", "1", "0"),
+        ("node2", "1", "1"),
+    ]
     # node1 does not resolve outside Slurm: its NodeAddr from scontrol is the master address.
     assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
     assert len({(e["MASTER_PORT"], e["DISTLAUNCH_JOB_ID"]) for e in envs}) == 1
-    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["NNODES"], e["OMP_NUM_THREADS"]) for e in envs} == {("4", "2", "2", "1")}
+    assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["NNODES"], e["OMP_NUM_THREADS"]) for e in envs} == {
+        ("4", "2", "2", "1")
+    }
     assert {e["DISTLAUNCH_PARALLEL"] for e in envs} == {"dp=2,tp=2,pp=1,zero=0"}
     assert {e["parent"] for e in envs} == {"slurmstepd"}  # distlaunch exec'd into the rank: no process in between
 
 
 def test_allreduce_across_two_nodes_via_slurm_run(slurm_cluster, tmp_path):
-    result = run(slurm_cluster, distlaunch_cmd("slurm", "run", "-N", "2", "--ntasks-per-node", "2", *ALLREDUCE), tmp_path)
+    result = run(
+        slurm_cluster, distlaunch_cmd("slurm", "run", "-N", "2", "--ntasks-per-node", "2", *ALLREDUCE), tmp_path
+    )
     assert_allreduce_ok(result, 4)
     assert {line.split(":")[0] for line in result.stdout.splitlines()} == {"0", "1", "2", "3"}  # srun --label
 
 
 def test_allreduce_via_sbatch_wait(slurm_cluster, tmp_path):
-    argv = distlaunch_cmd("slurm", "sbatch", "-N", "2", "--ntasks-per-node", "2", "--output", "logs/%x-%j.out", "--wait",
-                          *ALLREDUCE)
+    argv = distlaunch_cmd(
+        "slurm", "sbatch", "-N", "2", "--ntasks-per-node", "2", "--output", "logs/%x-%j.out", "--wait", *ALLREDUCE
+    )
     result = run(slurm_cluster, argv, tmp_path)
     assert_allreduce_ok(result, 4)
     job_id = result.stdout.splitlines()[0].removeprefix("submitted batch job ")
@@ -73,15 +90,25 @@ def test_failing_rank_fails_the_step_with_its_exit_code(slurm_cluster, tmp_path)
 
 
 def test_failing_rank_fails_the_batch_job_with_its_exit_code(slurm_cluster, tmp_path):
-    argv = distlaunch_cmd("slurm", "sbatch", "-N", "2", "--ntasks-per-node", "1", "--wait", str(SCRIPTS / "fail_rank.py"), "1", "5")
+    argv = distlaunch_cmd(
+        "slurm", "sbatch", "-N", "2", "--ntasks-per-node", "1", "--wait", str(SCRIPTS / "fail_rank.py"), "1", "5"
+    )
     result = run(slurm_cluster, argv, tmp_path)
     assert result.returncode == 5, result.stdout + result.stderr
     assert "rank 1 fails with 5" in result.stdout and "ended with exit code 5" in result.stderr
 
 
 def test_tp_spanning_nodes_is_refused_in_a_real_step(slurm_cluster, tmp_path):
-    argv = ["srun", "-N", "2", "--ntasks-per-node", "2", "--kill-on-bad-exit=1",
-            *distlaunch_cmd("run", "--parallel", "tp=4"), str(SCRIPTS / "rank_env.py")]
+    argv = [
+        "srun",
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--kill-on-bad-exit=1",
+        *distlaunch_cmd("run", "--parallel", "tp=4"),
+        str(SCRIPTS / "rank_env.py"),
+    ]
     result = run(slurm_cluster, argv, tmp_path)
     assert result.returncode != 0 and "RANKENV" not in result.stdout
     assert "error: --parallel tp=4: tensor-parallel group of ranks 0..3 spans nodes (node1, node2" in result.stderr

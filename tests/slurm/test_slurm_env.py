@@ -13,29 +13,42 @@ from distlaunch.slurm.step import expand_nodelist, expand_tasks_per_node, in_sru
 
 def task_env(rank: int, node_id: int, local_id: int, **extra: str) -> dict[str, str]:
     """What srun -N 2 --ntasks-per-node 2 gives task ``rank`` (as seen on the test cluster)."""
-    env = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local_id),
-           "SLURM_NODEID": str(node_id), "SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",
-           "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_TASKS_PER_NODE": "2(x2)",
-           "SLURMD_NODENAME": f"gpu0{7 + node_id}"}
+    env = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(local_id),
+        "SLURM_NODEID": str(node_id),
+        "SLURM_NTASKS": "4",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURMD_NODENAME": f"gpu0{7 + node_id}",
+    }
     return {**env, **extra}
 
 
-@pytest.mark.parametrize("text, hosts", [
-    ("node1", ["node1"]),
-    ("node[1-2]", ["node1", "node2"]),
-    ("gpu[01-04,07]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]),
-    ("gpu[09-11]", ["gpu09", "gpu10", "gpu11"]),
-    ("a[1-2]-ib,b3", ["a1-ib", "a2-ib", "b3"]),
-    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
-    ("n[3,1-2]", ["n3", "n1", "n2"]),  # Slurm's order is kept: node_rank 0 is the first host listed
-])
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("node1", ["node1"]),
+        ("node[1-2]", ["node1", "node2"]),
+        ("gpu[01-04,07]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]),
+        ("gpu[09-11]", ["gpu09", "gpu10", "gpu11"]),
+        ("a[1-2]-ib,b3", ["a1-ib", "a2-ib", "b3"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("n[3,1-2]", ["n3", "n1", "n2"]),  # Slurm's order is kept: node_rank 0 is the first host listed
+    ],
+)
 def test_expand_nodelist(text, hosts):
     assert expand_nodelist(text) == hosts
 
 
 @pytest.mark.parametrize("text", ["gpu[01-", "gpu[3-1]", ""])
 def test_bad_nodelist_is_a_usage_error(text):
-    with pytest.raises(UsageError, match="hostlist|empty"):
+    with pytest.raises(UsageError, match=r"hostlist|empty"):
         expand_nodelist(text)
 
 
@@ -54,7 +67,8 @@ def test_every_task_of_a_step_maps_to_its_rank():
     assert {r.env["NNODES"] for r in ranks} == {"2"}
     # Every task agrees on the rendezvous without talking to the others.
     assert {(r.env["MASTER_ADDR"], r.env["MASTER_PORT"], r.env["DISTLAUNCH_JOB_ID"]) for r in ranks} == {
-        ("10.0.0.7", str(derived_port("42", 0)), "slurm-42.0")}
+        ("10.0.0.7", str(derived_port("42", 0)), "slurm-42.0")
+    }
     assert ranks[0].env["DISTLAUNCH_PARALLEL"] == "dp=4,tp=1,pp=1,zero=0"
     assert ranks[0].env["DISTLAUNCH_BACKEND"] == "gloo" and ranks[0].env["DISTLAUNCH_RESTART_COUNT"] == "0"
     assert [r.node for r in ranks] == ["gpu07", "gpu07", "gpu08", "gpu08"]
@@ -69,8 +83,15 @@ def test_uneven_tasks_per_node_give_each_node_its_local_world_size():
 
 def test_step_variables_win_over_job_variables():
     # A step on 1 of the job's 2 nodes: the step's node list and counts are the ones that matter.
-    env = task_env(0, 0, 0, SLURM_STEP_NODELIST="gpu08", SLURM_STEP_NUM_NODES="1", SLURM_STEP_NUM_TASKS="2",
-                   SLURM_STEP_TASKS_PER_NODE="2")
+    env = task_env(
+        0,
+        0,
+        0,
+        SLURM_STEP_NODELIST="gpu08",
+        SLURM_STEP_NUM_NODES="1",
+        SLURM_STEP_NUM_TASKS="2",
+        SLURM_STEP_TASKS_PER_NODE="2",
+    )
     step = read_step(env)
     assert (step.nodes, step.nnodes, step.world_size) == (["gpu08"], 1, 2)
 
@@ -119,7 +140,9 @@ def test_tampered_variables_are_refused():
 def test_layouts_of_block_and_cyclic_distribution():
     block = read_step(task_env(0, 0, 0, SLURM_STEP_TASKS_PER_NODE="2,1", SLURM_NTASKS="3"))
     assert node_of_rank(block) == [0, 0, 1]
-    cyclic = read_step(task_env(0, 0, 0, SLURM_STEP_TASKS_PER_NODE="2,1", SLURM_NTASKS="3", SLURM_DISTRIBUTION="cyclic:block"))
+    cyclic = read_step(
+        task_env(0, 0, 0, SLURM_STEP_TASKS_PER_NODE="2,1", SLURM_NTASKS="3", SLURM_DISTRIBUTION="cyclic:block")
+    )
     assert node_of_rank(cyclic) == [0, 1, 0]  # as srun -m cyclic placed them on the test cluster
     assert node_of_rank(read_step(task_env(0, 0, 0, SLURM_DISTRIBUTION="plane"))) is None
 

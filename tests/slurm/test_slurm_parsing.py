@@ -10,24 +10,32 @@ from distlaunch.slurm.sbatch import output_path, render
 from distlaunch.slurm.srun import TaskFailure, parse_failure, root_cause
 
 
-@pytest.mark.parametrize("line, failure", [
-    ("srun: error: node2: task 2: Exited with exit code 7\n", TaskFailure(rank=2, node="node2", exit_code=7)),
-    ("srun: error: gpu07: tasks 0-3: Exited with exit code 1", TaskFailure(rank=0, node="gpu07", exit_code=1)),
-    ("srun: error: node1: tasks 0,2: Killed", TaskFailure(rank=0, node="node1", exit_code=137, signal="SIGKILL")),
-    ("srun: error: node1: task 1: Segmentation fault (core dumped)",
-     TaskFailure(rank=1, node="node1", exit_code=139, signal="SIGSEGV")),
-    ("srun: error: node2: task 3: Terminated", TaskFailure(rank=3, node="node2", exit_code=143, signal="SIGTERM")),
-])
+@pytest.mark.parametrize(
+    "line, failure",
+    [
+        ("srun: error: node2: task 2: Exited with exit code 7\n", TaskFailure(rank=2, node="node2", exit_code=7)),
+        ("srun: error: gpu07: tasks 0-3: Exited with exit code 1", TaskFailure(rank=0, node="gpu07", exit_code=1)),
+        ("srun: error: node1: tasks 0,2: Killed", TaskFailure(rank=0, node="node1", exit_code=137, signal="SIGKILL")),
+        (
+            "srun: error: node1: task 1: Segmentation fault (core dumped)",
+            TaskFailure(rank=1, node="node1", exit_code=139, signal="SIGSEGV"),
+        ),
+        ("srun: error: node2: task 3: Terminated", TaskFailure(rank=3, node="node2", exit_code=143, signal="SIGTERM")),
+    ],
+)
 def test_parse_failure(line, failure):
     assert parse_failure(line) == failure
 
 
-@pytest.mark.parametrize("line", [
-    "srun: error: node2: task 2: Exited with exit code 0",
-    "2: srun: error: node2: task 2: Exited with exit code 7",  # a rank's own output, labelled by srun
-    "srun: Force Terminated StepId=10.0",
-    "srun: launch/slurm: _step_signal: Terminating StepId=10.0",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "srun: error: node2: task 2: Exited with exit code 0",
+        "2: srun: error: node2: task 2: Exited with exit code 7",  # a rank's own output, labelled by srun
+        "srun: Force Terminated StepId=10.0",
+        "srun: launch/slurm: _step_signal: Terminating StepId=10.0",
+    ],
+)
 def test_other_lines_are_not_failures(line):
     assert parse_failure(line) is None
 
@@ -40,10 +48,17 @@ def test_root_cause_skips_the_ranks_srun_terminated():
     assert root_cause([]) is None
 
 
-@pytest.mark.parametrize("state, code, expected", [
-    ("COMPLETED", "0:0", 0), ("FAILED", "7:0", 7), ("CANCELLED", "0:15", 143), ("TIMEOUT", "0:0", 1),
-    ("OUT_OF_MEMORY", "0:125", 253), ("FAILED", "junk", 1),
-])
+@pytest.mark.parametrize(
+    "state, code, expected",
+    [
+        ("COMPLETED", "0:0", 0),
+        ("FAILED", "7:0", 7),
+        ("CANCELLED", "0:15", 143),
+        ("TIMEOUT", "0:0", 1),
+        ("OUT_OF_MEMORY", "0:125", 253),
+        ("FAILED", "junk", 1),
+    ],
+)
 def test_job_exit_codes(state, code, expected):
     assert exit_code_of(state, code) == expected
 
@@ -62,8 +77,14 @@ def test_render_drops_lines_whose_placeholders_are_all_empty():
         render("{{qos}}", values)
 
 
-@pytest.mark.parametrize("pattern, path", [
-    (None, "slurm-12.out"), ("logs/%x-%j.out", "logs/train-12.out"), ("%A_%%.log", "12_%.log"), ("rank%t.out", None),
-])
+@pytest.mark.parametrize(
+    "pattern, path",
+    [
+        (None, "slurm-12.out"),
+        ("logs/%x-%j.out", "logs/train-12.out"),
+        ("%A_%%.log", "12_%.log"),
+        ("rank%t.out", None),
+    ],
+)
 def test_output_path_of_a_job(pattern, path):
     assert output_path(pattern, "12", "train") == path

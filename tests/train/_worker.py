@@ -38,10 +38,18 @@ def run_config(overrides: list[str], world_size: int) -> dict:
     clipped = engine.full_gradients()  # step 1's gradients as the optimizer used them
     steps += [engine.train_step(step) for step in range(2, cfg.train.steps + 1)]
     params = {n: full_tensor(p).detach().clone() for chunk in engine.chunks for n, p in chunk.named_parameters()}
-    return {"losses": [s.loss for s in steps], "grad_norms": [s.grad_norm for s in steps], "lrs": [s.lr for s in steps],
-            "skipped": [s.skipped for s in steps], "scales": engine.scaler.scale, "params": params,
-            "clipped_grads": clipped,
-            "mem": engine.state_bytes(), "dims": dims.describe(), "rank": dist.get_rank()}
+    return {
+        "losses": [s.loss for s in steps],
+        "grad_norms": [s.grad_norm for s in steps],
+        "lrs": [s.lr for s in steps],
+        "skipped": [s.skipped for s in steps],
+        "scales": engine.scaler.scale,
+        "params": params,
+        "clipped_grads": clipped,
+        "mem": engine.state_bytes(),
+        "dims": dims.describe(),
+        "rank": dist.get_rank(),
+    }
 
 
 def plain_pytorch(overrides: list[str]) -> dict:
@@ -66,7 +74,11 @@ def plain_pytorch(overrides: list[str]) -> dict:
             clipped = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
         scheduler.step()
-    return {"grad_norms": norms, "clipped_grads": clipped, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return {
+        "grad_norms": norms,
+        "clipped_grads": clipped,
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+    }
 
 
 def main(out_dir: str, spec_json: str) -> None:

@@ -87,7 +87,11 @@ def test_dry_run_table_says_whether_it_fits_the_gpu():
     assert "0-7" in small.stdout and "8-15" in small.stdout  # ranks with equal estimates share a row
     big = invoke(["train", config, "-n", "16", "--backend", "nccl", "--dry-run", "--json", "--gpu-memory", "80GiB"])
     memory = json.loads(big.stdout)["memory"]
-    assert memory["fits"] is True and memory["capacity_bytes"] == 80 * 2**30 and memory["capacity_source"] == "--gpu-memory"
+    assert (
+        memory["fits"] is True
+        and memory["capacity_bytes"] == 80 * 2**30
+        and memory["capacity_source"] == "--gpu-memory"
+    )
 
 
 def test_planner_state_per_zero_stage():
@@ -115,8 +119,10 @@ def test_sizes():
 
 
 def test_help_and_dry_run_never_import_torch():
-    code = ("import sys; from distlaunch.cli.app import main; "
-            "main(['train', '--help']); main(['train', '--dry-run', '--json']); print('TORCH', 'torch' in sys.modules)")
+    code = (
+        "import sys; from distlaunch.cli.app import main; "
+        "main(['train', '--help']); main(['train', '--dry-run', '--json']); print('TORCH', 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "TORCH False" in out.stdout and '"memory"' in out.stdout

@@ -14,33 +14,57 @@ STEP_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mem_byte
 
 
 def test_embedded_default_trains_on_4_processes(tmp_path):
-    args = ["train", "--set", "train.steps=20", "--set", "train.warmup_steps=2", "--set", "train.eval_every=10",
-            "--log-dir", str(tmp_path)]
-    run = subprocess.run(distlaunch_cmd(*args), capture_output=True, text=True, timeout=240, cwd=REPO,
-                         env={**os.environ, "NO_COLOR": "1"})
+    args = [
+        "train",
+        "--set",
+        "train.steps=20",
+        "--set",
+        "train.warmup_steps=2",
+        "--set",
+        "train.eval_every=10",
+        "--log-dir",
+        str(tmp_path),
+    ]
+    run = subprocess.run(
+        distlaunch_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "[rank 0] step 20/20 | loss" in run.stdout and "training summary" in run.stdout
     assert "[rank 1]" not in run.stdout  # only rank 0 reports
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "step" in r]
-    assert [r["step"] for r in steps] == list(range(1, 21)) and all(STEP_KEYS <= set(r) for r in steps)
+    assert [r["step"] for r in steps] == list(range(1, 21)) and all(set(r) >= STEP_KEYS for r in steps)
     assert all(r["mfu"] is None for r in steps)  # no known peak on a CPU
     assert [r["step"] for r in steps if "val_loss" in r] == [10, 20]
     summary = records[-1]
     assert summary["event"] == "summary" and summary["layout"] == "dp=2,tp=1,pp=2,zero=1"
     assert summary["final_loss"] < summary["first_loss"] - 1.0, summary
-    assert (tmp_path / "rank0.log").exists() and len(summary["mem_bytes_per_rank"]) == 4
+    assert list(tmp_path.glob("dl-*/rank0.log")) and len(summary["mem_bytes_per_rank"]) == 4
 
 
 def test_a_users_text_file_and_a_bad_token_file(tmp_path):
     text = tmp_path / "shakespeare.txt"
     text.write_text("To be, or not to be, that is the question. " * 200)
-    engine = [sys.executable, "-m", "distlaunch.engine", "--set", "train.steps=2", "--set", "train.seq_len=32",
-              "--set", "train.global_batch_size=4"]
-    (ok,) = spawn(engine + ["--set", f"data.path='{text}'"], world_size=0, timeout=120)
+    engine = [
+        sys.executable,
+        "-m",
+        "distlaunch.engine",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "train.seq_len=32",
+        "--set",
+        "train.global_batch_size=4",
+    ]
+    (ok,) = spawn([*engine, "--set", f"data.path='{text}'"], world_size=0, timeout=120)
     assert ok.returncode == 0 and "step 2/2" in ok.stdout, ok.stderr
     tokens = tmp_path / "tokens.bin"
     tokens.write_bytes(b"\x00\x01" * 4000)  # uint16 little-endian 256: outside the byte vocabulary
-    (bad,) = spawn(engine + ["--set", f"data.path='{tokens}'"], world_size=0, timeout=120)
+    (bad,) = spawn([*engine, "--set", f"data.path='{tokens}'"], world_size=0, timeout=120)
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 2 and len(lines) == 1 and "token id 256" in lines[0] and "vocabulary of 256" in lines[0]

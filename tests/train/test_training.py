@@ -22,8 +22,17 @@ from distlaunch.engine.planner import rank_memory
 from tests.engine.harness import spawn
 from tests.train import _worker
 
-BASE = ["model.preset='tiny'", "train.steps=3", "train.global_batch_size=8", "train.seq_len=32", "train.lr=1e-3",
-        "train.seed=11", "train.grad_clip=0.5", "train.warmup_steps=1", "train.weight_decay=0.1"]
+BASE = [
+    "model.preset='tiny'",
+    "train.steps=3",
+    "train.global_batch_size=8",
+    "train.seq_len=32",
+    "train.lr=1e-3",
+    "train.seed=11",
+    "train.grad_clip=0.5",
+    "train.warmup_steps=1",
+    "train.weight_decay=0.1",
+]
 ACCUM = ["train.grad_accum_steps=2"]
 PARITY = {  # 4 ranks, each with 2 accumulation rounds; all must equal the single process
     "dp2-tp2": ["parallel.tp=2", *ACCUM],
@@ -34,16 +43,28 @@ PARITY = {  # 4 ranks, each with 2 accumulation rounds; all must equal the singl
 }
 LOW_PRECISION = {
     "bf16-dp2-pp2": ["parallel.pp=2", "train.precision='bf16'", "train.steps=8", "train.lr=3e-3"],
-    "fp16-dp2-tp2-zero2": ["parallel.tp=2", "parallel.zero=2", "train.precision='fp16'", "train.steps=8", "train.lr=3e-3"],
+    "fp16-dp2-tp2-zero2": [
+        "parallel.tp=2",
+        "parallel.zero=2",
+        "train.precision='fp16'",
+        "train.steps=8",
+        "train.lr=3e-3",
+    ],
     # a loss scale no fp16 gradient survives: every rank must skip every step, together
-    "fp16-overflow": ["parallel.tp=2", "parallel.zero=2", "train.precision='fp16'", "train.loss_scale=1e30", "train.steps=2"],
+    "fp16-overflow": [
+        "parallel.tp=2",
+        "parallel.zero=2",
+        "train.precision='fp16'",
+        "train.loss_scale=1e30",
+        "train.steps=2",
+    ],
 }
 LOSS_RTOL = 1e-5
 # after 3 AdamW steps at lr 1e-3 (~1e-3 per element and step): measured <= 1.6e-5 (tp layouts, in
 # mlp.proj, whose small gradients Adam normalises, so summation order shows); 5% of one step
 PARAM_ATOL = 5e-5
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-7  # step 1's clipped gradients (a wrong coefficient is off by >1e-2)
-STATE_RTOL = 0.05  # the issue's bar for planner vs measured bytes
+STATE_RTOL = 0.05  # the planner's bar: planned vs measured bytes
 
 
 def _run(out, world_size: int, configs: dict[str, list[str]], plain: bool = False) -> dict[str, list[dict]]:
@@ -58,7 +79,9 @@ def _run(out, world_size: int, configs: dict[str, list[str]], plain: bool = Fals
 def token_file(tmp_path_factory):
     """The bundled corpus written as a uint16 token file: the same tokens as the text path."""
     path = tmp_path_factory.mktemp("tokens") / "corpus.bin"
-    torch.frombuffer(bytearray(BUNDLED_CORPUS.read_bytes()), dtype=torch.uint8).to(torch.int32).numpy().astype("<u2").tofile(path)
+    torch.frombuffer(bytearray(BUNDLED_CORPUS.read_bytes()), dtype=torch.uint8).to(torch.int32).numpy().astype(
+        "<u2"
+    ).tofile(path)
     return path
 
 
@@ -81,10 +104,12 @@ def _merged(ranks: list[dict], key: str = "params") -> dict[str, torch.Tensor]:
     return {name: t for r in ranks for name, t in r[key].items()}
 
 
-def _assert_same_training(got: dict, ref: dict, params: dict[str, torch.Tensor], clipped: dict[str, torch.Tensor]) -> None:
-    for a, b in zip(got["losses"], ref["losses"]):
+def _assert_same_training(
+    got: dict, ref: dict, params: dict[str, torch.Tensor], clipped: dict[str, torch.Tensor]
+) -> None:
+    for a, b in zip(got["losses"], ref["losses"], strict=False):
         assert abs(a - b) <= LOSS_RTOL * abs(b), (got["losses"], ref["losses"])
-    for a, b in zip(got["grad_norms"], ref["grad_norms"]):
+    for a, b in zip(got["grad_norms"], ref["grad_norms"], strict=False):
         assert abs(a - b) <= 1e-4 * b, (got["grad_norms"], ref["grad_norms"])
     assert set(params) == set(ref["params"]) == set(clipped)
     for name, tensor in clipped.items():
@@ -96,7 +121,7 @@ def _assert_same_training(got: dict, ref: dict, params: dict[str, torch.Tensor],
 def test_single_process_clipping_equals_plain_pytorch(single):
     ref, plain = single["ref"], single["plain"]
     assert all(n > 0.5 for n in ref["grad_norms"])  # clipping was active in every step
-    for a, b in zip(ref["grad_norms"], plain["grad_norms"]):
+    for a, b in zip(ref["grad_norms"], plain["grad_norms"], strict=False):
         assert abs(a - b) <= 1e-5 * b
     _assert_same_training(ref, plain | {"losses": ref["losses"]}, ref["params"], ref["clipped_grads"])
 

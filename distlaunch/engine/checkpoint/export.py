@@ -18,7 +18,9 @@ import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from distlaunch.engine.checkpoint.manifest import read_meta, resolve_checkpoint
+from distlaunch.engine.checkpoint.integrity import require_intact
+from distlaunch.engine.checkpoint.manifest import resolve_checkpoint
+from distlaunch.engine.checkpoint.safe import SafeLoadPlanner, SafeReader, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import MODEL
 from distlaunch.errors import UsageError
 
@@ -40,7 +42,7 @@ class ExportReport(BaseModel):
 def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch.Tensor]:
     """Full tensors of every ``prefix`` entry (default: the model), prefix removed."""
     checkpoint = resolve_checkpoint(path)
-    saved = dcp.FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    saved = read_dcp_metadata(checkpoint).state_dict_metadata
     state = {
         fqn: torch.empty(item.size, dtype=item.properties.dtype)
         for fqn, item in saved.items()
@@ -48,14 +50,14 @@ def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch
     }
     with warnings.catch_warnings():  # DCP warns that it runs without a process group: that is the point
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
-        dcp.load(state, storage_reader=dcp.FileSystemReader(checkpoint), no_dist=True)
-    return {fqn[len(prefix):]: tensor for fqn, tensor in state.items()}
+        dcp.load(state, storage_reader=SafeReader(checkpoint), planner=SafeLoadPlanner(), no_dist=True)
+    return {fqn[len(prefix) :]: tensor for fqn, tensor in state.items()}
 
 
 def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
     """Write the model weights of checkpoint ``path`` (or a root's latest) to ``output``."""
     checkpoint = resolve_checkpoint(path)
-    meta = read_meta(checkpoint)
+    meta = require_intact(checkpoint, "export another step_N directory of the same run")
     output = Path(output).expanduser()
     if output.is_dir():
         raise UsageError(f"export output {output} is a directory", "name a file, e.g. model.safetensors")
@@ -67,8 +69,16 @@ def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
     else:
         from safetensors.torch import save_file  # a dependency; imported where it is needed
 
-        save_file(weights, str(output), metadata={"step": str(meta.step), "preset": meta.preset,
-                                                  "source": str(checkpoint)})
+        save_file(
+            weights, str(output), metadata={"step": str(meta.step), "preset": meta.preset, "source": str(checkpoint)}
+        )
         fmt = "safetensors"
-    return ExportReport(source=str(checkpoint), output=str(output), format=fmt, step=meta.step,
-                        preset=meta.preset, tensors=len(weights), bytes=output.stat().st_size)
+    return ExportReport(
+        source=str(checkpoint),
+        output=str(output),
+        format=fmt,
+        step=meta.step,
+        preset=meta.preset,
+        tensors=len(weights),
+        bytes=output.stat().st_size,
+    )

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
 
 from pydantic import BaseModel
 
@@ -51,6 +50,13 @@ class Layout(BaseModel):
     world_size: int
 
 
+class FileDigest(BaseModel):
+    """One file of a checkpoint as it was written: size and SHA-256."""
+
+    bytes: int
+    sha256: str
+
+
 class CheckpointMeta(BaseModel):
     """``meta.json``: what was saved, by which job, at which step."""
 
@@ -65,6 +71,8 @@ class CheckpointMeta(BaseModel):
     saved_at: str  # ISO-8601 UTC
     torch_version: str
     save_seconds: float
+    # every file but meta.json, checked before a load (empty in checkpoints of older versions)
+    files: dict[str, FileDigest] = {}
 
 
 def step_dir_name(step: int) -> str:
@@ -72,7 +80,7 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def step_of(path: Path) -> Optional[int]:
+def step_of(path: Path) -> int | None:
     """The step a checkpoint directory name encodes, or None for anything else."""
     match = _STEP_DIR.match(path.name)
     return int(match.group(1)) if match else None
@@ -91,19 +99,35 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0)
 
 
-def latest_checkpoint(root: Path) -> Optional[Path]:
+def latest_checkpoint(root: Path) -> Path | None:
     """What ``latest`` names, if that is a published checkpoint; else the newest one (or None).
 
     The fallback covers the one window where the pointer can name a directory that is briefly
     absent: re-publishing a step that already existed (the old copy is moved aside first).
     """
-    pointer = root / LATEST_FILE
-    if pointer.is_file():
-        target = root / pointer.read_text().strip()
-        if is_checkpoint(target):
-            return target
+    name, _ = read_pointer(root)
+    if name is not None and is_checkpoint(root / name):
+        return root / name
     found = list_checkpoints(root)
     return found[-1] if found else None
+
+
+def read_pointer(root: Path) -> tuple[str | None, str | None]:
+    """The directory name ``latest`` holds, or None and what is wrong with the pointer.
+
+    A damaged pointer (not UTF-8, not a ``step_N`` name) is never followed; the newest published
+    checkpoint is used instead.
+    """
+    pointer = root / LATEST_FILE
+    if not pointer.is_file():
+        return None, None
+    try:
+        name = pointer.read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        return None, f"{pointer} is unreadable ({err.__class__.__name__}); using the newest step_N directory"
+    if _STEP_DIR.match(name) is None:
+        return None, f"{pointer} does not name a step_N directory ({name[:40]!r}); using the newest step_N directory"
+    return name, None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -115,8 +139,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise UsageError(f"checkpoint not found: {path}", "pass a checkpoint.dir or one of its step_N directories")
     latest = latest_checkpoint(path)
     if latest is None:
-        raise UsageError(f"no published checkpoint in {path}",
-                         "a checkpoint is a step_N directory with meta.json; *.tmp-* directories are unfinished saves")
+        raise UsageError(
+            f"no published checkpoint in {path}",
+            "a checkpoint is a step_N directory with meta.json; *.tmp-* directories are unfinished saves",
+        )
     return latest
 
 
@@ -198,4 +224,3 @@ def prune(root: Path, keep: int, tag: str) -> list[Path]:
 def directory_bytes(path: Path) -> int:
     """Total size of the files directly in ``path``."""
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-

@@ -1,21 +1,22 @@
-"""What ``distlaunch checkpoint inspect`` shows: one checkpoint's manifest and its siblings.
+"""What ``distlaunch checkpoint inspect`` and ``verify`` show: manifests, siblings, damage.
 
-Torch-free: everything comes from ``meta.json`` files and directory listings.
+Torch-free: everything comes from ``meta.json`` files, directory listings and file checksums.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from pydantic import BaseModel
 
+from distlaunch.engine.checkpoint.integrity import read_manifest, verify_share
 from distlaunch.engine.checkpoint.manifest import (
     LEFTOVER,
     CheckpointMeta,
+    is_checkpoint,
     latest_checkpoint,
     list_checkpoints,
-    read_meta,
+    read_pointer,
     resolve_checkpoint,
     step_of,
 )
@@ -27,26 +28,98 @@ class CheckpointEntry(BaseModel):
     step: int
     path: str
     files_bytes: int
+    damage: str | None = None  # the first problem found (manifest, missing or truncated file)
 
 
 class CheckpointReport(BaseModel):
     """The inspected checkpoint, and what else its directory holds."""
 
     path: str
-    meta: CheckpointMeta
+    meta: CheckpointMeta | None  # None: the manifest itself is damaged
+    damage: list[str]  # missing or truncated files, a damaged manifest (checksums: ``checkpoint verify``)
+    checksums: int  # files with a recorded checksum
+    pointer_problem: str | None
     root: str
-    latest: Optional[str]
+    latest: str | None
     checkpoints: list[CheckpointEntry]
     leftovers: list[str]  # unfinished saves (*.tmp-*) and interrupted deletions (*.trash-*)
 
 
+def _entry(path: Path) -> CheckpointEntry:
+    meta, problem = read_manifest(path)
+    damage = problem or next(iter(verify_share(path, checksum=False)), None)
+    return CheckpointEntry(
+        step=step_of(path) or 0, path=str(path), files_bytes=meta.files_bytes if meta else 0, damage=damage
+    )
+
+
 def inspect_checkpoint(path: str | Path) -> CheckpointReport:
-    """Read the manifest of ``path`` (a step directory, or a root: its latest)."""
+    """Read the manifest of ``path`` (a step directory, or a root: its latest) and check file sizes."""
     checkpoint = resolve_checkpoint(path)
     root = checkpoint.parent
     latest = latest_checkpoint(root)
-    entries = [CheckpointEntry(step=step_of(p) or 0, path=str(p), files_bytes=read_meta(p).files_bytes)
-               for p in list_checkpoints(root)]
+    meta, _ = read_manifest(checkpoint)
     leftovers = sorted(str(p) for p in root.iterdir() if LEFTOVER.match(p.name))
-    return CheckpointReport(path=str(checkpoint), meta=read_meta(checkpoint), root=str(root),
-                            latest=str(latest) if latest else None, checkpoints=entries, leftovers=leftovers)
+    return CheckpointReport(
+        path=str(checkpoint),
+        meta=meta,
+        damage=verify_share(checkpoint, checksum=False),
+        checksums=len(meta.files) if meta else 0,
+        pointer_problem=read_pointer(root)[1],
+        root=str(root),
+        latest=str(latest) if latest else None,
+        checkpoints=[_entry(p) for p in list_checkpoints(root)],
+        leftovers=leftovers,
+    )
+
+
+class VerifiedCheckpoint(BaseModel):
+    """One checkpoint as ``checkpoint verify`` found it."""
+
+    path: str
+    step: int
+    files: int  # files checked against a recorded checksum
+    bytes: int
+    problems: list[str]
+
+
+class VerifyReport(BaseModel):
+    """``distlaunch checkpoint verify``: every published checkpoint under a folder (or the one named)."""
+
+    path: str
+    pointer_problem: str | None
+    checkpoints: list[VerifiedCheckpoint]
+
+    @property
+    def ok(self) -> bool:
+        return self.pointer_problem is None and all(not c.problems for c in self.checkpoints)
+
+
+def verify_folder(path: str | Path, index_check=None) -> VerifyReport:
+    """Check every file of each checkpoint against its recorded size and SHA-256.
+
+    ``path`` is a step directory (that one) or a checkpoint root (all of its published
+    checkpoints). ``index_check(checkpoint)`` may add a problem of the DCP index.
+    """
+    path = Path(path).expanduser()
+    if is_checkpoint(path):
+        targets, root_problem = [path], None
+    else:
+        resolve_checkpoint(path)  # UsageError when there is nothing to verify
+        targets, root_problem = list_checkpoints(path), read_pointer(path)[1]
+    found = []
+    for checkpoint in targets:
+        meta, _ = read_manifest(checkpoint)
+        problems = verify_share(checkpoint)
+        if not problems and index_check is not None:
+            problems += [p for p in [index_check(checkpoint)] if p]
+        found.append(
+            VerifiedCheckpoint(
+                path=str(checkpoint),
+                step=step_of(checkpoint) or 0,
+                files=len(meta.files) if meta else 0,
+                bytes=sum(d.bytes for d in meta.files.values()) if meta else 0,
+                problems=problems,
+            )
+        )
+    return VerifyReport(path=str(path), pointer_problem=root_problem, checkpoints=found)

@@ -14,19 +14,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import torch.distributed as dist
 
-from distlaunch.engine.checkpoint.manifest import latest_checkpoint, resolve_checkpoint
+from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, verify_share
+from distlaunch.engine.checkpoint.manifest import (
+    is_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    read_pointer,
+    resolve_checkpoint,
+    step_of,
+)
 from distlaunch.engine.fault import FaultPlan, restart_count
 from distlaunch.engine.watchdog import Watchdog
 from distlaunch.errors import DistlaunchError, UsageError
 
 
-def resume_source(resume: str, ckpt_dir: Optional[str], tries: int) -> Optional[Path]:
+def resume_source(resume: str, ckpt_dir: str | None, tries: int) -> Path | None:
     """The checkpoint to resume from (None: start fresh); see the module docstring."""
     own = latest_checkpoint(Path(ckpt_dir).expanduser()) if ckpt_dir else None
     if resume == "never":
@@ -37,12 +46,30 @@ def resume_source(resume: str, ckpt_dir: Optional[str], tries: int) -> Optional[
         if ckpt_dir is None:
             raise UsageError("checkpoint.resume='latest' needs checkpoint.dir", "set --set checkpoint.dir=PATH")
         if own is None and tries == 0:
-            raise UsageError(f"nothing to resume: no published checkpoint in {ckpt_dir}",
-                             "check checkpoint.dir, or use checkpoint.resume='auto' to start fresh when empty")
+            raise UsageError(
+                f"nothing to resume: no published checkpoint in {ckpt_dir}",
+                "check checkpoint.dir, or use checkpoint.resume='auto' to start fresh when empty",
+            )
         return own
     if tries > 0 and own is not None:
         return own  # a restart continues from this job's newest progress, not the original PATH
     return resolve_checkpoint(resume)
+
+
+def resume_candidates(source: Path | None, resume: str, tries: int) -> list[Path]:
+    """``source``, then the older published checkpoints beside it, newest first.
+
+    A damaged checkpoint falls back to the next one, unless the user named that very ``step_N``
+    directory (``checkpoint.resume=PATH`` on the first try): then only that one is a candidate.
+    """
+    if source is None:
+        return []
+    explicit = resume not in ("auto", "latest", "never") and tries == 0 and is_checkpoint(Path(resume).expanduser())
+    if explicit:
+        return [source]
+    step = step_of(source) or 0
+    older = [p for p in list_checkpoints(source.parent) if (step_of(p) or 0) < step]
+    return [source, *reversed(older)]
 
 
 class Checkpointing:
@@ -54,39 +81,80 @@ class Checkpointing:
         self.tries = restart_count(environ)
         env = os.environ if environ is None else environ
         self.job = env.get("DISTLAUNCH_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
-        self.fault = FaultPlan.for_rank(self.cfg.fault, rank, engine.dims.world_size, self.tries,
-                                        self.cfg.train.step_timeout)
+        self.fault = FaultPlan.for_rank(
+            self.cfg.fault, rank, engine.dims.world_size, self.tries, self.cfg.train.step_timeout
+        )
         self.watchdog = Watchdog(rank)
         self.tag = f"{self.job or 'job'}-r{self.tries}"  # start() replaces it with one all ranks agree on
 
-    def _agree(self) -> tuple[Optional[Path], str]:
-        """Rank 0 picks the resume source and the save tag; every rank gets them (or its error)."""
-        decision: list = [None, None, None]
+    def _agree(self) -> tuple[list[Path], str]:
+        """Rank 0 picks the resume candidates and the save tag; every rank gets them (or its error)."""
+        decision: list = [[], None, None]
         if self.rank == 0:
             try:
-                source = resume_source(self.cfg.checkpoint.resume, self.cfg.checkpoint.dir, self.tries)
-                decision[0] = str(source) if source else None
+                ckpt_dir = self.cfg.checkpoint.dir
+                _, pointer_problem = read_pointer(Path(ckpt_dir).expanduser()) if ckpt_dir else (None, None)
+                if pointer_problem:
+                    print(f"warning: {pointer_problem}", file=sys.stderr, flush=True)
+                source = resume_source(self.cfg.checkpoint.resume, ckpt_dir, self.tries)
+                decision[0] = [str(p) for p in resume_candidates(source, self.cfg.checkpoint.resume, self.tries)]
             except DistlaunchError as err:
                 decision[1] = err
             decision[2] = f"{self.job or uuid.uuid4().hex[:8]}-r{self.tries}"
         dist.broadcast_object_list(decision, src=0)
         if decision[1] is not None:
             raise decision[1]
-        return (Path(decision[0]) if decision[0] else None), decision[2]
+        return [Path(p) for p in decision[0]], decision[2]
+
+    def _problems(self, path: Path) -> list[str]:
+        """Every rank verifies its share of ``path``'s files (collective); all ranks get every problem."""
+        from distlaunch.engine.checkpoint.safe import read_dcp_metadata
+
+        problems = verify_share(path, self.rank, dist.get_world_size())
+        if self.rank == 0 and not problems:
+            try:
+                read_dcp_metadata(path)  # the index is unpickled with an allow-list: refuse what is not ours
+            except DistlaunchError as err:
+                problems.append(err.message)
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, problems)
+        return [p for part in gathered for p in part]
+
+    def _choose(self, candidates: list[Path]) -> Path:
+        """The first intact candidate; each damaged one is named in one line on rank 0."""
+        for i, path in enumerate(candidates):
+            problems = self._problems(path)
+            if not problems:
+                return path
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            then = f"falling back to {candidates[i + 1].name}" if i + 1 < len(candidates) else "no older checkpoint"
+            if self.rank == 0:
+                print(
+                    f"warning: checkpoint {path} is damaged: {problems[0]}{more}; {then}", file=sys.stderr, flush=True
+                )
+        raise DamagedCheckpoint(
+            f"no intact checkpoint to resume from (tried {', '.join(str(p) for p in candidates)})",
+            "restore the checkpoint files, or set checkpoint.resume='never' to start fresh",
+        )
 
     def start(self) -> int:
-        """Agree on the resume source and the save tag (collective), load; returns the first step."""
-        path, self.tag = self._agree()
-        if path is None:
+        """Agree on the resume source and the save tag (collective), verify, load; returns the first step."""
+        candidates, self.tag = self._agree()
+        if not candidates:
             return 1
         from distlaunch.engine.checkpoint.store import load_checkpoint  # DCP costs ~1 s to import: only when used
 
+        with self.watchdog.guard("verifying checkpoint", self.cfg.checkpoint.timeout, "checkpoint.timeout"):
+            path = self._choose(candidates)
         with self.watchdog.guard(f"loading checkpoint {path}", self.cfg.checkpoint.timeout, "checkpoint.timeout"):
             meta = load_checkpoint(self.engine, self.engine.train_state, path)
         if self.rank == 0:
             saved = meta.layout
-            print(f"resumed from {path} (step {meta.step}, written by dp={saved.dp},tp={saved.tp},pp={saved.pp},"
-                  f"zero={saved.zero}); continuing at step {meta.step + 1}", flush=True)
+            print(
+                f"resumed from {path} (step {meta.step}, written by dp={saved.dp},tp={saved.tp},pp={saved.pp},"
+                f"zero={saved.zero}); continuing at step {meta.step + 1}",
+                flush=True,
+            )
         return meta.step + 1
 
     @contextlib.contextmanager
@@ -101,7 +169,7 @@ class Checkpointing:
         ckpt = self.cfg.checkpoint
         return ckpt.dir is not None and ((ckpt.every > 0 and step % ckpt.every == 0) or step == self.cfg.train.steps)
 
-    def after_step(self, step: int) -> Optional[Path]:
+    def after_step(self, step: int) -> Path | None:
         """Save the checkpoint of ``step`` when due (collective); rank 0 gets the published path."""
         if not self.due(step):
             return None
@@ -109,5 +177,12 @@ class Checkpointing:
 
         ckpt = self.cfg.checkpoint
         with self.watchdog.guard(f"checkpoint save of step {step}", ckpt.timeout, "checkpoint.timeout"):
-            return save_checkpoint(self.engine, self.engine.train_state, step, Path(ckpt.dir).expanduser(),
-                                   ckpt.keep, self.tag, lambda: self.fault.in_save(step, self.rank))
+            return save_checkpoint(
+                self.engine,
+                self.engine.train_state,
+                step,
+                Path(ckpt.dir).expanduser(),
+                ckpt.keep,
+                self.tag,
+                lambda: self.fault.in_save(step, self.rank),
+            )

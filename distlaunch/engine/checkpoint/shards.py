@@ -1,7 +1,7 @@
 """Model and optimizer state under single-process names, in a form DCP can reshard.
 
 Every tensor is saved with its *global* shape under the name the plain model uses
-(``model.blocks.0.attn.wq.weight``, ``optim.blocks.0.attn.wq.weight.exp_avg``), so any layout can
+(``model.blocks.0.attn.wqkv.weight``, ``optim.blocks.0.attn.wqkv.weight.exp_avg``), so any layout can
 read any other's checkpoint; DCP (``torch.distributed.checkpoint``) writes each rank's chunk and
 reads, on load, whatever chunks overlap the reader's own shard.
 
@@ -18,7 +18,7 @@ reads, on load, whatever chunks overlap the reader's own shard.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,13 +38,16 @@ class ParamEntry:
     name: str
     param: nn.Parameter
     opt_param: torch.Tensor  # the parameter itself, or its ZeRO-1/2 slice
-    shard: Optional[_ParamShard]  # set for ZeRO-1/2
+    shard: _ParamShard | None  # set for ZeRO-1/2
 
 
 def param_entries(data_parallel: DataParallelBase) -> list[ParamEntry]:
     """Every parameter this rank holds, whatever the ZeRO stage."""
     if isinstance(data_parallel, ShardedDP):
-        return [ParamEntry(n, p, s.master, s) for (n, p), s in zip(data_parallel.named_params, data_parallel.shards)]
+        return [
+            ParamEntry(n, p, s.master, s)
+            for (n, p), s in zip(data_parallel.named_params, data_parallel.shards, strict=False)
+        ]
     return [ParamEntry(n, p, p, None) for n, p in data_parallel.named_params]
 
 
@@ -62,8 +65,13 @@ def _gather_slice(value: torch.Tensor, entry: ParamEntry, data_parallel: Sharded
     _all_gather(gathered, slot, group=data_parallel.group)
     full_local = gathered[: shard.numel].view(local(entry.param).shape)
     if isinstance(entry.param, DTensor):
-        return DTensor.from_local(full_local, entry.param.device_mesh, entry.param.placements,
-                                  shape=entry.param.shape, stride=entry.param.stride())
+        return DTensor.from_local(
+            full_local,
+            entry.param.device_mesh,
+            entry.param.placements,
+            shape=entry.param.shape,
+            stride=entry.param.stride(),
+        )
     return full_local
 
 
@@ -96,11 +104,13 @@ def load_templates(data_parallel: DataParallelBase, saved: dict[str, Any]) -> di
         out[MODEL + entry.name] = entry.param.detach()
         prefix = f"{OPTIM}{entry.name}."
         for key, meta in saved.items():
-            if key.startswith(prefix) and "." not in key[len(prefix):]:
+            if key.startswith(prefix) and "." not in key[len(prefix) :]:
                 out[key] = _optimizer_template(entry, meta)
     if missing:
-        raise UsageError(f"the checkpoint has no weights for {len(missing)} parameter(s) of this model, e.g. {missing[0]}",
-                         "resume with the same model.preset the checkpoint was written with")
+        raise UsageError(
+            f"the checkpoint has no weights for {len(missing)} parameter(s) of this model, e.g. {missing[0]}",
+            "resume with the same model.preset the checkpoint was written with",
+        )
     return out
 
 
@@ -124,7 +134,7 @@ def apply_optimizer_state(data_parallel: DataParallelBase, loaded: dict[str, Any
         for key, value in loaded.items():
             if not key.startswith(prefix):
                 continue
-            name = key[len(prefix):]
+            name = key[len(prefix) :]
             if entry.shard is not None and torch.is_tensor(value) and tuple(value.shape) == tuple(entry.param.shape):
                 value = local(value).reshape(-1)[entry.shard.start : entry.shard.stop].clone()
             state[name] = value
@@ -132,4 +142,3 @@ def apply_optimizer_state(data_parallel: DataParallelBase, loaded: dict[str, Any
         if state:
             data_parallel.optimizer.state[entry.opt_param] = state
     return count
-

@@ -41,7 +41,8 @@ class TrainState:
 class OptimizerHyperparams:
     """The optimizer's per-group learning rate, which an LR schedule moves (not its tensors).
 
-    Restored per group index: every layout builds the same groups (decay, no decay) in order.
+    Restored per group index; the number of groups may differ between layouts (tp adds a group per
+    kind of tensor), which is harmless because one schedule moves every group alike.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer):
@@ -55,6 +56,28 @@ class OptimizerHyperparams:
         saved = state["param_groups"]
         for i, group in enumerate(self.optimizer.param_groups):
             group.update(saved[min(i, len(saved) - 1)])
+
+
+class ScheduleStep:
+    """An LR schedule's position. Only the step is saved: the scheduler's own state lists one base rate
+    per parameter group, and the number of groups differs between layouts (foreach needs DTensors and
+    plain tensors apart), so loading it on another layout would misalign. The rates follow from the step."""
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR):
+        self.scheduler = scheduler
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.scheduler.last_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        scheduler = self.scheduler
+        scheduler.last_epoch = int(state["last_epoch"])  # also what a full LambdaLR state holds
+        scheduler._step_count = scheduler.last_epoch + 1
+        step = scheduler.last_epoch
+        rates = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, lr in zip(scheduler.optimizer.param_groups, rates, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = list(rates)
 
 
 def rng_state() -> dict[str, Any]:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, checkpoint_files, digest, share
 from distlaunch.engine.checkpoint.manifest import (
     CheckpointMeta,
     ComponentSize,
@@ -31,6 +34,7 @@ from distlaunch.engine.checkpoint.manifest import (
     step_dir_name,
     write_meta,
 )
+from distlaunch.engine.checkpoint.safe import SafeLoadPlanner, SafeReader, load_value, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import apply_optimizer_state, load_templates, save_tensors
 from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
 from distlaunch.errors import UsageError
@@ -46,7 +50,7 @@ def _to_bytes(obj: Any) -> bytes:
 
 
 def _from_bytes(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)  # our own file, written by save_checkpoint
+    return load_value(data)  # tensors and plain containers only: never code from the file
 
 
 def build_state(engine, train_state: TrainState, rank: int) -> dict[str, Any]:
@@ -73,8 +77,9 @@ def component_sizes(metadata: Metadata) -> dict[str, ComponentSize]:
     return sizes
 
 
-def save_checkpoint(engine, train_state: TrainState, step: int, root: Path, keep: int, tag: str,
-                    before_publish: Callable[[], None]) -> Path | None:
+def save_checkpoint(
+    engine, train_state: TrainState, step: int, root: Path, keep: int, tag: str, before_publish: Callable[[], None]
+) -> Path | None:
     """Write, then publish, the checkpoint of ``step`` (collective); rank 0 returns its path."""
     started = time.perf_counter()
     rank = dist.get_rank()
@@ -85,15 +90,29 @@ def save_checkpoint(engine, train_state: TrainState, step: int, root: Path, keep
     metadata = dcp.save(build_state(engine, train_state, rank), storage_writer=dcp.FileSystemWriter(tmp))
     before_publish()  # the crash-in-save fault point: shards on disk, nothing published
     dist.barrier()  # every rank has finished writing
+    # each rank hashes its share of the files; rank 0 records them all in the manifest
+    mine = {name: digest(tmp / name) for name in share(checkpoint_files(tmp), rank, dist.get_world_size())}
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, mine)
     final = None
     if rank == 0:
         dims = engine.dims
-        write_meta(tmp, CheckpointMeta(
-            step=step, preset=engine.cfg.model.preset,
-            layout=Layout(dp=dims.dp, tp=dims.tp, pp=dims.pp, zero=dims.zero, world_size=dims.world_size),
-            components=component_sizes(metadata), files_bytes=directory_bytes(tmp),
-            extras=sorted(train_state.parts), job=tag, saved_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            torch_version=torch.__version__, save_seconds=round(time.perf_counter() - started, 3)))
+        write_meta(
+            tmp,
+            CheckpointMeta(
+                step=step,
+                preset=engine.cfg.model.preset,
+                layout=Layout(dp=dims.dp, tp=dims.tp, pp=dims.pp, zero=dims.zero, world_size=dims.world_size),
+                components=component_sizes(metadata),
+                files_bytes=directory_bytes(tmp),
+                extras=sorted(train_state.parts),
+                job=tag,
+                saved_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                torch_version=torch.__version__,
+                save_seconds=round(time.perf_counter() - started, 3),
+                files={name: d for part in digests for name, d in sorted(part.items())},
+            ),
+        )
         final = publish(root, tmp, step, tag)
         prune(root, keep, tag)
     dist.barrier()  # nobody trains on until the checkpoint is published
@@ -104,10 +123,12 @@ def load_checkpoint(engine, train_state: TrainState, path: Path) -> CheckpointMe
     """Load ``path`` into this rank's model, optimizer and train state, from any saved layout."""
     meta = read_meta(path)
     if meta.preset != engine.cfg.model.preset:
-        raise UsageError(f"checkpoint {path} holds model.preset={meta.preset!r}, the config says "
-                         f"{engine.cfg.model.preset!r}", f"resume with --set model.preset={meta.preset}")
+        raise UsageError(
+            f"checkpoint {path} holds model.preset={meta.preset!r}, the config says {engine.cfg.model.preset!r}",
+            f"resume with --set model.preset={meta.preset}",
+        )
     rank = dist.get_rank()
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    saved = read_dcp_metadata(path).state_dict_metadata
     state = load_templates(engine.data_parallel, saved)
     extras = [name for name in train_state.parts if EXTRA + name in saved]
     for name in extras:
@@ -117,8 +138,14 @@ def load_checkpoint(engine, train_state: TrainState, path: Path) -> CheckpointMe
     restore_rng = meta.layout.world_size == dist.get_world_size() and rng_key in saved
     if restore_rng:
         state[rng_key] = b""
-    with torch.no_grad():
-        dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+    try:
+        with torch.no_grad():
+            dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+    except CheckpointException as err:  # DCP gathers every rank's failure into one exception
+        first = next(iter(err.failures.values()), err)
+        raise DamagedCheckpoint(
+            f"cannot load {path}: {first}", "verify it with 'distlaunch checkpoint verify'"
+        ) from None
     apply_optimizer_state(engine.data_parallel, state)
     for name in extras:
         train_state.parts[name].load_state_dict(_from_bytes(state[EXTRA + name]))

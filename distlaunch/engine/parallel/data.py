@@ -15,7 +15,7 @@ must follow it), ``zero_grad``, and read-only views for the gradient norm, memor
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ def tp_sharded(param: torch.Tensor) -> bool:
     if not isinstance(param, DTensor):
         return False
     names = param.device_mesh.mesh_dim_names or ()
-    return any(n == "tp" and isinstance(pl, Shard) for n, pl in zip(names, param.placements))
+    return any(n == "tp" and isinstance(pl, Shard) for n, pl in zip(names, param.placements, strict=False))
 
 
 def align_grad(param: torch.Tensor) -> None:
@@ -135,7 +135,7 @@ class ReplicatedDP(DataParallelBase):
             flat = _flatten_dense_tensors(bucket)
             dist.all_reduce(flat, group=self.dp_mesh.get_group())
             flat.div_(self.dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
-            for grad, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            for grad, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=False):
                 grad.copy_(reduced)
 
 

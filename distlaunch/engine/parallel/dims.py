@@ -106,8 +106,7 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
     mbs, n_micro = cfg.train.micro_batch_size, cfg.parallel.microbatches
     if mbs is not None and n_micro is not None and mbs * n_micro != local:
         raise UsageError(
-            f"train.micro_batch_size({mbs})*parallel.microbatches({n_micro}) != "
-            f"{per} = {local}",
+            f"train.micro_batch_size({mbs})*parallel.microbatches({n_micro}) != {per} = {local}",
             "set only one of them, the other is derived",
         )
     if mbs is not None and local % mbs:
@@ -120,8 +119,7 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
         n_micro = local // mbs if mbs is not None else pp
     if n_micro > local or local % n_micro:
         raise UsageError(
-            f"the per-dp-rank batch of {local} sequences cannot be split into "
-            f"{n_micro} equal micro-batches",
+            f"the per-dp-rank batch of {local} sequences cannot be split into {n_micro} equal micro-batches",
             "make global_batch_size/dp a multiple of the micro-batch count "
             "(train.micro_batch_size or parallel.microbatches)",
         )
@@ -131,8 +129,7 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
 def _check_pipeline(model: GPTConfig, pp: int, schedule: str, v: int, n_micro: int) -> None:
     if pp * v > model.n_layer:
         raise UsageError(
-            f"{pp * v} pipeline stages (pp={pp} x virtual_stages={v}) but the model has only "
-            f"{model.n_layer} layers",
+            f"{pp * v} pipeline stages (pp={pp} x virtual_stages={v}) but the model has only {model.n_layer} layers",
             "every stage needs at least one layer: lower pp (or virtual_stages)",
         )
     if pp > 1 and n_micro < pp:

@@ -46,8 +46,7 @@ def read_env(environ: dict[str, str] | None = None) -> DistEnv:
         local_rank = int(env.get("LOCAL_RANK", env["RANK"]))
     except ValueError:
         raise UsageError(
-            f"RANK/WORLD_SIZE/LOCAL_RANK must be integers, got RANK={env['RANK']!r} "
-            f"WORLD_SIZE={env['WORLD_SIZE']!r}",
+            f"RANK/WORLD_SIZE/LOCAL_RANK must be integers, got RANK={env['RANK']!r} WORLD_SIZE={env['WORLD_SIZE']!r}",
             "check the launcher's environment",
         ) from None
     if not 0 <= rank < world_size:

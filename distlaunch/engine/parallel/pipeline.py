@@ -9,7 +9,7 @@ stages i, i+pp, i+2pp, ... (the looped placement ScheduleInterleaved1F1B expects
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from distlaunch.engine.model import GPT
-from distlaunch.engine.parallel.dims import ParallelDims, stage_layer_counts  # noqa: F401 - re-exported
+from distlaunch.engine.parallel.dims import ParallelDims, stage_layer_counts
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -69,7 +69,7 @@ def build_schedule(
     """The configured schedule over this rank's stages."""
     stages = [
         PipelineStage(chunk, sid, dims.n_stages, device, group=pp_mesh.get_group())
-        for chunk, sid in zip(chunks, stage_ids(pp_rank, dims))
+        for chunk, sid in zip(chunks, stage_ids(pp_rank, dims), strict=False)
     ]
     # scale_grads=False: loss_fn already divides by the micro-batch count, the same as the
     # non-pipelined path, and the ZeRO-2 hooks take gradients away before the schedule could

@@ -1,7 +1,8 @@
 """Megatron-style tensor parallelism with PyTorch's DTensor styles.
 
-Attention is split by heads: q, k, v are column-parallel (each rank computes n_head/tp heads),
-the output projection is row-parallel (one all-reduce). The MLP is column- then row-parallel
+Attention is split by heads: the fused q/k/v projection is column-parallel (its rows are laid out
+head by head, so each rank computes whole n_head/tp heads), the output projection is row-parallel
+(one all-reduce). Backward does one all-reduce for the attention input and one for the MLP input. The MLP is column- then row-parallel
 (one all-reduce). The token embedding is vocabulary-parallel (each rank owns vocab/tp rows, an
 all-reduce assembles the embeddings) and the LM head is column-parallel over the vocabulary; its
 logits stay sharded and the cross-entropy runs on the shards (``loss_parallel``), so the full
@@ -34,7 +35,7 @@ def tp_plan(model: GPT) -> dict[str, ParallelStyle]:
         # vocab-parallel embedding: out-of-shard ids give zeros, the all-reduce fills them in
         plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     for name in model.blocks:
-        for proj in ("attn.wq", "attn.wk", "attn.wv", "mlp.fc"):
+        for proj in ("attn.wqkv", "mlp.fc"):
             plan[f"blocks.{name}.{proj}"] = ColwiseParallel()
         for proj in ("attn.wo", "mlp.proj"):
             plan[f"blocks.{name}.{proj}"] = RowwiseParallel()

@@ -130,7 +130,7 @@ class ShardedDP(DataParallelBase):
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         out = {}
-        for (name, param), shard in zip(self.named_params, self.shards):
+        for (name, param), shard in zip(self.named_params, self.shards, strict=False):
             if shard.master.grad is None:
                 continue
             slot = shard.master.grad.new_zeros(shard.size)
@@ -142,4 +142,3 @@ class ShardedDP(DataParallelBase):
                 grad = DTensor.from_local(grad, param.device_mesh, param.placements).full_tensor()
             out[name] = grad
         return out
-

@@ -1,4 +1,5 @@
 """Every rank writes many long lines quickly, to check lines never mix."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Rank FAIL_RANK exits FAIL_CODE after printing; the others sleep (they must be stopped by the launcher)."""
+
 import os
 import sys
 import time

@@ -1,4 +1,5 @@
 """Fails on the first try (DISTLAUNCH_RESTART_COUNT=0) and succeeds after a restart."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Ignores SIGTERM and starts a child in its own process group's tree: only SIGKILL of the group ends both."""
+
 import os
 import signal
 import subprocess

@@ -13,6 +13,7 @@
 #SBATCH --partition=gpu
 #SBATCH --account=proj42
 #SBATCH --output=logs/%x-%j.out
+#SBATCH --export=ALL,NCCL_DEBUG
 set -euo pipefail
 
 # `distlaunch slurm run` reads nodes, tasks, GPUs and CPUs per node from the #SBATCH lines above (through
@@ -20,4 +21,5 @@ set -euo pipefail
 #   srun --kill-on-bad-exit=1 --label ... python -m distlaunch run --launcher slurm ... SCRIPT ARGS
 # Every task maps its SLURM_* variables to MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE ... and
 # execs the script. One failing rank stops the step; the job exits with that rank's exit code.
-exec /opt/venv/bin/python -m distlaunch slurm run --parallel dp=auto,tp=2,pp=2 --env NCCL_DEBUG=WARN -- train.py --config 'my cfg.toml'
+# --env values are not written here: sbatch takes them from the environment distlaunch submits with.
+exec /opt/venv/bin/python -m distlaunch slurm run --parallel dp=auto,tp=2,pp=2 -- train.py --config 'my cfg.toml'

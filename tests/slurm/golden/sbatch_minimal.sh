@@ -14,4 +14,5 @@ set -euo pipefail
 #   srun --kill-on-bad-exit=1 --label ... python -m distlaunch run --launcher slurm ... SCRIPT ARGS
 # Every task maps its SLURM_* variables to MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE ... and
 # execs the script. One failing rank stops the step; the job exits with that rank's exit code.
+# --env values are not written here: sbatch takes them from the environment distlaunch submits with.
 exec python3 -m distlaunch slurm run -m -- distlaunch.examples.allreduce

@@ -1,0 +1,173 @@
+"""bf16 tokens/s, MFU and peak memory of ``distlaunch train`` on one GPU, against a reference loop.
+
+    python bench/gpu_throughput.py            # 125m and 1.3b, bf16, one GPU, every figure printed
+
+For each preset, in the same run and on the same GPU, one after the other:
+
+- the engine: ``distlaunch train -n 1`` (the NCCL path with one rank), bf16, one micro-batch per
+  step; its summary gives the median tokens/s over steps 2..N and the MFU, its step records the
+  CUDA allocator's peak;
+- the reference: the nanoGPT / torchtitan recipe in plain PyTorch on the same GPT shapes, the same
+  batch and sequence length: ``torch.compile`` of the whole model, ``torch.optim.AdamW(fused=True)``,
+  bf16 autocast, fp32 weights, random tokens; timed per step with CUDA events, median over the
+  steps after warm-up (compilation excluded).
+
+It prints one line per (preset, loop) and the ratio engine / reference, then one JSON object with
+every figure. Goals: MFU >= 50% for 1.3b, engine >= 0.95 x reference. MFU counts 6N + 12*L*d*T
+FLOPs per token against the GPU's dense bf16 peak (989 TFLOP/s for H100/H200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# (preset, seq_len, batch): one micro-batch per step, sized for one 80 GB H100 without activation checkpointing
+DEFAULT_RUNS = [("125m", 1024, 32), ("1.3b", 2048, 8)]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--presets", default="125m,1.3b", help="comma-separated presets of the default runs")
+    parser.add_argument("--steps", type=int, default=30, help="steps per loop (the first ones are warm-up)")
+    parser.add_argument("--reference", nargs=3, metavar=("PRESET", "SEQ_LEN", "BATCH"), help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def reference_loop(preset: str, seq_len: int, batch: int, steps: int) -> dict:
+    """The plain-PyTorch reference on this process's GPU; its figures."""
+    import torch
+    import torch.nn.functional as F
+
+    from distlaunch.engine.metrics import flops_per_token, peak_flops
+    from distlaunch.engine.model import GPT, PRESETS, init_weights
+
+    device = torch.device("cuda", 0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cfg = PRESETS[preset]
+    model = GPT(cfg).to(device)
+    init_weights(model, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+    step_fn = torch.compile(model)
+    gen = torch.Generator(device=device).manual_seed(0)
+    times = []
+    torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(steps):
+        x = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device, generator=gen)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = step_fn(x[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    tokens_per_s = batch * seq_len / statistics.median(times[max(1, steps // 3) :])
+    peak = peak_flops(device, "bf16")
+    return {
+        "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * flops_per_token(cfg, seq_len) / peak if peak else None,
+        "peak_bytes": torch.cuda.max_memory_allocated(device),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+    }
+
+
+def run_reference(preset: str, seq_len: int, batch: int, steps: int) -> dict:
+    """The reference in its own process (its own allocator peak and compile cache)."""
+    argv = [sys.executable, __file__, "--steps", str(steps), "--reference", preset, str(seq_len), str(batch)]
+    out = subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_engine(preset: str, seq_len: int, batch: int, steps: int, out: Path) -> dict:
+    """One ``distlaunch train -n 1`` job in bf16; its summary plus the allocator peak."""
+    metrics = out / f"engine-{preset}.jsonl"
+    metrics.unlink(missing_ok=True)
+    sets = [
+        f"model.preset='{preset}'",
+        f"train.steps={steps}",
+        f"train.seq_len={seq_len}",
+        f"train.global_batch_size={batch}",
+        f"train.micro_batch_size={batch}",
+        "train.precision='bf16'",
+        "train.eval_every=0",
+        f"train.log_every={steps}",
+        "parallel.dp=1",
+        "parallel.tp=1",
+        "parallel.pp=1",
+        "parallel.zero=0",
+    ]
+    argv = [sys.executable, "-m", "distlaunch", "train", "-n", "1", "--metrics-file", str(metrics)]
+    for assignment in sets:
+        argv += ["--set", assignment]
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps_seen = [r for r in records if "step" in r and "event" not in r]
+    summary = records[-1]
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "mfu": summary["mfu"],
+        "peak_bytes": max((r.get("device_peak_bytes") or 0) for r in steps_seen) if steps_seen else None,
+        "device": records[0].get("device"),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def gib(n: int | None) -> str:
+    return f"{n / 2**30:6.1f} GiB" if n else "     n/a"
+
+
+def pct(x: float | None) -> str:
+    return f"{x:6.1%}" if x is not None else "   n/a"
+
+
+def main() -> None:
+    args = parse_args()
+    if args.reference:
+        preset, seq_len, batch = args.reference
+        print(json.dumps(reference_loop(preset, int(seq_len), int(batch), args.steps)))
+        return
+    wanted = args.presets.split(",")
+    figures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset, seq_len, batch in [r for r in DEFAULT_RUNS if r[0] in wanted]:
+            engine = run_engine(preset, seq_len, batch, args.steps, Path(tmp))
+            reference = run_reference(preset, seq_len, batch, args.steps)
+            ratio = engine["tokens_per_s"] / reference["tokens_per_s"]
+            head = f"{preset:>5} bf16, batch {batch} x {seq_len}"
+            print(
+                f"{head}, distlaunch train : {engine['tokens_per_s']:10.0f} tok/s  MFU {pct(engine['mfu'])}  peak {gib(engine['peak_bytes'])}"
+            )
+            print(
+                f"{head}, reference loop   : {reference['tokens_per_s']:10.0f} tok/s  MFU {pct(reference['mfu'])}  peak {gib(reference['peak_bytes'])}"
+            )
+            print(f"{head}, ratio engine / reference {ratio:.3f} (goal >= 0.95)", flush=True)
+            figures.append(
+                {
+                    "preset": preset,
+                    "seq_len": seq_len,
+                    "batch": batch,
+                    "engine": engine,
+                    "reference": reference,
+                    "ratio": ratio,
+                }
+            )
+    gpu = figures[0]["reference"]["gpu"] if figures else None
+    print(json.dumps({"gpu": gpu, "steps": args.steps, "runs": figures}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""``distlaunch data prepare``: tokenize text or JSONL into memory-mapped shards for ``distlaunch train``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from distlaunch.cli.render import print_json
+from distlaunch.data.prepare import DEFAULT_SHARD_TOKENS, PrepareReport, PrepareSpec, prepare
+
+data_app = typer.Typer(
+    name="data",
+    no_args_is_help=True,
+    help="Prepare datasets for distlaunch train (docs/data.md).",
+)
+
+
+def render_prepare(report: PrepareReport, console: Console) -> None:
+    """The tokenizer, the totals and one row per shard."""
+    index = report.index
+    console.print(f"[bold]{report.out}[/bold]: {index.documents:,} documents, {index.tokens:,} tokens ({index.dtype})")
+    console.print(
+        f"tokenizer {index.tokenizer.name}: vocabulary {index.vocab_size:,} "
+        f"(the model pads it to {report.padded_vocab_size:,}), end-of-text id {index.tokenizer.eos_id}"
+    )
+    table = Table()
+    for col in ("shard", "tokens", "documents"):
+        table.add_column(col, justify="left" if col == "shard" else "right")
+    for shard in index.shards:
+        table.add_row(shard.file, f"{shard.tokens:,}", f"{shard.documents:,}")
+    console.print(table)
+    console.print(f"train on it: distlaunch train --set data.path={report.out}")
+
+
+@data_app.command("prepare")
+def prepare_command(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(help="Text files (one document each) or JSONL files (one document per line)."),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the shards, index and tokenizer to.")],
+    tokenizer: Annotated[
+        str,
+        typer.Option(
+            "--tokenizer",
+            "-t",
+            help="bpe:VOCAB (train a byte-level BPE on the inputs), PATH/tokenizer.json, PATH.tiktoken, "
+            "or gpt2 (tiktoken's file, from its cache; never downloaded).",
+        ),
+    ],
+    field: Annotated[str, typer.Option("--field", help="The JSONL field that holds the text.")] = "text",
+    shard_tokens: Annotated[
+        int, typer.Option("--shard-tokens", help="Start a new shard past this many tokens.")
+    ] = DEFAULT_SHARD_TOKENS,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> int:
+    """Tokenize INPUT files into memory-mapped token shards, an index.json and the tokenizer, in --out."""
+    spec = PrepareSpec(inputs=inputs, out=out, tokenizer=tokenizer, field=field, shard_tokens=shard_tokens)
+    report = prepare(spec)
+    print_json(report) if json_output else render_prepare(report, Console())
+    return 0

@@ -1,0 +1,173 @@
+"""``distlaunch jobs`` and ``distlaunch status JOB``: the job registry, read back (docs/jobs.md)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from distlaunch.cli.render import print_json, render_report
+from distlaunch.jobs.backends import find_job, list_jobs, rank_of, read_lines, stop_job
+from distlaunch.jobs.store import FINAL_STATES, JobRecord, Unreadable, dumps
+from distlaunch.launcher.report import RunReport
+
+RECENT = 20  # what 'distlaunch jobs' shows without --all
+_STATE_STYLE = {"pending": "yellow", "running": "cyan", "succeeded": "green", "failed": "red", "lost": "magenta"}
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JobId = Annotated[str, typer.Argument(help="A job id, or a unique prefix of one (dl-2026…).", show_default=False)]
+
+
+def jobs(
+    running: Annotated[bool, typer.Option("--running", help="Only jobs that are still running.")] = False,
+    all_jobs: Annotated[bool, typer.Option("--all", "-a", help=f"Every job (default: the {RECENT} newest).")] = False,
+    json_output: Json = False,
+) -> int:
+    """List jobs, newest first: id, backend, hosts, ranks, state, age, exit code."""
+    records = list_jobs()
+    if running:
+        records = [r for r in records if isinstance(r, JobRecord) and r.state == "running"]
+    if not all_jobs:
+        records = records[:RECENT]
+    if json_output:
+        print(dumps(records))
+        return 0
+    console = Console()
+    if not records:
+        console.print("no jobs" + (" running" if running else "") + " (distlaunch run and train record theirs)")
+        return 0
+    table = Table(box=None, pad_edge=False)
+    for col in ("JOB", "BACKEND", "HOSTS", "RANKS", "STATE", "AGE", "EXIT"):
+        table.add_column(col, no_wrap=col != "HOSTS")
+    now = time.time()
+    for r in records:
+        if isinstance(r, Unreadable):
+            table.add_row(r.job_id, "", "", "", "[yellow]unreadable[/yellow]", "", Text(r.problem))
+            continue
+        style = _STATE_STYLE.get(r.state, "")
+        table.add_row(
+            r.job_id,
+            r.backend,
+            Text(_hosts(r.hosts)),
+            str(r.world_size),
+            f"[{style}]{r.state}[/{style}]" if style else r.state,
+            _age(now - r.created_at),
+            "" if r.exit_code is None else str(r.exit_code),
+        )
+    console.print(table)
+    return 0
+
+
+def status(job: JobId, json_output: Json = False) -> int:
+    """Show one job in full: command, plan, state per host, restarts, the root cause when it failed."""
+    record = find_job(job)
+    if json_output:
+        print_json(record)
+        return 0
+    render_status(record, Console())
+    return 0
+
+
+def stop(
+    job: JobId,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for the job to confirm its end.", min=1)
+    ] = 60.0,
+    json_output: Json = False,
+) -> int:
+    """Stop a running job like Ctrl-C: every rank on every host gets SIGTERM, a grace period, then SIGKILL."""
+    record = stop_job(find_job(job), timeout)
+    if json_output:
+        print_json(record)
+    else:
+        Console().print(f"job {record.job_id} {record.state} (exit {record.exit_code})", highlight=False)
+    return 0
+
+
+def logs(
+    job: JobId,
+    rank: Annotated[
+        list[int] | None, typer.Option("--rank", "-r", help="Only this rank's lines (repeat for several).")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    tail: Annotated[int | None, typer.Option("--tail", "-n", help="Only the last N lines.", min=0)] = None,
+    stderr: Annotated[
+        bool, typer.Option("--stderr", help="Only the ranks' stderr lines (and distlaunch's notices).")
+    ] = False,
+) -> int:
+    """Print a detached job's rank-prefixed output (and distlaunch's own lines), following it with -f."""
+    record = find_job(job)
+    wanted = set(rank or [])
+    lines = read_lines(record, follow, lambda line: not wanted or rank_of(line) in wanted, tail, stderr)
+    for line in lines:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def render_status(r: JobRecord, console: Console) -> None:
+    """The record as a few labelled lines, the hosts' ranks, then the root-cause table of a failed job."""
+    style = _STATE_STYLE.get(r.state, "bold")
+    ended = f", ended {_clock(r.ended_at)} ({r.ended_at - r.created_at:.1f}s)" if r.ended_at else ""
+    console.print(f"[bold]{r.job_id}[/bold]  [{style}]{r.state}[/{style}]", highlight=False)
+    lines = {
+        "command": " ".join(r.command) or "(not recorded)",
+        "cwd": r.cwd,
+        "backend": r.backend,
+        "ranks": f"{r.world_size} on {len(r.hosts)} host(s), {r.plan.get('parallel', {}).get('dp', '?')}-way data "
+        f"parallel (backend {r.plan.get('backend', '?')})",
+        "time": f"started {_clock(r.created_at)}{ended}",
+        "exit code": "" if r.exit_code is None else str(r.exit_code),
+        "restarts": str(r.restarts),
+        "logs": r.log_dir or "",
+        "error": r.error or "",
+    }
+    if r.native_id:
+        lines["slurm job"] = r.native_id
+        lines["output"] = r.output or ""
+    if r.state == "lost" and r.owner is not None:
+        lines["state"] = f"the process that ran the job (pid {r.owner.pid} on {r.owner.hostname}) is gone"
+    for key, value in lines.items():
+        if value:
+            console.print(f"  {key:<10} {value}", highlight=False, soft_wrap=True, markup=False)
+    table = Table(box=None, pad_edge=False)
+    for col in ("HOST", "NODE", "RANKS", "STATE"):
+        table.add_column(col)
+    failed = {f["rank"]: f for f in (r.report or {}).get("failures", [])}
+    for node in r.plan.get("nodes", []):
+        ranks = [rank["rank"] for rank in node["ranks"]]
+        bad = [f"rank {k} exit {failed[k]['exit_code']}" for k in ranks if k in failed]
+        table.add_row(Text(node["host"]), str(node["node_rank"]), _span(ranks), ", ".join(bad) or _node_state(r.state))
+    console.print(table)
+    if r.report is not None and r.state in FINAL_STATES and r.state != "succeeded":
+        render_report(RunReport.model_validate(r.report), console)
+
+
+def _node_state(job_state: str) -> str:
+    return {"succeeded": "exited 0", "failed": "stopped", "interrupted": "stopped"}.get(job_state, job_state)
+
+
+def _span(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+
+
+def _hosts(hosts: list[str], limit: int = 3) -> str:
+    return ",".join(hosts[:limit]) + (f",+{len(hosts) - limit}" if len(hosts) > limit else "")
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))

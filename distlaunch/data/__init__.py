@@ -1,0 +1,1 @@
+"""Datasets for the bundled trainer: the byte-level corpus, and folders made by ``distlaunch data prepare``."""

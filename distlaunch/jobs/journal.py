@@ -1,0 +1,94 @@
+"""Keeps one job's record current while the job runs. Bookkeeping never fails the job it records."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, jobs_dir, write_record
+from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.launcher.report import RunReport
+
+log = logging.getLogger("distlaunch")
+
+# How a finished job's exit code reads as a state.
+_INTERRUPTED = (129, 130, 143)  # SIGHUP (terminal closed), SIGINT, SIGTERM
+
+
+class Journal:
+    """The record of one job: written at start, rewritten when it ends."""
+
+    def __init__(self, record: JobRecord, warn: Callable[[str], None]):
+        self.record, self.warn, self.broken = record, warn, False
+
+    @classmethod
+    def begin(
+        cls, plan: LaunchPlan, backend: str, command: list[str], log_dir: str | None, warn: Callable[[str], None]
+    ) -> Journal:
+        """Record a job that starts now, owned by this process."""
+        record = JobRecord(
+            job_id=plan.job_id,
+            backend=backend,
+            command=command,
+            cwd=os.getcwd(),
+            hosts=[node.host for node in plan.nodes],
+            world_size=plan.world_size,
+            owner=Owner.me(),
+            log_dir=log_dir,
+            plan=plan.masked().model_dump(mode="json"),
+        )
+        journal = cls(record, warn)
+        journal._save()
+        return journal
+
+    def end(self, report: RunReport | None = None, exit_code: int | None = None, error: str | None = None) -> None:
+        """Record how the job ended: from its report, or from the error that ended it before one existed."""
+        code = report.exit_code if report is not None else exit_code
+        state = "succeeded" if code == 0 else "interrupted" if code in _INTERRUPTED else "failed"
+        if state == "interrupted" and (jobs_dir() / self.record.job_id / STOP_FILE).exists():
+            state = "stopped"
+        self.record = self.record.model_copy(
+            update={
+                "state": state,
+                "exit_code": code,
+                "ended_at": time.time(),
+                "restarts": report.restarts if report is not None else 0,
+                "report": report.model_dump(mode="json") if report is not None else None,
+                "error": error,
+            }
+        )
+        self._save()
+
+    def _save(self) -> None:
+        if self.broken:
+            return
+        try:
+            write_record(self.record)
+        except OSError as exc:
+            # A read-only or full state directory costs the job its record, never the job itself.
+            self.broken = True
+            self.warn(f"cannot record job {self.record.job_id}: {exc} (set DISTLAUNCH_STATE_DIR to a writable folder)")
+
+
+def record_batch_job(
+    slurm_id: str, output: str | None, world_size: int, nodes: int, parallel: dict, command: list[str]
+) -> None:
+    """Record a submitted Slurm batch job (``slurm-<id>``): Slurm runs it, ``distlaunch jobs`` asks Slurm about it."""
+    record = JobRecord(
+        job_id=f"slurm-{slurm_id}",
+        backend="slurm",
+        command=command,
+        cwd=os.getcwd(),
+        hosts=[f"({nodes} node{'s' * (nodes > 1)})"],
+        world_size=world_size,
+        state="pending",
+        native_id=slurm_id,
+        output=os.path.abspath(output) if output else None,
+        plan={"parallel": parallel, "backend": "slurm", "nodes": []},
+    )
+    try:
+        write_record(record)
+    except OSError as exc:
+        log.warning("cannot record Slurm job %s: %s", slurm_id, exc)

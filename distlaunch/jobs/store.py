@@ -1,0 +1,175 @@
+"""Job records on disk: one folder per job under the state directory, one ``job.json`` in each.
+
+    $DISTLAUNCH_STATE_DIR            (default $XDG_STATE_HOME/distlaunch, else ~/.local/state/distlaunch)
+    └── jobs/dl-20261123-081502-3f9a/
+        └── job.json                 (a JobRecord; replaced atomically on every change)
+
+Writers replace the file with ``os.replace`` of a fully written temporary file, so a reader sees the
+old record or the new one, never half of one. A record that cannot be parsed anyway (a full disk, a
+hand edit) is reported as unreadable instead of breaking the listing. Records are raw here; the
+job's backend (``distlaunch.jobs.backends``) says what the job is doing now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from distlaunch.errors import UsageError
+
+STATE_VAR = "DISTLAUNCH_STATE_DIR"
+RECORD = "job.json"
+STOP_FILE = "stop-requested"  # written by 'distlaunch stop' before it signals the job: the end reads "stopped"
+JobState = Literal["pending", "running", "succeeded", "failed", "interrupted", "stopped", "lost"]
+FINAL_STATES = ("succeeded", "failed", "interrupted", "stopped")
+
+
+class Owner(BaseModel):
+    """The process that runs the job and keeps its record: pid plus start time, so a reused pid is no match."""
+
+    pid: int
+    start_ticks: int
+    hostname: str
+
+    @classmethod
+    def me(cls) -> Owner:
+        return cls(pid=os.getpid(), start_ticks=_start_ticks(os.getpid()) or 0, hostname=os.uname().nodename)
+
+    def alive(self) -> bool:
+        """Whether that process still runs (only answerable on its own machine: elsewhere, assume it does)."""
+        if self.hostname != os.uname().nodename:
+            return True
+        return _start_ticks(self.pid) == self.start_ticks
+
+
+class JobRecord(BaseModel):
+    """What distlaunch knows about one job, for ``jobs`` and ``status``."""
+
+    job_id: str
+    backend: str  # local, ssh, slurm, ...
+    command: list[str]  # the distlaunch command line that started it
+    cwd: str
+    hosts: list[str]
+    world_size: int
+    state: JobState = "running"
+    created_at: float = Field(default_factory=time.time)
+    ended_at: float | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    owner: Owner | None = None
+    log_dir: str | None = None
+    plan: dict = Field(default_factory=dict)  # the masked LaunchPlan
+    report: dict | None = None  # the RunReport once the job ended
+    error: str | None = None  # why it ended without a report (a host failed in preflight, ...)
+    native_id: str | None = None  # the scheduler's own id (Slurm job id)
+    output: str | None = None  # the scheduler's output file
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES or self.state == "lost"
+
+
+class Unreadable(BaseModel):
+    """A job folder whose record cannot be parsed."""
+
+    job_id: str
+    problem: str
+
+
+def state_dir(environ: dict[str, str] | None = None) -> Path:
+    """Where job records live: $DISTLAUNCH_STATE_DIR, else $XDG_STATE_HOME/distlaunch, else ~/.local/state/distlaunch."""
+    env = os.environ if environ is None else environ
+    if env.get(STATE_VAR):
+        return Path(env[STATE_VAR])
+    if env.get("XDG_STATE_HOME"):
+        return Path(env["XDG_STATE_HOME"]) / "distlaunch"
+    return Path.home() / ".local" / "state" / "distlaunch"
+
+
+def jobs_dir() -> Path:
+    return state_dir() / "jobs"
+
+
+def write_record(record: JobRecord) -> Path:
+    """Create or replace a job's record atomically (a reader never sees half of it)."""
+    folder = jobs_dir() / record.job_id
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".job-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(record.model_dump_json(indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / RECORD)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return folder / RECORD
+
+
+def read_record(folder: Path) -> JobRecord | Unreadable:
+    """One job's record, or what is wrong with it."""
+    try:
+        return JobRecord.model_validate_json((folder / RECORD).read_bytes())
+    except FileNotFoundError:
+        return Unreadable(job_id=folder.name, problem=f"{RECORD} is missing")
+    except (OSError, ValueError, ValidationError) as exc:
+        return Unreadable(job_id=folder.name, problem=f"{RECORD} cannot be read: {_first_line(exc)}")
+
+
+def list_records() -> list[JobRecord | Unreadable]:
+    """Every job under the state directory, newest first (unreadable ones last)."""
+    root = jobs_dir()
+    if not root.is_dir():
+        return []
+    records = [read_record(p) for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    good = sorted((r for r in records if isinstance(r, JobRecord)), key=lambda r: r.created_at, reverse=True)
+    return good + sorted((r for r in records if isinstance(r, Unreadable)), key=lambda r: r.job_id)
+
+
+def find_record(prefix: str) -> JobRecord:
+    """The one job whose id starts with ``prefix`` (a unique prefix is enough, as with git)."""
+    root = jobs_dir()
+    names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    # An exact id, a unique prefix of one, or a scheduler's own id (Slurm's 1234 for slurm-1234).
+    matches = [n for n in names if n in (prefix, f"slurm-{prefix}")] or [n for n in names if n.startswith(prefix)]
+    if not prefix or not matches:
+        raise UsageError(f"no job {prefix!r} under {root}", "list the jobs with 'distlaunch jobs --all'")
+    if len(matches) > 1:
+        shown = ", ".join(matches[:5]) + (", …" if len(matches) > 5 else "")
+        raise UsageError(f"job id prefix {prefix!r} is ambiguous: {shown}", "give more characters of the id")
+    record = read_record(root / matches[0])
+    if isinstance(record, Unreadable):
+        raise UsageError(f"job {record.job_id}: {record.problem}", f"look at {root / record.job_id / RECORD}")
+    return record
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks), or None when there is no such live process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after its closing one.
+    fields = stat.rpartition(")")[2].split()
+    if fields[0] in ("Z", "X"):  # dead, not yet reaped by its parent
+        return None
+    return int(fields[19])
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def dumps(records: list[JobRecord | Unreadable]) -> str:
+    """JSON for ``jobs --json``: a list of records (unreadable ones as {job_id, problem})."""
+    return json.dumps([r.model_dump() for r in records], indent=2)

@@ -1,0 +1,138 @@
+"""Detached jobs: ``run --detach`` hands the plan to a supervisor process that outlives the terminal.
+
+The supervisor is ``python -m distlaunch.jobs.supervisor JOB_DIR``, started in a session of its own (no
+controlling terminal, so closing the terminal sends it nothing). It runs exactly the plan the command built
+and checked, through the same ``launch`` as a foreground run, so it keeps every guarantee of one: fail-fast,
+restarts, no orphans, the root-cause report. What it would have printed goes to ``output.log`` in the job's
+folder; ``distlaunch logs`` reads it back.
+
+    launch.json   the plan and options (0600: the plan holds the ranks' environment)
+    output.log    rank-prefixed output, notices and the final report
+    errors.log    the ranks' stderr lines and distlaunch's notices alone
+    job.json      the record (written by the journal inside ``launch``)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from pydantic import BaseModel
+
+from distlaunch.errors import DistlaunchError, UsageError
+from distlaunch.jobs.backends import ERRORS_FILE, OUTPUT_FILE
+from distlaunch.jobs.store import RECORD, JobRecord, jobs_dir, read_record
+from distlaunch.launcher.job import ExecOptions
+from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.launcher.spec import LaunchOptions
+
+LAUNCH_FILE = "launch.json"
+START_TIMEOUT_S = 15.0  # the supervisor records the job at once; this only bounds a broken start
+
+
+class DetachedLaunch(BaseModel):
+    """Everything the supervisor needs, as the foreground command resolved it."""
+
+    plan: LaunchPlan
+    opts: LaunchOptions
+    exec_opts: ExecOptions
+    command: list[str]
+
+
+def detach(launch: DetachedLaunch) -> JobRecord:
+    """Start the supervisor for ``launch`` and return the job's first record once it has written it."""
+    folder = jobs_dir() / launch.plan.job_id
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    spec_path = folder / LAUNCH_FILE
+    fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(launch.model_dump_json())
+    with open(os.devnull, "rb") as devnull, open(folder / OUTPUT_FILE, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distlaunch.jobs.supervisor", str(folder)],
+            stdin=devnull,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # no controlling terminal: closing it (SIGHUP) reaches the job no more
+            cwd=launch.exec_opts.workdir or os.getcwd(),
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        record = read_record(folder)
+        if isinstance(record, JobRecord):
+            return record
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    tail = _tail(folder / OUTPUT_FILE)
+    raise DistlaunchError(
+        f"the supervisor of job {launch.plan.job_id} did not start: {tail or 'no output'}",
+        f"see {folder / OUTPUT_FILE}",
+        exit_code=1,
+    )
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def supervise(folder: Path) -> int:
+    """In the supervisor: run the job described in ``folder`` and return its exit code."""
+    from rich.console import Console
+
+    from distlaunch.cli.output import RankPrinter
+    from distlaunch.cli.render import render_report
+    from distlaunch.launcher.launch import launch
+
+    spec = DetachedLaunch.model_validate_json((folder / LAUNCH_FILE).read_bytes())
+    # output.log reads like the terminal would have (stdout is that file); errors.log keeps the stderr lines
+    # and distlaunch's notices alone, for 'distlaunch logs --stderr'.
+    with open(folder / ERRORS_FILE, "a", encoding="utf-8") as errors:
+        err = _Tee(sys.stdout, errors)
+        sink = RankPrinter(multi_host=spec.plan.nnodes > 1, out=sys.stdout, err=err, color=False)
+        try:
+            report = launch(spec.plan, spec.opts, spec.exec_opts, sink, command=spec.command)
+        except DistlaunchError as exc:
+            sink.notice(str(exc))
+            return exc.exit_code
+        finally:
+            sink.close()
+    render_report(report, Console(file=sys.stdout, width=120, no_color=True))
+    return report.exit_code
+
+
+class _Tee:
+    """A text stream that writes to two: one write per line keeps lines whole in both."""
+
+    def __init__(self, *streams: TextIO):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def check_detachable(plan: LaunchPlan) -> None:
+    """Refuse what a detached job cannot do: it needs a job folder of its own."""
+    if (jobs_dir() / plan.job_id / RECORD).exists():
+        raise UsageError(f"job {plan.job_id} exists already", "start the job again: it draws a new id")
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(Path(sys.argv[1])))

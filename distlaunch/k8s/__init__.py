@@ -1,0 +1,1 @@
+"""Kubernetes without an operator: an Indexed Job whose pods run distlaunch's per-node mode."""

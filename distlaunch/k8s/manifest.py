@@ -1,0 +1,176 @@
+"""``distlaunch k8s manifest``: a headless Service and an Indexed Job, one pod per node.
+
+Pod i runs ``distlaunch run --nnodes N --node-rank $(JOB_COMPLETION_INDEX) ...`` (Kubernetes expands
+``$(VAR)`` in a container's args from its environment). Pod 0 is the master: with ``subdomain`` set to the
+headless Service, an Indexed Job's pod i is reachable as ``<name>-i.<name>``, the address every pod gets
+in DISTLAUNCH_MASTER_ADDR.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, Field
+
+from distlaunch.errors import UsageError
+from distlaunch.launcher.spec import parse_env
+
+MASTER_ADDR_VAR = "DISTLAUNCH_MASTER_ADDR"
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SECRET_REF = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]([-a-z0-9.]*[a-z0-9])?):([-._A-Za-z0-9]+)$")
+
+
+class K8sJobOptions(BaseModel):
+    """What ``distlaunch k8s manifest`` turns into Kubernetes objects."""
+
+    program: list[str]  # SCRIPT [ARGS...] as given to distlaunch run
+    image: str
+    nodes: int = 1
+    nproc_per_node: int = 1
+    gpus_per_node: int = 0
+    name: str = "distlaunch"
+    namespace: str | None = None
+    master_port: int = 29500
+    rdzv_port: int = 29400  # the nodes' store (distlaunch run --rdzv-endpoint), apart from the ranks' master port
+    max_restarts: int = 0
+    env: list[str] = Field(default_factory=list)  # KEY=VALUE
+    secret_env: list[str] = Field(default_factory=list)  # NAME=SECRET:KEY, read from the Secret by the kubelet
+
+
+def check_options(opts: K8sJobOptions) -> None:
+    """Reject what Kubernetes or the per-node mode would reject later, with one line each."""
+    if not opts.program:
+        raise UsageError("no script given", "write: distlaunch k8s manifest [OPTIONS] -- train.py [ARGS]")
+    for flag, value in (("--nodes", opts.nodes), ("--nproc-per-node", opts.nproc_per_node)):
+        if value < 1:
+            raise UsageError(f"{flag} {value} must be at least 1", f"give e.g. {flag} 2")
+    if opts.gpus_per_node < 0 or opts.max_restarts < 0:
+        raise UsageError("--gpus-per-node and --max-restarts cannot be negative", "give 0 or more")
+    if not opts.image.strip():
+        raise UsageError("--image is empty", "give the container image that has distlaunch and your script")
+    # Pod hostnames are <name>-<index>: the name must be a DNS label with room for the index.
+    if not _NAME.match(opts.name) or len(opts.name) > 52:
+        raise UsageError(
+            f"--name {opts.name!r} is not a Kubernetes name",
+            "use lowercase letters, digits and '-', at most 52 characters, e.g. --name gpt-run1",
+        )
+    for port in (opts.master_port, opts.rdzv_port):
+        if not 1 <= port <= 65535 or opts.master_port == opts.rdzv_port:
+            raise UsageError(
+                f"ports {opts.master_port} (master) and {opts.rdzv_port} (rendezvous) must be two ports 1-65535",
+                "give --master-port and --rdzv-port",
+            )
+
+
+def secret_refs(pairs: list[str]) -> list[dict]:
+    """``NAME=SECRET:KEY`` into env entries that reference the Secret (the value never enters the manifest)."""
+    refs = []
+    for pair in pairs:
+        m = _SECRET_REF.match(pair)
+        if m is None:
+            raise UsageError(
+                f"--secret-env {pair!r} is not NAME=SECRET:KEY",
+                "write e.g. --secret-env HF_TOKEN=hf-credentials:token (a Secret name and a key in it)",
+            )
+        refs.append({"name": m[1], "valueFrom": {"secretKeyRef": {"name": m[2], "key": m[4]}}})
+    return refs
+
+
+def master_address(opts: K8sJobOptions) -> str:
+    """Pod 0's DNS name through the headless Service."""
+    return f"{opts.name}-0.{opts.name}"
+
+
+def pod_args(opts: K8sJobOptions) -> list[str]:
+    """The args of ``distlaunch`` in every pod; Kubernetes fills in the ``$(VAR)`` references."""
+    return [
+        "run",
+        "--nnodes", str(opts.nodes),
+        "--node-rank", "$(JOB_COMPLETION_INDEX)",
+        "--master-addr", f"$({MASTER_ADDR_VAR})",
+        "--master-port", str(opts.master_port),
+        "--rdzv-endpoint", f"$({MASTER_ADDR_VAR}):{opts.rdzv_port}",
+        "-n", str(opts.nproc_per_node),
+        "--",
+        *opts.program,
+    ]  # fmt: skip
+
+
+def _metadata(opts: K8sJobOptions, **extra) -> dict:
+    meta = {"name": opts.name, "labels": {"app.kubernetes.io/name": "distlaunch", "distlaunch/job": opts.name}}
+    if opts.namespace:
+        meta["namespace"] = opts.namespace
+    return {**meta, **extra}
+
+
+def service(opts: K8sJobOptions) -> dict:
+    """Headless Service: DNS names for the pods (pod 0 is the master), no load balancing."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(opts),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"distlaunch/job": opts.name},
+            # The ranks look pod 0 up while it starts, before any readiness.
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {"name": "master", "port": opts.master_port, "targetPort": opts.master_port},
+                {"name": "rdzv", "port": opts.rdzv_port, "targetPort": opts.rdzv_port},
+            ],
+        },
+    }
+
+
+def container(opts: K8sJobOptions) -> dict:
+    env = [{"name": MASTER_ADDR_VAR, "value": master_address(opts)}]
+    env += [{"name": k, "value": v} for k, v in parse_env(opts.env).items()]
+    env += secret_refs(opts.secret_env)
+    spec = {
+        "name": "trainer",
+        "image": opts.image,
+        "command": ["distlaunch"],
+        "args": pod_args(opts),
+        "env": env,
+        "ports": [{"containerPort": opts.master_port}, {"containerPort": opts.rdzv_port}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if opts.gpus_per_node:
+        spec["resources"] = {"limits": {"nvidia.com/gpu": opts.gpus_per_node}}
+    return spec
+
+
+def job(opts: K8sJobOptions) -> dict:
+    """Indexed Job: one pod per node, node rank = completion index; the whole job retried up to backoffLimit."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(opts),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": opts.nodes,
+            "parallelism": opts.nodes,
+            "backoffLimit": opts.max_restarts,
+            "template": {
+                "metadata": {"labels": {"distlaunch/job": opts.name}},
+                "spec": {
+                    "subdomain": opts.name,  # with the headless Service: <name>-<index>.<name> resolves
+                    "restartPolicy": "Never",
+                    "containers": [container(opts)],
+                    # NCCL and DataLoader workers share memory through /dev/shm; a container's default is 64 MiB.
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                },
+            },
+        },
+    }
+
+
+def manifest(opts: K8sJobOptions) -> list[dict]:
+    """The objects to apply, in order: the Service first, so pod 0's name resolves when the pods start."""
+    check_options(opts)
+    return [service(opts), job(opts)]
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """``$(VAR)`` references as Kubernetes expands them in a container's args (unknown ones stay as written)."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg) for arg in args]

@@ -1,0 +1,205 @@
+"""Per-node mode (torchrun's multi-node form): one ``distlaunch run --nnodes N`` per node forms one job.
+
+Each node builds the whole job's plan with ``build_plan`` (so ranks, environment and groups are exactly
+those of a single ``-H`` launch: rank = node_rank * n + local_rank) and starts only its own part. The
+nodes meet at a small key-value store (see ``rendezvous``): there they get node ranks on arrival (with
+``--rdzv-endpoint`` and no ``--node-rank``), share the job id and master address, and tell each other
+when a rank failed, so every node stops its ranks (fail-fast across nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from pydantic import BaseModel
+
+from distlaunch.errors import UsageError
+from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.launcher.job import ExecOptions, Sink
+from distlaunch.launcher.launch import launch
+from distlaunch.launcher.plan import LaunchPlan, build_plan
+from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
+from distlaunch.launcher.report import RankExit, RunReport
+from distlaunch.launcher.spec import LaunchOptions, is_loopback, make_spec, resolve_port
+
+POLL_S = 0.5  # how often a node looks for another node's failure
+
+
+class NodeOptions(BaseModel):
+    """The per-node options as the user typed them."""
+
+    nnodes: int
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None  # HOST:PORT of the nodes' store (default: master address, master port + 1)
+    rdzv_timeout: float = 300.0
+
+
+def check_node_options(opts: LaunchOptions, node: NodeOptions, max_restarts: int = 0) -> None:
+    """Reject combinations that cannot form a job, with one line that says how to fix it."""
+    if node.nnodes < 1:
+        raise UsageError(f"--nnodes {node.nnodes} must be at least 1", "give the number of nodes, e.g. --nnodes 2")
+    if opts.hostfile is not None or opts.include or opts.exclude:
+        raise UsageError(
+            "--nnodes runs one distlaunch per node and does not take -H/--include/--exclude",
+            "either start distlaunch run --nnodes N --node-rank I on every node, or one distlaunch run -H HOSTFILE",
+        )
+    if node.node_rank is not None and not 0 <= node.node_rank < node.nnodes:
+        raise UsageError(
+            f"--node-rank {node.node_rank} is out of range for --nnodes {node.nnodes}",
+            f"give a node rank from 0 to {node.nnodes - 1}",
+        )
+    if node.rdzv_timeout <= 0:
+        raise UsageError(f"--rdzv-timeout {node.rdzv_timeout:g} must be positive", "give seconds, e.g. 300")
+    if max_restarts:
+        raise UsageError(
+            "--max-restarts is not supported with --nnodes",
+            "restart the nodes instead (Kubernetes: the Job's backoffLimit; see docs/kubernetes.md)",
+        )
+    if node.rdzv_endpoint is not None:
+        parse_endpoint(node.rdzv_endpoint)
+        return
+    if node.nnodes > 1 and node.node_rank is None:
+        raise UsageError(
+            f"--nnodes {node.nnodes} needs --node-rank or --rdzv-endpoint",
+            "give --node-rank I --master-addr HOST --master-port P, or --rdzv-endpoint HOST:PORT",
+        )
+    if node.nnodes > 1 and (opts.master_addr is None or opts.master_port == "auto"):
+        raise UsageError(
+            "--node-rank needs --master-addr and an integer --master-port, the same on every node",
+            "give --master-addr HOST (node 0's address) --master-port P",
+        )
+
+
+def store_endpoint(opts: LaunchOptions, node: NodeOptions) -> tuple[str, int]:
+    """Where the nodes meet: --rdzv-endpoint, else the master address at the master port + 1.
+
+    Not the master port itself: rank 0's init_process_group listens there for the ranks' own store.
+    """
+    if node.rdzv_endpoint is not None:
+        return parse_endpoint(node.rdzv_endpoint)
+    port = resolve_port(opts, master_is_local=False) + 1  # an integer here: checked by check_node_options
+    if port > 65535:
+        raise UsageError(
+            f"--master-port {opts.master_port} leaves no port for the nodes' store", "give --rdzv-endpoint"
+        )
+    return opts.master_addr or "127.0.0.1", port
+
+
+def node_plan(opts: LaunchOptions, nnodes: int, node_rank: int, job_id: str | None = None) -> LaunchPlan:
+    """The whole job's plan, built as for a hostfile of ``nnodes`` equal nodes, cut down to this node's part."""
+    spec = make_spec(opts)  # this machine's slots, backend, env, port; every node has the same count
+    slots = spec.hosts[0].slots
+    hosts = [HostSlots(host="localhost" if i == node_rank else f"node{i}", slots=slots) for i in range(nnodes)]
+    spec = spec.model_copy(update={"hosts": hosts, **({"job_id": job_id} if job_id else {})})
+    plan = build_plan(spec)
+    return plan.model_copy(update={"nodes": [plan.nodes[node_rank]]})
+
+
+def dry_run_plan(opts: LaunchOptions, node: NodeOptions) -> LaunchPlan:
+    """This node's part without meeting the others (with --rdzv-endpoint: the part of the node that arrives first)."""
+    check_node_options(opts, node)
+    if node.node_rank is None and node.rdzv_endpoint is not None:
+        host, _ = parse_endpoint(node.rdzv_endpoint)
+        opts = opts.model_copy(update={"master_addr": opts.master_addr or host})
+    return node_plan(opts, node.nnodes, node.node_rank or 0)
+
+
+def master_for_first_node(opts: LaunchOptions, store_host: str) -> tuple[str, int]:
+    """Node 0's master address and port as the other nodes reach them (only asked when not given)."""
+    import socket
+
+    addr = opts.master_addr or ("127.0.0.1" if is_loopback(store_host) else socket.getfqdn())
+    return addr, resolve_port(opts, master_is_local=True)
+
+
+def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:
+    """Meet the other nodes, run this node's ranks, and stop them when a rank fails on any node."""
+    check_node_options(opts, node, exec_opts.max_restarts)
+    if node.nnodes == 1 and node.rdzv_endpoint is None:  # a job of one node: nobody to meet
+        return launch(node_plan(opts, 1, 0), opts, exec_opts, sink)
+    host, port = store_endpoint(opts, node)
+    with NodeStore.open(
+        host, port, node.nnodes, node.rdzv_timeout, first=None if node.node_rank is None else node.node_rank == 0
+    ) as store:
+        node_rank = store.arrive(node.node_rank)
+        sink.notice(f"node {node_rank} of {node.nnodes}: waiting for the other nodes at {host}:{port}")
+        store.wait_all()
+        if node_rank == 0:
+            addr, mport = master_for_first_node(opts, host)
+            store.publish_job(make_spec(opts).job_id, addr, mport)
+        job_id, addr, mport = store.job()
+        opts = opts.model_copy(update={"master_addr": addr, "master_port": str(mport)})
+        plan = node_plan(opts, node.nnodes, node_rank, job_id)
+        watcher = FailureWatcher(store)
+        watcher.start()
+        try:
+            report = launch(plan, opts, exec_opts, sink)
+        finally:
+            watcher.stop()
+        return settle(store, watcher, report, node_rank, sink)
+
+
+def settle(store: NodeStore, watcher: FailureWatcher, report: RunReport, node_rank: int, sink: Sink) -> RunReport:
+    """Publish this node's failure for the others, or take over the code of the node that failed first."""
+    remote = watcher.failure
+    if remote is not None and report.interrupted == "SIGTERM" and not report.failures:
+        report = report.model_copy(update={"exit_code": remote["exit_code"]})
+        if remote["rank"] is None:  # that node was interrupted: so is this one, with its code
+            sink.notice(f"stopped because node {remote['node_rank']} was stopped with code {remote['exit_code']}")
+        else:  # the root cause is a rank of another node: report it as this node's first failure
+            where = f"node {remote['node_rank']}"
+            sink.notice(f"stopped because rank {remote['rank']} on {where} failed with code {remote['exit_code']}")
+            cause = RankExit(rank=remote["rank"], host=where, exit_code=remote["exit_code"], tail=[f"(on {where})"])
+            report = report.model_copy(update={"interrupted": None, "failures": [cause]})
+    elif report.exit_code != 0:
+        first = report.failures[0] if report.failures else None
+        store.publish_failure(
+            {
+                "node_rank": node_rank,
+                "rank": first.rank if first else None,
+                "exit_code": report.exit_code,
+            }
+        )
+    store.finish()
+    return report
+
+
+class FailureWatcher:
+    """Polls the store for another node's failure; on one, stops this node's job as a SIGTERM would.
+
+    The job's supervisor already stops every rank in order on SIGTERM (grace period, then SIGKILL), so the
+    watcher sends SIGTERM to this launcher process only, and ``settle`` turns the result into the failing
+    rank's exit code.
+    """
+
+    def __init__(self, store: NodeStore):
+        self.store = store
+        self.failure: dict | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(POLL_S):
+            try:
+                failure = self.store.failure()
+            except Exception:  # the hosting node is gone: nothing more to learn from it
+                return
+            if failure is None:
+                continue
+            self.failure = failure
+            # Only once the supervisor's own handler is installed (not the default, which would kill us).
+            while not self._done.is_set() and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                time.sleep(0.05)
+            if not self._done.is_set():
+                os.kill(os.getpid(), signal.SIGTERM)
+            return

@@ -1,0 +1,163 @@
+"""Where the nodes of a per-node job meet: a TCP key-value store, hosted by one node, reached by the others.
+
+The store is torch's ``TCPStore``, the same store torchrun's c10d rendezvous uses: it already has
+blocking gets with timeouts, atomic counters and reconnection, so distlaunch writes no wire protocol of
+its own. torch is imported inside ``NodeStore.open`` only, so the launcher still starts without it and
+only per-node launches pay for the import. It listens on its own port (``--rdzv-endpoint``, by default
+the master port + 1), never on MASTER_PORT, where rank 0's init_process_group hosts the ranks' store.
+
+Keys: ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1), ``node/<i>`` (a node rank
+given twice is an error), ``job`` (job id and master address from node 0), ``failed`` (the first failure,
+written once), ``finished`` (counter; the hosting node keeps the store up until every node is done).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+from distlaunch.errors import HostError, UsageError
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) into its parts."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"--rdzv-endpoint {text!r} is not HOST:PORT", "write e.g. --rdzv-endpoint node0:29400")
+    return host, int(port)
+
+
+def is_own_address(host: str) -> bool:
+    """True when ``host`` resolves to an address of this machine (binding to it succeeds)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((addr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+class NodeStore:
+    """One node's view of the nodes' store; ``host`` is True on the node that serves it."""
+
+    def __init__(self, store, endpoint: str, nnodes: int, timeout: float, host: bool):
+        self.store, self.endpoint, self.nnodes, self.timeout, self.host = store, endpoint, nnodes, timeout, host
+        self._lock = threading.Lock()  # the watcher thread and the launcher share one client
+        self._finished = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, host: str, port: int, nnodes: int, timeout: float, first: bool | None) -> Iterator[NodeStore]:
+        """Serve the store (node 0; ``first=None``: the first node on the endpoint's machine), else reach it."""
+        from torch.distributed import TCPStore  # lazily: only per-node launches need torch here
+
+        endpoint = f"{host}:{port}"
+        wait = timedelta(seconds=timeout)
+        store, serving = None, False
+        if first or (first is None and is_own_address(host)):
+            try:
+                store, serving = TCPStore(host, port, None, True, wait, wait_for_workers=False), True
+            except Exception as exc:  # port taken: with --rdzv-endpoint another node here serves it already
+                if first:
+                    raise HostError(
+                        f"node 0 cannot serve the node rendezvous on {endpoint}: {exc}",
+                        "pick a free port with --rdzv-endpoint HOST:PORT (or another --master-port)",
+                    ) from None
+        deadline = time.monotonic() + timeout
+        while store is None:
+            try:
+                store = TCPStore(host, port, None, False, timedelta(seconds=max(1.0, deadline - time.monotonic())))
+            except Exception:  # also a name not resolvable yet (a pod's DNS record appears when it starts)
+                if time.monotonic() >= deadline:
+                    raise HostError(
+                        f"node rendezvous at {endpoint} not reachable within {timeout:g}s: no node serves it",
+                        "start node 0 (or the first node on that host) and check the address and port",
+                    ) from None
+                time.sleep(1.0)
+        store.set_timeout(wait)  # blocking gets wait the whole --rdzv-timeout, whatever connecting took
+        node = cls(store, endpoint, nnodes, timeout, serving)
+        try:
+            yield node
+        finally:
+            node.linger() if serving else node.finish()
+
+    def _call(self, name: str, *args):
+        with self._lock:
+            return getattr(self.store, name)(*args)
+
+    def arrive(self, node_rank: int | None) -> int:
+        """Check in; returns this node's rank (the given one, or the arrival order)."""
+        order = self._call("add", "arrived", 1)
+        if node_rank is None:
+            if order > self.nnodes:
+                raise UsageError(
+                    f"more than --nnodes {self.nnodes} nodes arrived at {self.endpoint}",
+                    "start exactly N nodes, or raise --nnodes",
+                )
+            return order - 1
+        if self._call("add", f"node/{node_rank}", 1) > 1:
+            raise UsageError(f"--node-rank {node_rank} was given to two nodes", "give every node its own rank")
+        return node_rank
+
+    def wait_all(self) -> None:
+        """Block until every node has arrived, or fail naming how many did."""
+        deadline = time.monotonic() + self.timeout
+        while (arrived := self._call("add", "arrived", 0)) < self.nnodes:
+            if time.monotonic() > deadline:
+                raise HostError(
+                    f"node rendezvous at {self.endpoint} timed out after {self.timeout:g}s: "
+                    f"{arrived} of {self.nnodes} nodes arrived",
+                    "start distlaunch run --nnodes on every node, or raise --rdzv-timeout",
+                )
+            time.sleep(0.1)
+
+    def publish_job(self, job_id: str, master_addr: str, master_port: int) -> None:
+        self._call("set", "job", json.dumps([job_id, master_addr, master_port]))
+
+    def job(self) -> tuple[str, str, int]:
+        """Node 0's job id, master address and port (waits for node 0 to publish them)."""
+        try:
+            job_id, addr, port = json.loads(self._call("get", "job"))
+        except Exception:
+            raise HostError(
+                f"node 0 did not publish the job at {self.endpoint} within {self.timeout:g}s", "check node 0's output"
+            ) from None
+        return job_id, addr, int(port)
+
+    def publish_failure(self, failure: dict) -> None:
+        """Tell the other nodes; only the first failure is kept (it is the root cause)."""
+        with contextlib.suppress(Exception):  # the hosting node may be gone already
+            if self._call("add", "failures", 1) == 1:
+                self._call("set", "failed", json.dumps(failure))
+
+    def failure(self) -> dict | None:
+        if not self._call("check", ["failed"]):
+            return None
+        return json.loads(self._call("get", "failed"))
+
+    def finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        with contextlib.suppress(Exception):
+            self._call("add", "finished", 1)
+
+    def linger(self) -> None:
+        """The serving node keeps the store up until every node has finished (or the timeout)."""
+        self.finish()  # this node too, also when it leaves early with an error
+        deadline = time.monotonic() + self.timeout
+        with contextlib.suppress(Exception):
+            while self._call("add", "finished", 0) < self._call("add", "arrived", 0) and time.monotonic() < deadline:
+                time.sleep(0.1)

@@ -1,0 +1,84 @@
+"""Rank stacks gathered on a hang: parse faulthandler / py-spy dumps, group identical ones, and say in one
+line which ranks wait where ("ranks 0-2 in all_reduce (x.py:42); rank 3 in <module> (x.py:40) on node2")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+_FAULTHANDLER = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_PYSPY = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^:()]+):(?P<line>\d+)\)")
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/distlaunch/rankboot.py")
+
+
+class Frame(BaseModel):
+    func: str
+    file: str
+    line: int
+
+    def where(self) -> str:
+        return f"{Path(self.file).name}:{self.line}"
+
+
+def main_thread_frames(text: str) -> list[Frame]:
+    """Frames of the thread running the program's main code, innermost first (as both tools print them)."""
+    threads: list[list[Frame]] = [[]]
+    for raw in text.splitlines():
+        if raw.startswith(("Thread ", "Current thread ")) and threads[-1]:
+            threads.append([])
+        match = _FAULTHANDLER.match(raw) or _PYSPY.match(raw)
+        if match:
+            threads[-1].append(Frame(func=match["func"], file=match["file"], line=int(match["line"])))
+    with_main = [t for t in threads if any(f.func == "<module>" for f in t)]
+    return (with_main or threads)[0]
+
+
+def where_it_waits(frames: list[Frame]) -> str:
+    """The innermost function, and the innermost frame of the user's own code: 'all_reduce (x.py:42)'."""
+    if not frames:
+        return "no stack (not a Python rank, or it ended)"
+    user = next((f for f in frames if not any(mark in f.file for mark in _LIBRARY)), frames[0])
+    return f"{frames[0].func} ({user.where()})"
+
+
+def ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 4] -> '0-2,4'."""
+    parts, ranks = [], sorted(ranks)
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)
+
+
+class StackGroup(BaseModel):
+    where: str
+    ranks: list[int]
+    hosts: list[str]
+
+
+def group_stacks(stacks: dict[int, str], host_of: dict[int, str]) -> list[StackGroup]:
+    """Ranks with the same waiting place together, the biggest group first."""
+    groups: dict[str, list[int]] = {}
+    for rank, text in sorted(stacks.items()):
+        groups.setdefault(where_it_waits(main_thread_frames(text)), []).append(rank)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    return [StackGroup(where=w, ranks=r, hosts=sorted({host_of[x] for x in r})) for w, r in ordered]
+
+
+def summary(groups: list[StackGroup]) -> str:
+    """One line; the odd ranks out (every group but the biggest) are named with their hosts."""
+    parts = []
+    for i, g in enumerate(groups):
+        label = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else f"ranks {ranges(g.ranks)}"
+        text = f"{label} {'wait in' if i == 0 else 'in'} {g.where}"
+        if i > 0:
+            text += f" on {', '.join(g.hosts)}"
+        parts.append(text)
+    return "; ".join(parts)

@@ -1,0 +1,32 @@
+"""``python -m distlaunch.rankboot SCRIPT [ARGS]`` (or ``-m MODULE [ARGS]``): how the agent starts a Python
+rank when hang detection is on. It arms :mod:`faulthandler` to write every thread's stack to
+DISTLAUNCH_STACKS_FILE on signal DISTLAUNCH_STACKS_SIGNAL, then runs the program as ``python`` would.
+Standard library only."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import runpy
+import sys
+
+
+def main() -> None:
+    path = os.environ.pop("DISTLAUNCH_STACKS_FILE", "")
+    signum = int(os.environ.pop("DISTLAUNCH_STACKS_SIGNAL", "0") or 0)
+    if path and signum:
+        # O_APPEND: the agent empties the file before each request, and the next dump starts at its top.
+        stacks = open(path, "a")  # noqa: SIM115 - open for the life of the process
+        faulthandler.register(signum, file=stacks, all_threads=True)
+    args = sys.argv[1:]
+    if args[:1] == ["-m"]:
+        sys.argv = args[1:]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = args
+        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

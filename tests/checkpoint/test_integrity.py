@@ -1,0 +1,163 @@
+"""Checkpoints are verified before they are trusted: checksums recorded at save and checked on
+resume (a damaged newest checkpoint falls back to the previous one), ``checkpoint verify`` and
+``inspect`` report damage, and a crafted ``.metadata`` pickle never runs code."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from distlaunch.engine.checkpoint.manifest import META_FILE, read_meta
+from tests.checkpoint.conftest import REPO, cli_env, engine_args
+from tests.helpers import invoke, run_cli
+
+NEWEST, PREVIOUS = "step_000020", "step_000015"
+
+
+@pytest.fixture
+def ckpt(reference, tmp_path) -> Path:
+    """A private copy of the reference job's checkpoints (steps 15 and 20) to damage."""
+    return Path(shutil.copytree(reference.ckpt, tmp_path / "ckpt"))
+
+
+def resume(ckpt: Path, tmp_path: Path, steps: int = 21):
+    """Continue the reference job for a step or two on 2 ranks; returns the finished CLI process."""
+    args = engine_args(ckpt, tmp_path / "resumed.jsonl", f"train.steps={steps}")
+    return run_cli("run", "--grace-period", "1", "-n", "2", *args, env=cli_env(), timeout=180, cwd=REPO)
+
+
+def flip_bytes(path: Path, count: int = 64) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    for i in range(middle, middle + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_the_manifest_records_size_and_sha256_of_every_file(reference):
+    for step in (PREVIOUS, NEWEST):
+        checkpoint = reference.ckpt / step
+        files = read_meta(checkpoint).files
+        on_disk = sorted(p.name for p in checkpoint.iterdir() if p.name != META_FILE)
+        assert sorted(files) == on_disk and ".metadata" in files and "__1_0.distcp" in files
+        for name, recorded in files.items():
+            data = (checkpoint / name).read_bytes()
+            assert recorded.bytes == len(data) and recorded.sha256 == hashlib.sha256(data).hexdigest()
+    ok = invoke(["checkpoint", "verify", str(reference.ckpt)])
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+    assert f"ok {reference.ckpt / PREVIOUS} (3 files" in ok.stdout and f"ok {reference.ckpt / NEWEST}" in ok.stdout
+
+
+def test_flipped_bytes_in_a_weight_shard_fall_back_to_the_previous_checkpoint(ckpt, tmp_path):
+    flip_bytes(ckpt / NEWEST / "__1_0.distcp")
+    verified = invoke(["checkpoint", "verify", str(ckpt)])
+    assert verified.exit_code == 1
+    assert f"damaged {ckpt / NEWEST}: __1_0.distcp does not match its SHA-256" in verified.stdout
+    assert f"ok {ckpt / PREVIOUS}" in verified.stdout
+    one = invoke(["checkpoint", "verify", str(ckpt / PREVIOUS), "--json"])
+    assert one.exit_code == 0 and json.loads(one.stdout)["checkpoints"][0]["problems"] == []
+
+    exported = invoke(["checkpoint", "export", str(ckpt / NEWEST), str(tmp_path / "w.safetensors")])
+    assert exported.exit_code == 1 and not (tmp_path / "w.safetensors").exists()
+    assert "__1_0.distcp does not match its SHA-256" in exported.stderr and "Traceback" not in exported.stderr
+
+    r = resume(ckpt, tmp_path, steps=16)  # the newest is step 20: resuming means step 15, so 16 is one more step
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    notice = [line for line in r.stderr.splitlines() if "is damaged" in line]
+    assert len(notice) == 1, r.stderr
+    assert f"checkpoint {ckpt / NEWEST} is damaged: __1_0.distcp does not match its SHA-256" in notice[0]
+    assert notice[0].endswith(f"falling back to {PREVIOUS}")
+    assert f"resumed from {ckpt / PREVIOUS} (step 15" in r.stdout and "Traceback" not in r.stderr
+
+
+def _truncate(checkpoint: Path) -> str:
+    shard = checkpoint / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    return "__0_0.distcp has 1000 bytes, the manifest recorded"
+
+
+def _garbage_meta(checkpoint: Path) -> str:
+    (checkpoint / META_FILE).write_bytes(b"\x00garbage{")
+    return "meta.json is not a valid manifest"
+
+
+def _garbage_index(checkpoint: Path) -> str:
+    (checkpoint / ".metadata").write_bytes(b"not a pickle at all")
+    return ".metadata has 19 bytes, the manifest recorded"
+
+
+def _missing_shard(checkpoint: Path) -> str:
+    (checkpoint / "__1_0.distcp").unlink()
+    return "__1_0.distcp is missing"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garbage_meta, _garbage_index, _missing_shard])
+def test_each_damage_is_one_clear_line_and_resume_falls_back(ckpt, tmp_path, damage):
+    expected = damage(ckpt / NEWEST)
+    inspected = invoke(["checkpoint", "inspect", str(ckpt / NEWEST)])
+    assert inspected.exit_code == 0 and f"damaged {expected}" in inspected.stdout, inspected.stdout + inspected.stderr
+    verified = invoke(["checkpoint", "verify", str(ckpt)])
+    assert verified.exit_code == 1 and f"damaged {ckpt / NEWEST}: {expected}" in verified.stdout
+    r = resume(ckpt, tmp_path, steps=16)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"checkpoint {ckpt / NEWEST} is damaged: {expected}" in r.stderr
+    assert f"resumed from {ckpt / PREVIOUS} (step 15" in r.stdout
+
+
+def test_a_non_utf8_latest_pointer_is_named_and_the_newest_checkpoint_is_used(ckpt, tmp_path):
+    (ckpt / "latest").write_bytes(b"\xff\xfe\x00step")
+    inspected = invoke(["checkpoint", "inspect", str(ckpt)])
+    assert inspected.exit_code == 0 and f"damaged {ckpt / 'latest'} is unreadable" in inspected.stdout
+    assert invoke(["checkpoint", "verify", str(ckpt)]).exit_code == 1
+    r = resume(ckpt, tmp_path, steps=21)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"warning: {ckpt / 'latest'} is unreadable (UnicodeDecodeError)" in r.stderr
+    assert f"resumed from {ckpt / NEWEST} (step 20" in r.stdout
+
+
+def test_verify_usage_errors_exit_2(tmp_path):
+    missing = invoke(["checkpoint", "verify", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "checkpoint not found" in missing.stderr
+    empty = invoke(["checkpoint", "verify", str(tmp_path)])
+    assert empty.exit_code == 2 and "no published checkpoint" in empty.stderr
+
+
+class _RunsCode:
+    """A pickle that calls a function on load, as a crafted checkpoint index would."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "code from the checkpoint ran"))
+
+
+def _plant_code(checkpoint: Path, marker: Path) -> None:
+    """Replace the index with a code-running pickle and forge its checksum, as an attacker would."""
+    index = checkpoint / ".metadata"
+    index.write_bytes(pickle.dumps(_RunsCode(marker)))
+    meta = json.loads((checkpoint / META_FILE).read_text())
+    data = index.read_bytes()
+    meta["files"][".metadata"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / META_FILE).write_text(json.dumps(meta))
+
+
+def test_a_crafted_index_never_runs_code_on_export_verify_or_resume(ckpt, tmp_path):
+    marker = tmp_path / "pwned"
+    _plant_code(ckpt / NEWEST, marker)
+    refused = "refused to load"
+    exported = invoke(["checkpoint", "export", str(ckpt / NEWEST), str(tmp_path / "w.safetensors")])
+    assert exported.exit_code == 1 and refused in exported.stderr and "pathlib.Path.write_text" in exported.stderr
+    verified = invoke(["checkpoint", "verify", str(ckpt)])
+    assert verified.exit_code == 1 and refused in verified.stdout
+    assert not marker.exists()
+    r = resume(ckpt, tmp_path, steps=16)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"checkpoint {ckpt / NEWEST} is damaged: {refused} {ckpt / NEWEST / '.metadata'}" in r.stderr
+    assert f"resumed from {ckpt / PREVIOUS} (step 15" in r.stdout
+    assert not marker.exists()

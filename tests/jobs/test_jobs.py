@@ -1,0 +1,210 @@
+"""The job registry end to end: real detached jobs (local and over the test sshd), their records, output and stop.
+
+Every test has a state directory of its own (DISTLAUNCH_STATE_DIR). A job's processes are found by
+DISTLAUNCH_JOB_ID in /proc/*/environ, never by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
+
+TICKER = textwrap.dedent(
+    """
+    import os, sys, time
+    rank = int(os.environ["RANK"])
+    for i in range(int(sys.argv[1])):
+        print(f"tick {i} of rank {rank}", flush=True)
+        time.sleep(0.1)
+    print(f"rank {rank} says goodbye on stderr", file=sys.stderr)
+    sys.exit(int(sys.argv[2]) if rank == 1 else 0)
+    """
+)
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    """A private state directory; the CLI subprocesses inherit it."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("DISTLAUNCH_STATE_DIR", str(d))
+    (tmp_path / "ticker.py").write_text(TICKER)
+    return d
+
+
+def cli(*args: str, cwd, timeout: float = 60):
+    return run_cli(*args, cwd=cwd, timeout=timeout, env={"DISTLAUNCH_STATE_DIR": os.environ["DISTLAUNCH_STATE_DIR"]})
+
+
+def jobs_json(cwd, *args: str) -> list[dict]:
+    r = cli("jobs", "--json", *args, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def status_json(job_id: str, cwd) -> dict:
+    r = cli("status", job_id, "--json", cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_state(job_id: str, cwd, states: tuple[str, ...], timeout: float = 60) -> dict:
+    seen = {}
+
+    def ended() -> bool:
+        seen.update(status_json(job_id, cwd))
+        return seen["state"] in states
+
+    assert wait_until(ended, timeout, interval=0.3), f"job {job_id} stayed {seen.get('state')}"
+    return seen
+
+
+def test_detached_job_is_listed_followed_and_stopped_with_nothing_left(state, tmp_path):
+    r = cli("run", "-n", "2", "--detach", "--grace-period", "2", "ticker.py", "100000", "0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+    assert job_id.startswith("dl-") and "runs in the background" in r.stderr
+    assert wait_until(lambda: len(pids_with_env("DISTLAUNCH_JOB_ID", job_id)) >= 2, 30)
+
+    listed = jobs_json(tmp_path, "--running")
+    assert [(j["job_id"], j["state"], j["world_size"], j["backend"]) for j in listed] == [
+        (job_id, "running", 2, "local")
+    ]
+    assert "--detach" in listed[0]["command"]
+
+    # A unique prefix is enough; the output is the job's, rank-prefixed, and --rank keeps one rank's lines.
+    assert wait_until(lambda: "tick 3 of rank 1" in cli("logs", job_id[:6], cwd=tmp_path).stdout, 30)
+    one = cli("logs", job_id[:6], "--rank", "1", "--tail", "2", cwd=tmp_path).stdout.splitlines()
+    assert len(one) == 2 and all(line.startswith("[rank 1] tick ") for line in one)
+
+    stopped = cli("stop", job_id, "--json", cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr
+    record = json.loads(stopped.stdout)
+    assert (record["state"], record["exit_code"]) == ("stopped", 143)
+    assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job_id), 10)
+    assert "interrupted by SIGTERM" in cli("logs", job_id, cwd=tmp_path).stdout
+    assert jobs_json(tmp_path, "--running") == []
+
+
+def test_logs_follow_prints_until_the_job_ends(state, tmp_path):
+    job_id = cli("run", "-n", "2", "--detach", "ticker.py", "30", "0", cwd=tmp_path).stdout.strip()
+    followed = cli("logs", job_id, "--follow", "--rank", "0", cwd=tmp_path, timeout=120)
+    assert followed.returncode == 0
+    assert followed.stdout.splitlines()[-2:] == ["[rank 0] tick 29 of rank 0", "[rank 0] rank 0 says goodbye on stderr"]
+    assert status_json(job_id, tmp_path)["state"] == "succeeded"
+    errors = cli("logs", job_id, "--stderr", cwd=tmp_path).stdout.splitlines()
+    assert sorted(errors) == ["[rank 0] rank 0 says goodbye on stderr", "[rank 1] rank 1 says goodbye on stderr"]
+
+
+def test_a_failed_detached_job_shows_the_failing_rank_in_status(state, tmp_path):
+    job_id = cli("run", "-n", "2", "--detach", "ticker.py", "5", "7", cwd=tmp_path).stdout.strip()
+    record = wait_state(job_id, tmp_path, ("failed",))
+    assert record["exit_code"] == 7
+    assert record["report"]["failures"][0]["rank"] == 1
+    shown = cli("status", job_id, cwd=tmp_path)
+    assert "failed" in shown.stdout and "rank 1 exit 7" in shown.stdout and "tick 4 of rank 1" in shown.stdout
+
+
+def test_a_killed_supervisor_takes_its_ranks_and_the_job_shows_as_lost(state, tmp_path):
+    job_id = cli("run", "-n", "2", "--detach", "ticker.py", "100000", "0", cwd=tmp_path).stdout.strip()
+    assert wait_until(lambda: len(pids_with_env("DISTLAUNCH_JOB_ID", job_id)) >= 2, 30)
+    owner = status_json(job_id, tmp_path)["owner"]["pid"]
+    os.kill(owner, signal.SIGKILL)
+    assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job_id), 10)
+    assert status_json(job_id, tmp_path)["state"] == "lost"
+    assert "lost" in cli("jobs", cwd=tmp_path).stdout
+    stop = cli("stop", job_id, cwd=tmp_path)
+    assert stop.returncode == 2 and "is lost, not running" in stop.stderr
+
+
+def test_foreground_jobs_are_recorded_and_a_corrupt_record_breaks_nothing(state, tmp_path):
+    assert cli("run", "-n", "2", "ticker.py", "1", "3", cwd=tmp_path).returncode == 3
+    assert cli("run", "-n", "1", "ticker.py", "1", "0", cwd=tmp_path).returncode == 0
+    ok, failed = jobs_json(tmp_path)
+    assert (ok["state"], ok["exit_code"], failed["state"], failed["exit_code"]) == ("succeeded", 0, "failed", 3)
+    assert ok["created_at"] >= failed["created_at"]  # newest first
+
+    (state / "jobs" / failed["job_id"] / "job.json").write_text('{"job_id": "dl-')  # half a record
+    listed = jobs_json(tmp_path)
+    assert [j["job_id"] for j in listed] == [ok["job_id"], failed["job_id"]]
+    assert "cannot be read" in listed[1]["problem"]
+    assert "unreadable" in cli("jobs", cwd=tmp_path).stdout
+    bad = cli("status", failed["job_id"], cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "cannot be read" in bad.stderr
+
+    logs = cli("logs", ok["job_id"], cwd=tmp_path)
+    assert logs.returncode == 2 and "kept no output" in logs.stderr
+
+
+def test_job_id_prefixes_must_be_unique_and_known(state, tmp_path):
+    for _ in range(2):
+        assert cli("run", "-n", "1", "ticker.py", "1", "0", cwd=tmp_path).returncode == 0
+    ambiguous = cli("status", "dl-", cwd=tmp_path)
+    assert ambiguous.returncode == 2 and "ambiguous" in ambiguous.stderr
+    unknown = cli("status", "nope", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no job 'nope'" in unknown.stderr and "distlaunch jobs --all" in unknown.stderr
+
+
+def test_an_unwritable_state_directory_costs_the_record_not_the_job(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("DISTLAUNCH_STATE_DIR", str(blocker / "state"))  # a folder under a file cannot exist
+    (tmp_path / "ticker.py").write_text(TICKER)
+    r = cli("run", "-n", "1", "ticker.py", "1", "0", cwd=tmp_path)
+    assert r.returncode == 0
+    assert "cannot record job" in r.stderr and "DISTLAUNCH_STATE_DIR" in r.stderr
+
+
+def test_bad_input_fails_before_detaching(state, tmp_path):
+    r = cli("run", "-n", "2", "--detach", "missing.py", cwd=tmp_path)
+    assert r.returncode == 2 and "missing.py" in r.stderr
+    assert jobs_json(tmp_path, "--all") == []
+
+
+def test_detached_job_over_ssh_is_listed_and_stopped(state, tmp_path, sshd_cluster):
+    args = ["-H", str(sshd_cluster.hostfile), "--ssh-config", str(sshd_cluster.ssh_config)]
+    script = str(tmp_path / "ticker.py")
+    r = cli("run", *args, "--detach", "--grace-period", "1", script, "100000", "0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+    record = status_json(job_id, tmp_path)
+    assert record["backend"] == "ssh" and record["world_size"] == 6
+    assert wait_until(lambda: len(pids_with_env("DISTLAUNCH_JOB_ID", job_id)) >= 6, 60)
+    assert wait_until(lambda: "[node3 rank 5] tick" in cli("logs", job_id, cwd=tmp_path).stdout, 60)
+    assert json.loads(cli("stop", job_id, "--json", cwd=tmp_path).stdout)["state"] == "stopped"
+    assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job_id), 15)
+
+
+def test_state_directory_follows_the_documented_order(tmp_path):
+    from distlaunch.jobs.store import state_dir
+
+    home = str(tmp_path)
+    assert state_dir({"DISTLAUNCH_STATE_DIR": "/a", "XDG_STATE_HOME": "/b"}) == Path("/a")
+    assert state_dir({"XDG_STATE_HOME": "/b"}) == Path("/b/distlaunch")
+    assert state_dir({"HOME": home}) == Path.home() / ".local" / "state" / "distlaunch"
+
+
+def test_closing_the_terminal_of_a_foreground_job_stops_it_and_says_so(state, tmp_path):
+    proc = subprocess.Popen(
+        distlaunch_cmd("run", "-n", "2", "--grace-period", "2", "ticker.py", "100000", "0"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    assert "tick" in proc.stdout.readline()
+    [job] = jobs_json(tmp_path, "--running")
+    os.killpg(proc.pid, signal.SIGHUP)  # what a closing terminal does: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 129
+    assert "the terminal was closed (SIGHUP)" in err
+    assert not pids_with_env("DISTLAUNCH_JOB_ID", job["job_id"])
+    assert status_json(job["job_id"], tmp_path)["state"] == "interrupted"

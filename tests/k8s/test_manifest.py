@@ -1,0 +1,133 @@
+"""``distlaunch k8s``: the objects it prints, and the pods' command run here as Kubernetes would run it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+import distlaunch.examples
+from distlaunch.k8s.manifest import expand
+from distlaunch.k8s.yaml import dump_all
+from distlaunch.launcher.spec import free_port
+from tests.helpers import distlaunch_cmd, invoke
+
+ALLREDUCE = str(Path(distlaunch.examples.__file__).parent / "allreduce.py")
+BASE = ["k8s", "manifest", "--nodes", "2", "--nproc-per-node", "4", "--image", "registry.example/train:1"]
+
+
+def objects(*extra: str) -> list[dict]:
+    r = invoke([*BASE, "--json", *extra, "--", "train.py", "--lr", "3e-4"])
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_json_has_a_headless_service_and_an_indexed_job():
+    extra = ["--gpus-per-node", "4", "--max-restarts", "3", "--name", "gpt", "--env", "A=1 2"]
+    service, job = objects(*extra, "--secret-env", "HF_TOKEN=hf-creds:token")
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == job["spec"]["template"]["metadata"]["labels"]
+    spec = job["spec"]
+    assert job["kind"] == "Job" and spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 2 and spec["backoffLimit"] == 3
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "gpt" and pod["restartPolicy"] == "Never"
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.example/train:1" and c["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    assert c["command"] == ["distlaunch"]
+    args = c["args"]
+    assert args[:9] == ["run", "--nnodes", "2", "--node-rank", "$(JOB_COMPLETION_INDEX)", "--master-addr",
+                        "$(DISTLAUNCH_MASTER_ADDR)", "--master-port", "29500"]  # fmt: skip
+    assert args[-4:] == ["--", "train.py", "--lr", "3e-4"] and args[args.index("-n") + 1] == "4"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["DISTLAUNCH_MASTER_ADDR"]["value"] == "gpt-0.gpt" and env["A"]["value"] == "1 2"
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-creds", "key": "token"}}}
+    assert c["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+
+
+def test_no_gpus_means_no_gpu_limit():
+    _, job = objects()
+    assert "resources" not in job["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_yaml_output_reads_back_as_the_json_objects():
+    options = [*BASE, "--secret-env", "T=s:k"]
+    program = ["--", "train.py", "on", "0755", "a: b", "ü'\"", "$(X)"]
+    as_yaml, as_json = invoke([*options, *program]), invoke([*options, "--json", *program])
+    assert as_yaml.exit_code == as_json.exit_code == 0, as_yaml.stderr
+    assert list(yaml.safe_load_all(as_yaml.stdout)) == json.loads(as_json.stdout)
+
+
+def test_yaml_writer_keeps_types_of_tricky_values():
+    doc = {
+        "a": ["on", "no", "0755", "1e3", "", "x: y", "- z", "#c", None, True, 3, 1.5],
+        "b": {},
+        "c": [],
+        "d": [[1, 2], {"e": []}],
+    }
+    assert list(yaml.safe_load_all(dump_all([doc, {"k": "v"}]))) == [doc, {"k": "v"}]
+
+
+def test_bad_k8s_options_are_one_line_and_exit_2():
+    cases = {
+        ("--secret-env", "HF_TOKEN=abc123"): "--secret-env 'HF_TOKEN=abc123' is not NAME=SECRET:KEY",
+        ("--name", "My_Job"): "--name 'My_Job' is not a Kubernetes name",
+        ("--nodes", "0"): "--nodes 0 must be at least 1",
+        ("--env", "=x"): "--env '=x' is not KEY=VALUE",
+    }
+    for args, message in cases.items():
+        r = invoke([*BASE, *args, "--", "train.py"])
+        assert r.exit_code == 2, (args, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_submit_without_kubectl_says_so(tmp_path):
+    r = invoke(["k8s", "submit", "--image", "i", "--", "train.py"], env={"PATH": str(tmp_path)})
+    assert r.exit_code == 2 and "kubectl is not on PATH" in r.stderr
+
+
+def test_submit_pipes_the_manifest_to_kubectl_apply(tmp_path):
+    # A stand-in kubectl that records its arguments and what it was given on stdin.
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\ncat > {tmp_path}/stdin\n')
+    kubectl.chmod(0o755)
+    r = invoke(["k8s", "submit", "--image", "i", "--", "train.py"], env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "argv").read_text().split() == ["apply", "-f", "-"]
+    kinds = [o["kind"] for o in yaml.safe_load_all((tmp_path / "stdin").read_text())]
+    assert kinds == ["Service", "Job"]
+
+
+def test_the_pod_command_for_each_index_forms_a_working_job():
+    master, rdzv = free_port(), free_port()
+    r = invoke(["k8s", "manifest", "--nodes", "2", "--nproc-per-node", "2", "--image", "i", "--env", "DLTEST=k8s",
+                "--master-port", str(master), "--rdzv-port", str(rdzv), "--json", "--", ALLREDUCE])  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    (c,) = json.loads(r.stdout)[1]["spec"]["template"]["spec"]["containers"]
+    pod_env = {e["name"]: e["value"] for e in c["env"]}
+    procs = []
+    for index in range(2):
+        # What Kubernetes gives pod <index>; pod 0's DNS name becomes this machine's loopback address.
+        env = {**pod_env, "JOB_COMPLETION_INDEX": str(index), "DISTLAUNCH_MASTER_ADDR": "127.0.0.1"}
+        argv = distlaunch_cmd(*expand(c["args"], env))
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, **env}))  # fmt: skip
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err
+    out = "".join(o for o, _ in outputs)
+    assert sum(f"rank {r}/4 (gloo): all_reduce(sum of rank+1) = 10 (ok)" in out for r in range(4)) == 4
+
+
+def test_manifest_and_per_node_dry_run_do_not_import_torch():
+    code = (
+        "import sys; from distlaunch.cli.app import main; "
+        "main(['k8s', 'manifest', '--image', 'i', '--json', '--', 't.py']); "
+        "main(['run', '--nnodes', '2', '--node-rank', '1', '--master-addr', 'a', '--master-port', '5', '--dry-run', 'x.py']); "
+        "print('TORCH', 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "TORCH False" in out

@@ -1,0 +1,156 @@
+"""Per-node mode for real: several ``distlaunch run --nnodes`` processes on this machine form one job."""
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+from distlaunch.launcher.spec import free_port
+from tests.helpers import distlaunch_cmd, invoke, pids_with_env, wait_until
+
+SCRIPTS = Path(__file__).parent / "scripts"
+ALLREDUCE = ["-m", "distlaunch.examples.allreduce"]
+
+
+def node_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return {**env, "NO_COLOR": "1", "COLUMNS": "120", **extra}
+
+
+def start_node(*args: str, **env) -> subprocess.Popen:
+    return subprocess.Popen(
+        distlaunch_cmd("run", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=node_env(**env)
+    )
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str, str]]:
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+
+
+def static_args(nnodes: int, node_rank: int, port: int, store: int, n: int = 2) -> list[str]:
+    return [
+        "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
+        "--master-port", str(port), "--rdzv-endpoint", f"127.0.0.1:{store}", "-n", str(n),
+    ]  # fmt: skip
+
+
+def test_two_nodes_with_node_ranks_form_one_allreduce_job():
+    port, store = free_port(), free_port()
+    # Node 1 first: it must wait for node 0, which serves the nodes' store.
+    procs = [start_node(*static_args(2, r, port, store), *ALLREDUCE) for r in (1, 0)]
+    results = finish(procs)
+    for code, _, err in results:
+        assert code == 0, err
+    lines = [line for _, out, _ in results for line in out.splitlines() if "all_reduce" in line]
+    assert len([line for line in lines if "/4 (gloo): all_reduce(sum of rank+1) = 10 (ok)" in line]) == 4
+    node1_out = results[0][1]
+    assert "rank 2/4" in node1_out and "rank 3/4" in node1_out and "rank 0/4" not in node1_out
+
+
+def test_every_rank_gets_its_global_rank_and_node_environment():
+    port, store = free_port(), free_port()
+    dump = str(SCRIPTS / "env_dump.py")
+    results = finish([start_node(*static_args(2, r, port, store), dump) for r in (0, 1)])
+    envs = [
+        json.loads(line.split("ENV ", 1)[1]) for _, out, _ in results for line in out.splitlines() if "ENV " in line
+    ]
+    by_rank = {int(e["RANK"]): e for e in envs}
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    for rank, env in by_rank.items():
+        assert env["WORLD_SIZE"] == "4" and env["NNODES"] == "2" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["NODE_RANK"] == env["GROUP_RANK"] == str(rank // 2)
+        assert env["LOCAL_RANK"] == str(rank % 2)
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(port)
+    assert len({e["DISTLAUNCH_JOB_ID"] for e in envs}) == 1  # one job, not two
+
+
+def test_rendezvous_gives_node_ranks_in_arrival_order():
+    store = free_port()
+    args = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{store}", "-n", "1", *ALLREDUCE]
+    procs = []
+    for i in range(2):
+        procs.append(start_node(*args))
+        # Wait until this node has checked in before starting the next one, so the order is known.
+        line = procs[-1].stderr.readline()
+        assert f"node {i} of 2" in line, line
+    results = finish(procs)
+    for i, (code, out, err) in enumerate(results):
+        assert code == 0, err
+        assert f"rank {i}/2 (gloo): all_reduce(sum of rank+1) = 3 (ok)" in out
+
+
+def test_rendezvous_timeout_names_how_many_nodes_arrived():
+    store = free_port()
+    proc = start_node("--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{store}", "--rdzv-timeout", "2", *ALLREDUCE)
+    code, _, err = finish([proc])[0]
+    assert code == 3
+    assert f"node rendezvous at 127.0.0.1:{store} timed out after 2s: 1 of 2 nodes arrived" in err
+
+
+def test_a_rank_failing_on_node_1_stops_node_0_with_its_exit_code():
+    port, store, mark = free_port(), free_port(), uuid.uuid4().hex
+    fail = [str(SCRIPTS / "fail_one.py")]
+    extra = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}"]
+    env = {"FAIL_RANK": "3", "FAIL_CODE": "7", "FAIL_AFTER": "2"}
+    procs = [start_node(*static_args(2, r, port, store), *extra, *fail, **env) for r in (0, 1)]
+    results = finish(procs)
+    assert [code for code, _, _ in results] == [7, 7], [err for _, _, err in results]
+    assert "stopped because rank 3 on node 1 failed with code 7" in results[0][2]
+    assert "root cause" in results[0][2] and "node 1" in results[0][2]
+    assert "rank 3 on localhost exited with code 7" in results[1][2]
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
+
+
+def test_dry_run_shows_this_nodes_part_of_the_plan():
+    args = ["run", "--nnodes", "3", "--node_rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29500"]
+    r = invoke([*args, "-n", "2", "--dry-run", "--json", "train.py"])
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["world_size"] == 6 and plan["nnodes"] == 3 and plan["master_addr"] == "10.0.0.1"
+    assert [n["node_rank"] for n in plan["nodes"]] == [1]
+    assert [rk["rank"] for rk in plan["nodes"][0]["ranks"]] == [2, 3]
+    assert plan["nodes"][0]["ranks"][1]["env"]["NODE_RANK"] == "1"
+    assert plan["groups"]["dp"] == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_bad_per_node_options_are_one_line_and_exit_2(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    cases = {
+        ("--nnodes", "0"): "--nnodes 0 must be at least 1",
+        (
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "2",
+            "--master-addr",
+            "h",
+            "--master-port",
+            "1",
+        ): "--node-rank 2 is out of range",
+        ("--nnodes", "2", "--node-rank", "0", "-H", str(hostfile)): "does not take -H",
+        ("--nnodes", "2", "--node-rank", "1"): "--node-rank needs --master-addr",
+        ("--nnodes", "2"): "--nnodes 2 needs --node-rank or --rdzv-endpoint",
+        ("--nnodes", "2", "--rdzv_endpoint", "host"): "--rdzv-endpoint 'host' is not HOST:PORT",
+    }
+    for args, message in cases.items():
+        r = invoke(["run", *args, "--dry-run", "train.py"])
+        assert r.exit_code == 2, (args, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_stopping_one_node_stops_the_others():
+    port, store, mark = free_port(), free_port(), uuid.uuid4().hex
+    sleeper = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}", str(SCRIPTS / "fail_one.py")]
+    procs = [start_node(*static_args(2, r, port, store, n=1), *sleeper) for r in (0, 1)]
+    for rank, proc in enumerate(procs):
+        line = proc.stdout.readline()
+        assert f"rank {rank} up" in line, line
+    procs[0].send_signal(signal.SIGTERM)
+    results = finish(procs)
+    assert [code for code, _, _ in results] == [143, 143], [err for _, _, err in results]
+    assert "stopped because node 0 was stopped with code 143" in results[1][2]
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)

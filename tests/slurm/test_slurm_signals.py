@@ -1,0 +1,59 @@
+"""On the real Slurm cluster: one SIGINT or SIGTERM to ``distlaunch slurm run`` gives every rank SIGTERM, waits the
+grace period, then SIGKILL, and the report says what happened."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import distlaunch_cmd, wait_until
+
+SCRIPTS = Path(__file__).parent / "scripts"
+RANKS = (0, 1)
+
+
+def start(cluster, tmp_path: Path, mode: str, grace: str) -> subprocess.Popen:
+    argv = distlaunch_cmd(
+        "slurm", "run", "-N", "2", "--ntasks-per-node", "1", "--grace-period", grace,
+        str(SCRIPTS / "trap_term.py"), str(tmp_path), mode,
+    )  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)
+    ready = wait_until(lambda: all((tmp_path / f"ready-{r}").exists() for r in RANKS), timeout=90)
+    if not ready:
+        proc.kill()
+        pytest.fail("ranks did not start: " + "".join(proc.communicate(timeout=30)))
+    return proc
+
+
+def rank_alive(tmp_path: Path, rank: int) -> bool:
+    # the rank's pid, from its own file: this test started it (through Slurm on this machine)
+    return Path(f"/proc/{(tmp_path / f'ready-{rank}').read_text()}").exists()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_one_signal_gives_every_rank_sigterm_and_they_end_in_the_grace_period(slurm_cluster, tmp_path, sig, code):
+    proc = start(slurm_cluster, tmp_path, "exit", "30")
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, out + err
+    assert all((tmp_path / f"term-{r}").exists() for r in RANKS), err  # every rank's SIGTERM handler ran
+    assert not any((tmp_path / f"ended-{r}").exists() for r in RANKS)
+    report = [line for line in err.splitlines() if line.startswith("distlaunch: interrupted by")]
+    assert len(report) == 1, err
+    assert report[0].startswith(f"distlaunch: interrupted by {sig.name}; sent SIGTERM to every rank of step ")
+    assert report[0].endswith(f"; the ranks ended within the 30 s grace period (exit {code})")
+
+
+def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(slurm_cluster, tmp_path):
+    proc = start(slurm_cluster, tmp_path, "ignore", "2")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert all((tmp_path / f"term-{r}").exists() for r in RANKS), err  # SIGTERM first...
+    assert wait_until(lambda: not any(rank_alive(tmp_path, r) for r in RANKS), timeout=30)  # ...then SIGKILL
+    assert not any((tmp_path / f"ended-{r}").exists() for r in RANKS)
+    report = [line for line in err.splitlines() if line.startswith("distlaunch: interrupted by")]
+    assert len(report) == 1 and "; after the 2 s grace period, sent SIGKILL (exit 130)" in report[0], err
