@@ -16,6 +16,7 @@ from distlaunch import __version__
 from distlaunch.cli.checkpoint import checkpoint_app
 from distlaunch.cli.data import data_app
 from distlaunch.cli.doctor import doctor
+from distlaunch.cli.helpfmt import plain_help
 from distlaunch.cli.jobs import jobs, logs, status, stop
 from distlaunch.cli.k8s import k8s_app
 from distlaunch.cli.peers import check_peer_spellings, peer_equivalent
@@ -29,6 +30,7 @@ try:  # typer >= 0.22 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as cx
 
+plain_help()
 app = typer.Typer(
     name="distlaunch",
     help="Launch distributed PyTorch training on this machine, many machines over SSH, or Slurm.",

@@ -17,6 +17,7 @@ Hostfile = Annotated[
     typer.Option(
         "-H",
         "--hostfile",
+        metavar="FILE",
         help="Hostfile: 'node1 slots=8', 'node1:8' or 'node1' per line. Default: this machine only.",
         rich_help_panel=LAUNCH,
     ),
@@ -37,29 +38,48 @@ ParallelOpt = Annotated[
     str | None,
     typer.Option(
         "--parallel",
+        metavar="SPEC",
         help="Parallel layout, e.g. 'dp=2,tp=2,pp=2,zero=1' (dp may be 'auto'). dp*tp*pp must equal the world size.",
         rich_help_panel=LAUNCH,
     ),
 ]
 Include = Annotated[
     str | None,
-    typer.Option("-i", "--include", help="Use only these hosts/slots, e.g. 'node1:0,1@node2'.", rich_help_panel=LAUNCH),
+    typer.Option(
+        "-i",
+        "--include",
+        metavar="HOSTS",
+        help="Use only these hosts/slots, e.g. 'node1:0,1@node2'.",
+        rich_help_panel=LAUNCH,
+    ),
 ]
 Exclude = Annotated[
     str | None,
-    typer.Option("-e", "--exclude", help="Leave out these hosts/slots, e.g. 'node3@node1:7'.", rich_help_panel=LAUNCH),
+    typer.Option(
+        "-e",
+        "--exclude",
+        metavar="HOSTS",
+        help="Leave out these hosts/slots, e.g. 'node3@node1:7'.",
+        rich_help_panel=LAUNCH,
+    ),
 ]
 MasterAddr = Annotated[
     str | None,
     typer.Option(
         "--master-addr",
+        metavar="ADDR",
         help="Address of rank 0 as every host reaches it (default: the first host's address).",
         rich_help_panel=LAUNCH,
     ),
 ]
 MasterPort = Annotated[
     str,
-    typer.Option("--master-port", help="Rendezvous port: an integer or 'auto' (a free port).", rich_help_panel=LAUNCH),
+    typer.Option(
+        "--master-port",
+        metavar="PORT|auto",
+        help="Rendezvous port: an integer or 'auto' (a free port).",
+        rich_help_panel=LAUNCH,
+    ),
 ]
 Backend = Annotated[
     str,
@@ -75,6 +95,7 @@ MaxRestarts = Annotated[
     int,
     typer.Option(
         "--max-restarts",
+        metavar="K",
         min=0,
         help="Restart the whole job up to K times after a rank fails (DISTLAUNCH_RESTART_COUNT tells ranks which try it is).",
         rich_help_panel=LAUNCH,
@@ -84,17 +105,28 @@ LogDir = Annotated[
     Path | None,
     typer.Option(
         "--log-dir",
+        metavar="DIR",
         help="Keep every line of every rank in LOG_DIR/<job id>/rank<N>.log (time-stamped, with a header).",
         rich_help_panel=LAUNCH,
     ),
 ]
 Env = Annotated[
     list[str] | None,
-    typer.Option("--env", help="Set KEY=VALUE in every rank's environment (repeatable).", rich_help_panel=LAUNCH),
+    typer.Option(
+        "--env",
+        metavar="KEY[=VALUE]",
+        help="Set KEY=VALUE in every rank's environment (repeatable).",
+        rich_help_panel=LAUNCH,
+    ),
 ]
 SshConfig = Annotated[
     Path | None,
-    typer.Option("--ssh-config", help="OpenSSH client config to use instead of ~/.ssh/config.", rich_help_panel=LAUNCH),
+    typer.Option(
+        "--ssh-config",
+        metavar="FILE",
+        help="OpenSSH client config to use instead of ~/.ssh/config.",
+        rich_help_panel=LAUNCH,
+    ),
 ]
 AcceptNewHostKeys = Annotated[
     bool,
@@ -108,6 +140,7 @@ RemotePython = Annotated[
     str | None,
     typer.Option(
         "--remote-python",
+        metavar="PYTHON",
         help="Python on remote hosts that runs the agent and, unless --python is given, the ranks (default: the launcher's own path).",
         rich_help_panel=LAUNCH,
     ),
@@ -116,6 +149,7 @@ Workdir = Annotated[
     str | None,
     typer.Option(
         "--workdir",
+        metavar="DIR",
         help="Working directory of the ranks on every host (default: the launcher's current directory).",
         rich_help_panel=LAUNCH,
     ),
@@ -123,7 +157,10 @@ Workdir = Annotated[
 Python = Annotated[
     str | None,
     typer.Option(
-        "--python", help="Python interpreter that runs each rank (default: the launcher's own).", rich_help_panel=LAUNCH
+        "--python",
+        metavar="PYTHON",
+        help="Python interpreter that runs each rank (default: the launcher's own).",
+        rich_help_panel=LAUNCH,
     ),
 ]
 GracePeriod = Annotated[
@@ -149,6 +186,7 @@ HeartbeatTimeout = Annotated[
     float,
     typer.Option(
         "--heartbeat-timeout",
+        metavar="SECONDS",
         min=0,
         help="Seconds without a message from a host's agent before the host counts as lost: the job stops, exit 3."
         " Agents likewise stop their ranks when the launcher is silent this long. 0 turns heartbeats off.",
@@ -159,6 +197,7 @@ LocalRanksFilter = Annotated[
     str | None,
     typer.Option(
         "--local-ranks-filter",
+        metavar="RANKS",
         help="Show only these local ranks' output on the terminal, e.g. 0 or 0,1 (--log-dir files keep all).",
         rich_help_panel=LAUNCH,
         show_default=False,
@@ -168,6 +207,7 @@ HangTimeout = Annotated[
     float,
     typer.Option(
         "--hang-timeout",
+        metavar="SECONDS",
         min=0,
         help="Seconds without progress (no rank output, no distlaunch.progress() call) before the job counts as"
         " hung: every rank's Python stack is gathered and summarised, saved to the job folder, then the job"
@@ -188,6 +228,7 @@ Launcher = Annotated[
     str,
     typer.Option(
         "--launcher",
+        metavar="auto|slurm|agent",
         help="auto | slurm | agent. slurm: this srun task is one rank (RANK, WORLD_SIZE, MASTER_ADDR … from SLURM_*); agent: distlaunch starts the ranks itself (here, or over SSH); auto: slurm inside an srun task, else agent.",
         rich_help_panel=LAUNCH,
     ),
@@ -198,6 +239,7 @@ NNodes = Annotated[
     int | None,
     typer.Option(
         "--nnodes",
+        metavar="N",
         help="Nodes of the job; run distlaunch once on each with --node-rank, or with --rdzv-endpoint. Ranks: node_rank * n + local_rank.",
         rich_help_panel=NODE,
     ),
@@ -206,6 +248,7 @@ NodeRank = Annotated[
     int | None,
     typer.Option(
         "--node-rank",
+        metavar="N",
         help="This node's rank, 0 to NNODES-1 (needs --master-addr, --master-port).",
         rich_help_panel=NODE,
     ),
@@ -215,6 +258,7 @@ RdzvEndpoint = Annotated[
     str | None,
     typer.Option(
         "--rdzv-endpoint",
+        metavar="HOST:PORT",
         help="HOST:PORT where the nodes meet (served by the first node there); without --node-rank, ranks go by arrival. Default: master address, master port + 1.",
         rich_help_panel=NODE,
     ),
@@ -222,7 +266,9 @@ RdzvEndpoint = Annotated[
 RdzvEndpointAlias = Annotated[str | None, typer.Option("--rdzv_endpoint", hidden=True)]
 RdzvTimeout = Annotated[
     float,
-    typer.Option("--rdzv-timeout", help="Seconds to wait for every node to arrive.", rich_help_panel=NODE),
+    typer.Option(
+        "--rdzv-timeout", metavar="SECONDS", help="Seconds to wait for every node to arrive.", rich_help_panel=NODE
+    ),
 ]
 
 

@@ -40,7 +40,7 @@ def render_plan(plan: LaunchPlan, console: Console) -> None:
         f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
         f"master {plan.master_addr}:{plan.master_port}, backend {plan.backend}"
     )
-    console.print(f"  parallel dp={p.dp} tp={p.tp} pp={p.pp} zero={p.zero}")
+    console.print("  parallel " + str(p).replace(",", " "))
     table = Table(show_lines=False)
     for col in ("host", "node", "ranks", "devices", "command"):
         table.add_column(col, overflow="fold")

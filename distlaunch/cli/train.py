@@ -17,7 +17,7 @@ from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
 from distlaunch.engine.planner import MemoryPlan
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.spec import LaunchOptions
-from distlaunch.launcher.train import default_nproc, engine_program, parallel_spec, read_train_config, train_plan
+from distlaunch.launcher.train import default_nproc, engine_program, parallel_spec, train_config, train_plan
 
 Config = Annotated[
     Path | None,
@@ -89,10 +89,10 @@ def train(
     overrides = list(set_ or [])
     if resume is not None:  # a JSON string is a valid TOML basic string, whatever the path holds
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
-    cfg = read_train_config(config, overrides, parallel)
+    cfg, rank_sets = train_config(config, overrides, parallel, nproc_per_node is not None or hostfile is not None)
     metrics = metrics_file or (log_dir / "metrics.jsonl" if log_dir else None)
     opts = LaunchOptions(
-        program=engine_program(config, overrides, metrics),
+        program=engine_program(config, rank_sets, metrics),
         module=True,
         hostfile=hostfile,
         nproc_per_node=default_nproc(cfg, hostfile, nproc_per_node),

@@ -3,11 +3,12 @@ hosts (duplicates, clocks, the master's port). Pure functions from gathered fact
 
 from __future__ import annotations
 
+from distlaunch.contract.layout import layout_spec
 from distlaunch.doctor.gather import CLOCK_ROUND_TRIPS, HostResult, ListenerResult
 from distlaunch.doctor.model import LOCAL, Check, check
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.parallel import check_tp_within_hosts, parse_parallel, resolve_parallel
+from distlaunch.launcher.plan import host_layout
 from distlaunch.remote import sshlog
 from distlaunch.remote.ssh import SshError
 
@@ -34,8 +35,7 @@ def parallel_check(spec_text: str | None, hosts: list[HostSlots]) -> Check:
     """dp·tp·pp equals the world size, and every tensor-parallel group stays inside one host."""
     world = sum(h.nslots for h in hosts)
     try:
-        parallel = resolve_parallel(parse_parallel(spec_text), world)
-        check_tp_within_hosts(parallel, [h.host for h in hosts for _ in h.slots])
+        parallel = host_layout(layout_spec(spec_text), hosts)
     except UsageError as exc:
         return check("parallel", LOCAL, "fail", exc.message, exc.hint)
     given = "" if spec_text else " (default: data parallel only)"

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from distlaunch.contract.layout import Schedule, ZeroStage, parse_layout
 from distlaunch.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -21,13 +22,12 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 Preset = Literal["tiny", "small", "125m", "350m", "1.3b"]
 Precision = Literal["fp32", "bf16", "fp16"]
-Schedule = Literal["gpipe", "1f1b", "interleaved"]
-ZeroStage = Literal[0, 1, 2, 3]
 FaultKind = Literal["crash", "hang", "crash-in-save"]
 LrSchedule = Literal["cosine", "constant"]
+# a key whose default is derived (parallel.dp, train.micro_batch_size) also takes "auto", as in --parallel dp=auto
+Derived = Annotated[int | None, BeforeValidator(lambda value: None if value == "auto" else value)]
 DataFormat = Literal["auto", "text", "tokens"]
 TokenDtype = Literal["uint16", "uint8", "uint32"]
-PARALLEL_KEYS = ("dp", "tp", "pp", "zero", "schedule", "microbatches", "virtual_stages")
 
 
 class _Section(BaseModel):
@@ -42,7 +42,7 @@ class TrainSection(_Section):
     steps: int = Field(100, ge=1)
     global_batch_size: int = Field(16, ge=1)
     # None: the whole per-dp-rank batch at once (pp=1) or split into parallel.microbatches (pp>1)
-    micro_batch_size: int | None = Field(None, ge=1)
+    micro_batch_size: Derived = Field(None, ge=1)
     seq_len: int = Field(128, ge=2)
     # forward/backward rounds per step; global batch = dp x grad_accum_steps x micro-batches x
     # micro_batch_size (docs/train.md, "Batch arithmetic")
@@ -67,7 +67,7 @@ class TrainSection(_Section):
 
 
 class ParallelSection(_Section):
-    dp: int | None = Field(None, ge=1)  # None: WORLD_SIZE / (tp * pp)
+    dp: Derived = Field(None, ge=1)  # None: WORLD_SIZE / (tp * pp)
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     zero: ZeroStage = 0
@@ -134,27 +134,13 @@ def apply_override(raw: dict, assignment: str) -> None:
     table[name] = _parse_value(value.strip())
 
 
-def parse_parallel_spec(spec: str) -> dict[str, Any]:
-    """``dp=2,tp=2,pp=2,zero=1`` (the launcher's DISTLAUNCH_PARALLEL) as a dict."""
-    out: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or key not in PARALLEL_KEYS:
-            raise UsageError(
-                f"bad parallel spec item {item!r} in {spec!r}",
-                f"use key=value with keys {', '.join(PARALLEL_KEYS)}",
-            )
-        out[key] = _parse_value(value)
-    return out
-
-
 def merge_parallel_env(raw: dict, spec: str) -> None:
     """Fold DISTLAUNCH_PARALLEL into ``raw['parallel']``; a different explicit value is an error."""
     table = raw.setdefault("parallel", {})
-    for key, value in parse_parallel_spec(spec).items():
-        if value == "auto":
+    for key, value in parse_layout(spec, "DISTLAUNCH_PARALLEL").items():
+        if value is None:  # dp=auto: whatever the config says
             continue
-        if key in table and table[key] != value:
+        if table.get(key, "auto") != "auto" and table[key] != value:  # "auto" in the config: the launcher decides
             raise UsageError(
                 f"parallel.{key}={table[key]!r} in the config conflicts with "
                 f"{key}={value!r} from --parallel (DISTLAUNCH_PARALLEL={spec!r})",

@@ -7,8 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.env import contract_env
+from distlaunch.contract.layout import Layout, LayoutSpec, groups, resolve_layout, tp_group_across_nodes
+from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.parallel import Parallel, ParallelSpec, check_tp_within_hosts, groups, resolve_parallel
 
 # by name: ..._TOKEN, API_KEY, ..._SECRET, any PASS (PASSWORD, PASSWD, PASSPHRASE), ..._PAT, CREDENTIALS
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASS|CREDENTIAL|(^|_)PAT$|(^|_)AUTH", re.IGNORECASE)
@@ -23,7 +25,7 @@ class LaunchSpec(BaseModel):
 
     hosts: list[HostSlots]
     command: list[str]  # what every rank runs, e.g. [python, train.py, --lr, 3e-4]
-    parallel: ParallelSpec = ParallelSpec()
+    parallel: LayoutSpec = LayoutSpec()
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     backend: Literal["gloo", "nccl"] = "gloo"
@@ -57,7 +59,7 @@ class LaunchPlan(BaseModel):
     master_addr: str
     master_port: int
     backend: str
-    parallel: Parallel
+    parallel: Layout
     nodes: list[NodePlan]
     groups: dict[str, list[list[int]]]
 
@@ -83,60 +85,8 @@ def mask_env(env: dict[str, str]) -> dict[str, str]:
     return {k: mask_value(k, v) for k, v in env.items()}
 
 
-def error_file(job_id: str, rank: int) -> str:
-    """Where a rank's ``@record`` writes its exception (TORCHELASTIC_ERROR_FILE); read back when the rank fails."""
-    return f"/tmp/distlaunch-{job_id}-rank{rank}-error.json"
-
-
-def contract_env(
-    *,
-    master_addr: str,
-    master_port: int,
-    world_size: int,
-    rank: int,
-    local_rank: int,
-    local_world_size: int,
-    node_rank: int,
-    nnodes: int,
-    job_id: str,
-    parallel: Parallel,
-    backend: str,
-    restart_count: int = 0,
-    max_restarts: int = 0,
-) -> dict[str, str]:
-    """The one writer of the per-rank contract, shared by every backend (local, SSH, srun step).
-
-    It is torchrun's full set (so ``torch.distributed.is_torchelastic_launched()`` is True and torchrun-aware
-    libraries trust RANK/WORLD_SIZE), plus distlaunch's own DISTLAUNCH_* variables.
-    """
-    return {
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port),
-        "WORLD_SIZE": str(world_size),
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(local_world_size),
-        "NODE_RANK": str(node_rank),
-        "GROUP_RANK": str(node_rank),
-        "GROUP_WORLD_SIZE": str(nnodes),
-        "NNODES": str(nnodes),
-        "ROLE_NAME": "default",
-        "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world_size),
-        "TORCHELASTIC_RUN_ID": job_id,
-        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-        "TORCHELASTIC_ERROR_FILE": error_file(job_id, rank),
-        "TORCHELASTIC_USE_AGENT_STORE": "False",  # ranks build their own store from MASTER_ADDR/MASTER_PORT
-        "DISTLAUNCH_JOB_ID": job_id,
-        "DISTLAUNCH_PARALLEL": str(parallel),
-        "DISTLAUNCH_BACKEND": backend,
-        "DISTLAUNCH_RESTART_COUNT": str(restart_count),
-    }
-
-
 def rank_env(
-    spec: LaunchSpec, parallel: Parallel, world_size: int, node_rank: int, rank: int, local_rank: int, host: HostSlots
+    spec: LaunchSpec, parallel: Layout, world_size: int, node_rank: int, rank: int, local_rank: int, host: HostSlots
 ) -> dict[str, str]:
     """The torchrun-compatible environment of one rank, plus distlaunch's own variables."""
     env = dict(spec.env)
@@ -162,12 +112,27 @@ def rank_env(
     return env
 
 
+def host_layout(spec: LayoutSpec, hosts: list[HostSlots]) -> Layout:
+    """The layout over hosts' slots in hostfile order; a tensor-parallel group must stay inside one host,
+    or per-layer all-reduces would cross the network."""
+    host_of_rank = [h.host for h in hosts for _ in h.slots]
+    layout = resolve_layout(
+        spec, len(host_of_rank), lambda n: f"{n} ranks (-n {n} on one host, or hostfile slots adding up to {n})"
+    )
+    group = tp_group_across_nodes(layout, host_of_rank.__getitem__)
+    if group is not None:
+        spanned = ", ".join(dict.fromkeys(host_of_rank[r] for r in group))
+        raise UsageError(
+            f"tp={layout.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans hosts {spanned}",
+            f"give every host a multiple of {layout.tp} processes, or lower tp to fit inside one host",
+        )
+    return layout
+
+
 def build_plan(spec: LaunchSpec) -> LaunchPlan:
     """Lay ranks out over hosts in hostfile order and attach each one's environment and command."""
     world_size = sum(h.nslots for h in spec.hosts)
-    parallel = resolve_parallel(spec.parallel, world_size)
-    host_of_rank = [h.host for h in spec.hosts for _ in h.slots]
-    check_tp_within_hosts(parallel, host_of_rank)
+    parallel = host_layout(spec.parallel, spec.hosts)
     nodes, rank = [], 0
     for node_rank, host in enumerate(spec.hosts):
         ranks = []

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import (
     HostSlots,
@@ -22,7 +23,6 @@ from distlaunch.launcher.hostfile import (
     parse_hostfile_text,
     read_hostfile,
 )
-from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.launcher.plan import LaunchSpec
 from distlaunch.remote.env import file_env, forwarded_env
 
@@ -298,7 +298,7 @@ def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> L
     return LaunchSpec(
         hosts=hosts,
         command=command,
-        parallel=parse_parallel(opts.parallel),
+        parallel=layout_spec(opts.parallel),
         master_addr=master_addr,
         master_port=resolve_port(opts, is_local_host(first) or is_loopback(master_addr)),
         backend=backend,

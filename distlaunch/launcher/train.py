@@ -10,15 +10,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from distlaunch.contract.layout import SHAPE_KEYS, parse_layout
 from distlaunch.engine.config import TrainingConfig, load_config
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.planner import MemoryPlan, plan_memory
 from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
 from distlaunch.launcher.launch import plan_for
-from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.spec import LaunchOptions
+from distlaunch.launcher.spec import LaunchOptions, local_gpu_count
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "templates" / "train-tiny-cpu.toml"
 _UNITS = {
@@ -42,28 +42,54 @@ class TrainPlan(LaunchPlan):
     memory: MemoryPlan
 
 
-def read_train_config(config: Path | None, overrides: list[str], parallel: str | None) -> TrainingConfig:
-    """The config as every rank will see it (file, --set, --parallel); one-line UsageError otherwise."""
-    parse_parallel(parallel)  # the launcher's own syntax check and messages for --parallel
-    return load_config(config or EMBEDDED_CONFIG, overrides, parallel)
+def train_config(
+    config: Path | None, sets: list[str], parallel: str | None, shape_given: bool
+) -> tuple[TrainingConfig, list[str]]:
+    """The config every rank will see, and the ``--set`` list that makes each rank see exactly it.
+
+    The embedded config's layout (dp=2 x pp=2 on 4 processes) is what ``distlaunch train`` runs with no
+    options. Once the user says how many ranks there are (``shape_given``: -n or a hostfile; or dp, tp, pp in
+    --parallel or --set), the embedded dp, tp and pp are dropped and only what the user wrote counts, so
+    ``train -n 1`` or ``train --parallel dp=2,tp=2`` just work. A conflict is reported only between two
+    things the user wrote: their own config file (or --set) and --parallel.
+    """
+    layout = parse_layout(parallel)
+    layout_sets = [f"parallel.{key}={'auto' if value is None else value}" for key, value in layout.items()]
+    if config is not None:
+        return load_config(config, sets, parallel), [*sets, *layout_sets]
+    load_config(None, sets, parallel)  # --set against --parallel: both written by the user
+    written = {assignment.partition("=")[0].strip() for assignment in sets} | {f"parallel.{k}" for k in layout}
+    dropped = []
+    if shape_given or written & {f"parallel.{key}" for key in SHAPE_KEYS}:
+        dropped += ["parallel.dp=auto", "parallel.tp=1", "parallel.pp=1"]
+    if "parallel.microbatches" in written and "train.micro_batch_size" not in written:
+        dropped.append("train.micro_batch_size=auto")  # derived from the micro-batch count instead
+    rank_sets = [*dropped, *sets, *layout_sets]
+    return load_config(EMBEDDED_CONFIG, rank_sets), rank_sets
 
 
 def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: int | None) -> int | None:
-    """Processes on this machine when neither -n nor a hostfile says: the config's dp*tp*pp if it
-    names dp, else the launcher's default (the GPUs here, or 1)."""
-    if hostfile is not None or nproc_per_node is not None or cfg.parallel.dp is None:
+    """Processes on this machine when neither -n nor a hostfile says: the config's dp*tp*pp; with dp=auto,
+    as many whole tp*pp groups as there are GPUs here (at least one group)."""
+    if hostfile is not None or nproc_per_node is not None:
         return nproc_per_node
-    return cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp
+    p = cfg.parallel
+    model_parallel = p.tp * p.pp
+    dp = p.dp if p.dp is not None else max(1, local_gpu_count() // model_parallel)
+    return dp * model_parallel
 
 
 def parallel_spec(cfg: TrainingConfig) -> str:
     """The config's layout in --parallel spelling (what DISTLAUNCH_PARALLEL will carry)."""
     p = cfg.parallel
-    return f"dp={p.dp if p.dp is not None else 'auto'},tp={p.tp},pp={p.pp},zero={p.zero}"
+    pipeline = f",schedule={p.schedule}" if p.pp > 1 else ""
+    pipeline += f",microbatches={p.microbatches}" if p.microbatches is not None else ""
+    return f"dp={p.dp if p.dp is not None else 'auto'},tp={p.tp},pp={p.pp},zero={p.zero}{pipeline}"
 
 
 def engine_program(config: Path | None, overrides: list[str], metrics_file: Path | None) -> list[str]:
-    """``-m distlaunch.engine CONFIG [--set ...] [--metrics-file ...]`` (config path made absolute)."""
+    """``-m distlaunch.engine CONFIG [--set ...] [--metrics-file ...]`` (config path made absolute);
+    ``overrides`` are the rank's --set list from ``train_config``."""
     program = ["distlaunch.engine", str((config or EMBEDDED_CONFIG).resolve())]
     for assignment in overrides:
         program += ["--set", assignment]

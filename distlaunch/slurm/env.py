@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from distlaunch.contract.env import contract_env
+from distlaunch.contract.layout import Layout, LayoutSpec, resolve_layout, tp_group_across_nodes
 from distlaunch.errors import UsageError
-from distlaunch.launcher.parallel import Parallel, ParallelSpec, groups
-from distlaunch.launcher.plan import contract_env
 from distlaunch.slurm.step import SlurmStep, node_of_rank
 
 # Derived ports stay below Linux's ephemeral range (32768+), where the kernel hands out client ports.
@@ -35,7 +35,7 @@ class SlurmRank(BaseModel):
     master_addr: str
     master_port: int
     backend: Literal["gloo", "nccl"]
-    parallel: Parallel
+    parallel: Layout
     env: dict[str, str]  # the rank contract: MASTER_ADDR ... DISTLAUNCH_RESTART_COUNT
     argv: list[str] = []  # the program the task execs into
 
@@ -65,29 +65,11 @@ def srun_shape(ntasks: int, nnodes: int) -> str:
     return f"srun -n {ntasks}"
 
 
-def resolve_step_parallel(spec: ParallelSpec, step: SlurmStep) -> Parallel:
+def resolve_step_parallel(spec: LayoutSpec, step: SlurmStep) -> Layout:
     """Resolve --parallel against SLURM_NTASKS, with a fix that names srun's options."""
-    model_parallel = spec.tp * spec.pp
-    world = step.world_size
-    if spec.dp is None:
-        if world % model_parallel:
-            raise UsageError(
-                f"--parallel tp={spec.tp},pp={spec.pp}: dp=auto needs SLURM_NTASKS={world} to be a multiple of "
-                f"tp*pp={model_parallel}",
-                f"start a multiple of {model_parallel} tasks, e.g. {srun_shape(model_parallel * max(1, world // model_parallel), step.nnodes)}",
-            )
-        dp = world // model_parallel
-    else:
-        dp = spec.dp
-    if dp * model_parallel != world:
-        raise UsageError(
-            f"--parallel dp={dp},tp={spec.tp},pp={spec.pp} needs dp*tp*pp = {dp * model_parallel} ranks but the Slurm "
-            f"step has SLURM_NTASKS={world} tasks",
-            f"use dp=auto, or start {dp * model_parallel} tasks ({srun_shape(dp * model_parallel, step.nnodes)})",
-        )
-    parallel = Parallel(dp=dp, tp=spec.tp, pp=spec.pp, zero=spec.zero)
-    check_tp_within_nodes(parallel, step)
-    return parallel
+    layout = resolve_layout(spec, step.world_size, lambda n: f"{n} tasks: {srun_shape(n, step.nnodes)}")
+    check_tp_within_nodes(layout, step)
+    return layout
 
 
 def _nodes_of(step: SlurmStep) -> dict[int, int]:
@@ -98,22 +80,19 @@ def _nodes_of(step: SlurmStep) -> dict[int, int]:
     return {r: step.node_rank for r in step.ranks_here}
 
 
-def check_tp_within_nodes(parallel: Parallel, step: SlurmStep) -> None:
+def check_tp_within_nodes(layout: Layout, step: SlurmStep) -> None:
     """A tensor-parallel group across nodes puts per-layer all-reduces on the network: refuse it."""
-    if parallel.tp == 1:
-        return
     node_of = _nodes_of(step)
-    for group in groups(parallel)["tp"]:
-        known = {node_of[r] for r in group if r in node_of}
-        spans = len(known) > 1 or (known and any(r not in node_of for r in group))
-        if spans:
-            names = ", ".join(step.nodes[n] for n in sorted(known))
-            raise UsageError(
-                f"--parallel tp={parallel.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans nodes "
-                f"({names}{', …' if len(known) < 2 else ''}; tasks per node {step.tasks_per_node}, "
-                f"distribution {step.distribution})",
-                f"use --ntasks-per-node a multiple of {parallel.tp} with block distribution, or lower tp",
-            )
+    group = tp_group_across_nodes(layout, node_of.get)
+    if group is not None:
+        known = sorted({node_of[r] for r in group if r in node_of})
+        names = ", ".join(step.nodes[n] for n in known)
+        raise UsageError(
+            f"--parallel tp={layout.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} spans nodes "
+            f"({names}{', …' if len(known) < 2 else ''}; tasks per node {step.tasks_per_node}, "
+            f"distribution {step.distribution})",
+            f"use --ntasks-per-node a multiple of {layout.tp} with block distribution, or lower tp",
+        )
 
 
 def check_gpu_binding(step: SlurmStep, gpus_here: int) -> None:
@@ -159,7 +138,7 @@ def map_rank(
     master_addr: str,
     *,
     master_port: int | None = None,
-    parallel: ParallelSpec = ParallelSpec(),
+    parallel: LayoutSpec = LayoutSpec(),
     backend: str = "auto",
     gpus_here: int = 0,
     nproc_per_node: int | None = None,

@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
 from distlaunch.errors import UsageError
-from distlaunch.launcher.parallel import Parallel, groups, parse_parallel
 from distlaunch.launcher.spec import LaunchOptions, build_command, parse_env, resolve_port
 
 
@@ -60,7 +60,7 @@ class JobShape(BaseModel):
 class SlurmJob(JobShape):
     """A checked job shape and the commands that run it."""
 
-    parallel: Parallel
+    parallel: Layout
     allocation: str | None  # the job id when already inside an allocation (srun then starts a step in it)
     rank_command: list[str]  # what every task runs
     srun: list[str]
@@ -113,33 +113,21 @@ def check_gpus(gpus: int, per_node: int) -> None:
         )
 
 
-def job_parallel(text: str | None, nodes: int, per_node: int) -> Parallel:
+def job_parallel(text: str | None, nodes: int, per_node: int) -> Layout:
     """Resolve --parallel against nodes × ntasks-per-node; tp groups must stay inside a node."""
-    spec, world = parse_parallel(text), nodes * per_node
-    mp = spec.tp * spec.pp
-    shape = f"-N {nodes} × --ntasks-per-node {per_node} = {world} ranks"
-    if spec.dp is None:
-        if world % mp:
-            raise UsageError(
-                f"--parallel {text}: dp=auto needs a multiple of tp*pp = {mp} ranks, but {shape}",
-                f"change -N / --ntasks-per-node so that the world size is a multiple of {mp}",
-            )
-        dp = world // mp
-    else:
-        dp = spec.dp
-        if dp * mp != world:
-            need = dp * mp
-            fix = f"-N {nodes} --ntasks-per-node {need // nodes}" if need % nodes == 0 else f"a world size of {need}"
-            raise UsageError(f"--parallel {text}: dp*tp*pp = {need} but {shape}", f"use dp=auto, or run {fix}")
-    parallel = Parallel(dp=dp, tp=spec.tp, pp=spec.pp, zero=spec.zero)
-    for group in groups(parallel)["tp"]:
-        if group[0] // per_node != group[-1] // per_node:
-            raise UsageError(
-                f"--parallel tp={spec.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} would span nodes "
-                f"({per_node} tasks per node)",
-                f"use --ntasks-per-node a multiple of {spec.tp}, or lower tp",
-            )
-    return parallel
+
+    def ranks(n: int) -> str:
+        return f"-N {nodes} --ntasks-per-node {n // nodes}" if n % nodes == 0 else f"a world size of {n}"
+
+    layout = resolve_layout(layout_spec(text), nodes * per_node, ranks)
+    group = tp_group_across_nodes(layout, lambda rank: rank // per_node)
+    if group is not None:
+        raise UsageError(
+            f"--parallel tp={layout.tp}: tensor-parallel group of ranks {group[0]}..{group[-1]} would span nodes "
+            f"({per_node} tasks per node)",
+            f"use --ntasks-per-node a multiple of {layout.tp}, or lower tp",
+        )
+    return layout
 
 
 def forwarded_options(opts: SlurmJobOptions) -> list[str]:

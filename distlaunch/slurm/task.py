@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
+from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
-from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.launcher.spec import LaunchOptions, build_command, local_gpu_count, parse_env, resolve_port
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
@@ -48,7 +48,7 @@ def rank_for_task(opts: LaunchOptions, environ: Mapping[str, str]) -> SlurmRank:
         step,
         master_address(step.nodes[0], opts.master_addr, environ),
         master_port=master_port_for(opts, environ),
-        parallel=parse_parallel(opts.parallel),
+        parallel=layout_spec(opts.parallel),
         backend=opts.backend,
         gpus_here=local_gpu_count(),
         nproc_per_node=opts.nproc_per_node,

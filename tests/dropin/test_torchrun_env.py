@@ -6,8 +6,8 @@ import json
 import textwrap
 from pathlib import Path
 
+from distlaunch.contract.layout import layout_spec
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.launcher.plan import LaunchSpec, build_plan
 from distlaunch.launcher.spec import LaunchOptions, make_spec
 from distlaunch.slurm.env import map_rank
@@ -67,7 +67,7 @@ def test_local_and_srun_step_ranks_carry_the_same_variables(tmp_path, monkeypatc
                 read_step(srun_task(1, 0, 1)),
                 "gpu07",
                 backend=backend,
-                parallel=parse_parallel("tp=2"),
+                parallel=layout_spec("tp=2"),
                 gpus_here=2,
             ),
             opts,

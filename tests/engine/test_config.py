@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distlaunch.engine.config import Preset, load_config, parse_parallel_spec
+from distlaunch.contract.layout import parse_layout
+from distlaunch.engine.config import Preset, load_config
 from distlaunch.engine.model import PRESETS, GPTConfig, num_params
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import rank_groups, read_env
@@ -66,17 +67,18 @@ def test_launcher_parallel_env_fills_and_conflicts():
     with pytest.raises(UsageError, match="conflicts") as err:
         load_config(None, ["parallel.zero=3"], "dp=2,zero=1")
     assert "parallel.zero=3" in str(err.value) and "zero=1" in str(err.value)
-    assert parse_parallel_spec("dp=auto,tp=2") == {"dp": "auto", "tp": 2}
+    assert parse_layout("dp=auto,tp=2") == {"dp": None, "tp": 2}
     assert load_config(None, [], "dp=auto,tp=2").parallel.dp is None
-    with pytest.raises(UsageError, match="bad parallel spec"):
-        parse_parallel_spec("dp=2,xp=2")
+    with pytest.raises(UsageError, match="DISTLAUNCH_PARALLEL 'dp=2,xp=2': unknown entry"):
+        load_config(None, [], "dp=2,xp=2")
+    assert load_config(None, ["parallel.dp=auto"]).parallel.dp is None  # --set speaks the same grammar
 
 
 @pytest.mark.parametrize(
     "world,overrides,message",
     [
-        (8, ["parallel.dp=2", "parallel.tp=2", "parallel.pp=3"], r"dp\(2\)\*tp\(2\)\*pp\(3\)=12 != WORLD_SIZE\(8\)"),
-        (6, ["parallel.tp=4"], r"tp\(4\)\*pp\(1\)=4 does not divide WORLD_SIZE\(6\)"),
+        (8, ["parallel.dp=2", "parallel.tp=2", "parallel.pp=3"], r"dp\(2\)\*tp\(2\)\*pp\(3\) = 12 != world size 8"),
+        (6, ["parallel.tp=4"], r"world size 6 is not divisible by tp\(4\)\*pp\(1\)=4"),
         (3, ["parallel.tp=3"], "does not divide the model's 4 attention heads"),
         (8, ["parallel.pp=8", "train.global_batch_size=8"], "8 pipeline stages .* only 4 layers"),
         (4, ["parallel.pp=2", "parallel.schedule=interleaved", "parallel.virtual_stages=4"], "8 pipeline stages"),

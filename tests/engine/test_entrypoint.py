@@ -18,7 +18,7 @@ STEP_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mem_byte
     "args,env,words",
     [
         (["--set", "train.stepz=3"], {}, ["train.stepz"]),
-        (["--set", "parallel.tp=2"], {}, ["tp(2)", "WORLD_SIZE(1)"]),
+        (["--set", "parallel.tp=2"], {}, ["tp(2)", "world size 1"]),
         (["--set", "parallel.zero=3"], {"DISTLAUNCH_PARALLEL": "dp=1,zero=1"}, ["conflicts"]),
         (["--set", "data.path=/nonexistent/corpus.txt"], {}, ["data.path not found"]),
         (["/nonexistent/run.toml"], {}, ["config file not found"]),

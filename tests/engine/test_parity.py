@@ -120,10 +120,10 @@ def test_step1_gradients_match_single_process(world_size, name, reference, layou
 @pytest.mark.parametrize("world_size", sorted(LAYOUTS))
 def test_mesh_groups_are_the_launchers_plan(world_size, layout_results):
     """The process groups the engine communicates in are the ones ``--dry-run`` prints."""
-    from distlaunch.launcher.parallel import groups, parse_parallel, resolve_parallel
+    from distlaunch.contract.layout import groups, layout_spec, resolve_layout
 
     for name, ranks in layout_results(world_size).items():
-        plan = groups(resolve_parallel(parse_parallel(ranks[0]["dims"]), world_size))
+        plan = groups(resolve_layout(layout_spec(ranks[0]["dims"]), world_size))
         for rank, result in enumerate(ranks):
             for dim, members in result["groups"].items():
                 assert rank in members and members in plan[dim], (name, rank, dim, members)

@@ -114,3 +114,21 @@ def test_help_lists_the_launch_options():
 def test_version():
     r = invoke(["--version"])
     assert r.exit_code == 0 and r.stdout.startswith("distlaunch ")
+
+
+COMMANDS = [
+    ["run"], ["train"], ["doctor"], ["jobs"], ["status"], ["logs"], ["stop"],
+    ["slurm", "run"], ["slurm", "sbatch"], ["k8s", "manifest"], ["k8s", "submit"],
+    ["data", "prepare"], ["checkpoint", "verify"], ["checkpoint", "export"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_help_names_values_not_python_types_and_fits_80_columns(command):
+    r = invoke([*command, "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.stderr
+    text = r.stdout
+    for python_type in ("<bool>", "<list[", "<str>", "<int", "<float", "<path>", "{"):
+        assert python_type not in text, f"{python_type!r} in {' '.join(command)} --help"
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert f"Usage: distlaunch {' '.join(command)} [OPTIONS]" in text

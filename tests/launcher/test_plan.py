@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import parse_hostfile_text, read_hostfile
-from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.launcher.plan import MASK, LaunchSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ GOLDEN = Path(__file__).parent / "golden"
 def spec(hosts, parallel=None, **kw) -> LaunchSpec:
     kw = {"master_addr": "10.0.0.1", "master_port": 29500, "job_id": "dl-golden", **kw}
     return LaunchSpec(
-        hosts=hosts, command=["python3", "train.py", "--lr", "3e-4"], parallel=parse_parallel(parallel), **kw
+        hosts=hosts, command=["python3", "train.py", "--lr", "3e-4"], parallel=layout_spec(parallel), **kw
     )
 
 

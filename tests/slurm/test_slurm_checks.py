@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import ExitCode, UsageError
-from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.slurm.env import map_rank
 from distlaunch.slurm.job import SlurmJobOptions, resolve_job
 from distlaunch.slurm.step import read_step
@@ -37,23 +37,23 @@ def test_nproc_per_node_inside_a_step_is_the_classic_mistake():
 
 
 def test_parallel_spec_that_does_not_match_slurm_ntasks():
-    with pytest.raises(UsageError, match=r"dp\*tp\*pp = 8 ranks but the Slurm step has SLURM_NTASKS=4 tasks") as err:
-        map_rank(read_step(task_env(0, 0, 0)), "h", parallel=parse_parallel("dp=2,tp=2,pp=2"))
+    with pytest.raises(UsageError, match=r"dp\(2\)\*tp\(2\)\*pp\(2\) = 8 != world size 4") as err:
+        map_rank(read_step(task_env(0, 0, 0)), "h", parallel=layout_spec("dp=2,tp=2,pp=2"))
     assert "srun -N 2 --ntasks-per-node 4" in err.value.hint
-    with pytest.raises(UsageError, match=r"dp=auto needs SLURM_NTASKS=4 to be a multiple of tp\*pp=3"):
-        map_rank(read_step(task_env(0, 0, 0)), "h", parallel=parse_parallel("tp=3"))
+    with pytest.raises(UsageError, match=r"dp=auto: world size 4 is not divisible by tp\(3\)\*pp\(1\)=3"):
+        map_rank(read_step(task_env(0, 0, 0)), "h", parallel=layout_spec("tp=3"))
 
 
 def test_tensor_parallel_group_spanning_nodes():
     with pytest.raises(UsageError, match=r"tp=4: tensor-parallel group of ranks 0..3 spans nodes \(gpu07, gpu08"):
-        map_rank(read_step(task_env(0, 0, 0)), "h", parallel=parse_parallel("tp=4"))
+        map_rank(read_step(task_env(0, 0, 0)), "h", parallel=layout_spec("tp=4"))
     cyclic = task_env(0, 0, 0, SLURM_DISTRIBUTION="cyclic")  # ranks 0,2 on gpu07 and 1,3 on gpu08
     with pytest.raises(UsageError, match="distribution cyclic"):
-        map_rank(read_step(cyclic), "h", parallel=parse_parallel("tp=2"))
+        map_rank(read_step(cyclic), "h", parallel=layout_spec("tp=2"))
     plane = task_env(2, 1, 0, SLURM_DISTRIBUTION="plane", SLURM_GTIDS="2,3")  # only this node's ranks are known
-    map_rank(read_step(plane), "h", parallel=parse_parallel("tp=2"))
+    map_rank(read_step(plane), "h", parallel=layout_spec("tp=2"))
     with pytest.raises(UsageError, match="spans nodes"):
-        map_rank(read_step({**plane, "SLURM_GTIDS": "1,2"}), "h", parallel=parse_parallel("tp=2"))
+        map_rank(read_step({**plane, "SLURM_GTIDS": "1,2"}), "h", parallel=layout_spec("tp=2"))
 
 
 def test_every_task_sees_the_node_gpus_and_picks_its_own():
@@ -119,9 +119,9 @@ def test_job_gpus_one_per_rank():
 
 
 def test_job_parallel_errors():
-    with pytest.raises(UsageError, match=r"dp\*tp\*pp = 8 but -N 2 × --ntasks-per-node 2 = 4 ranks") as err:
+    with pytest.raises(UsageError, match=r"dp\(2\)\*tp\(2\)\*pp\(2\) = 8 != world size 4") as err:
         resolve_job(job(nodes=2, ntasks_per_node=2, parallel="dp=2,tp=2,pp=2"), {})
-    assert err.value.hint == "use dp=auto, or run -N 2 --ntasks-per-node 4"
+    assert err.value.hint == "use dp=auto, or start -N 2 --ntasks-per-node 4"
     with pytest.raises(UsageError, match=r"tensor-parallel group of ranks 4\.\.7 would span nodes"):
         resolve_job(job(nodes=2, ntasks_per_node=6, parallel="tp=4"), {})
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
-from distlaunch.launcher.parallel import parse_parallel
 from distlaunch.slurm.address import master_address, node_addr_from_scontrol
 from distlaunch.slurm.env import PORT_BASE, PORT_SPAN, derived_port, map_rank
 from distlaunch.slurm.step import expand_nodelist, expand_tasks_per_node, in_srun_step, node_of_rank, read_step
@@ -148,5 +148,5 @@ def test_layouts_of_block_and_cyclic_distribution():
 
 
 def test_parallel_spec_is_resolved_against_slurm_ntasks():
-    rank = map_rank(read_step(task_env(0, 0, 0)), "h", parallel=parse_parallel("dp=auto,tp=2"))
+    rank = map_rank(read_step(task_env(0, 0, 0)), "h", parallel=layout_spec("dp=auto,tp=2"))
     assert rank.env["DISTLAUNCH_PARALLEL"] == "dp=2,tp=2,pp=1,zero=0"

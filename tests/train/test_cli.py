@@ -39,9 +39,11 @@ def _one_line_error(result, *words: str) -> None:
         (["--set", "train.precision=fp8"], ["train.precision", "'fp32', 'bf16' or 'fp16'"]),
         (["--set", "train.lr_schedule=linear"], ["train.lr_schedule", "'cosine' or 'constant'"]),
         (["--set", "data.format=parquet"], ["data.format", "'auto', 'text' or 'tokens'"]),
-        (["--parallel", "tp=2"], ["conflicts", "parallel.tp=1"]),
+        (["--set", "parallel.tp=2", "--parallel", "tp=4"], ["conflicts", "parallel.tp=2", "tp=4"]),
         (["--parallel", "tp=two"], ["--parallel", "not an integer"]),
-        (["-n", "3"], ["dp(2)*tp(1)*pp(2) = 4 != world size 3"]),
+        (["--parallel", "schedule=zigzag"], ["schedule='zigzag' is not a schedule", "gpipe, 1f1b, interleaved"]),
+        (["-n", "3"], ["global_batch_size=16 is not divisible by dp=3"]),
+        (["-n", "4", "--parallel", "dp=3"], ["dp(3)*tp(1)*pp(1) = 3 != world size 4"]),
         (["--set", "parallel.tp=3", "--set", "parallel.pp=1", "--set", "parallel.dp=1"], ["tp=3 does not divide"]),
         (["--set", "train.grad_accum_steps=3"], ["grad_accum_steps=3"]),
         (["nope.toml"], ["config file not found"]),
@@ -66,11 +68,55 @@ def test_embedded_default_exercises_more_than_data_parallelism():
     assert cfg.model.preset == "tiny" and cfg.parallel.dp == 2 and cfg.parallel.tp * cfg.parallel.pp == 2
 
 
+@pytest.mark.parametrize(
+    "args,world_size,layout",
+    [
+        (["-n", "1"], 1, {"dp": 1, "tp": 1, "pp": 1, "zero": 1}),
+        (["-n", "8", "--parallel", "dp=2,tp=2,pp=2"], 8, {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "schedule": "1f1b"}),
+        (["--parallel", "dp=2,tp=2"], 4, {"dp": 2, "tp": 2, "pp": 1, "zero": 1}),
+        (["--set", "parallel.tp=2"], 2, {"dp": 1, "tp": 2, "pp": 1, "zero": 1}),
+        (["--resume", "latest", "--parallel", "dp=2,tp=2"], 4, {"dp": 2, "tp": 2, "pp": 1, "zero": 1}),
+        (["--parallel", "zero=3"], 4, {"dp": 2, "tp": 1, "pp": 2, "zero": 3, "schedule": "1f1b"}),
+        (
+            ["--parallel", "schedule=gpipe,microbatches=8"],
+            4,
+            {"dp": 2, "tp": 1, "pp": 2, "zero": 1, "schedule": "gpipe", "microbatches": 8},
+        ),
+    ],
+)
+def test_the_command_line_replaces_the_embedded_layout(args, world_size, layout):
+    """The embedded dp=2 x pp=2 is what runs with no options; what the user writes replaces it, never conflicts."""
+    result = invoke(["train", "--dry-run", "--json", *args])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["world_size"] == world_size and plan["parallel"] == layout
+    # every rank re-reads the config from its argv and DISTLAUNCH_PARALLEL: it must come to the same layout
+    rank = plan["nodes"][0]["ranks"][0]
+    argv = rank["argv"][rank["argv"].index("distlaunch.engine") + 1 :]
+    sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+    cfg = load_config(argv[0], sets, rank["env"]["DISTLAUNCH_PARALLEL"])
+    dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
+    assert (dims.dp, dims.tp, dims.pp, dims.zero) == tuple(layout[k] for k in ("dp", "tp", "pp", "zero"))
+    if "microbatches" in layout:
+        assert (dims.schedule, dims.microbatches) == (layout["schedule"], layout["microbatches"])
+
+
+def test_a_users_own_config_file_conflicts_with_a_different_flag(tmp_path):
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[parallel]\ndp = 2\npp = 2\n", encoding="utf-8")
+    _one_line_error(
+        invoke(["train", str(mine), "--dry-run", "--parallel", "pp=1"]), "parallel.pp=2 in the config conflicts"
+    )
+    plan = json.loads(invoke(["train", str(mine), "--dry-run", "--json", "--parallel", "zero=2"]).stdout)
+    assert plan["world_size"] == 4 and plan["parallel"]["zero"] == 2  # keys the file leaves open are the flag's
+
+
 def test_dry_run_json_has_a_memory_estimate_per_rank():
     result = invoke(["train", "--dry-run", "--json", "--set", "parallel.zero=2"])
     assert result.exit_code == 0, result.stderr
     plan = json.loads(result.stdout)
-    assert plan["world_size"] == 4 and plan["parallel"] == {"dp": 2, "tp": 1, "pp": 2, "zero": 2}
+    assert plan["world_size"] == 4
+    assert plan["parallel"] == {"dp": 2, "tp": 1, "pp": 2, "zero": 2, "schedule": "1f1b"}
     argv = plan["nodes"][0]["ranks"][0]["argv"]
     assert argv[1:4] == ["-m", "distlaunch.engine", str(EMBEDDED_CONFIG)] and argv[4:] == ["--set", "parallel.zero=2"]
     memory = plan["memory"]

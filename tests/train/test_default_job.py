@@ -68,3 +68,20 @@ def test_a_users_text_file_and_a_bad_token_file(tmp_path):
     (bad,) = spawn([*engine, "--set", f"data.path='{tokens}'"], world_size=0, timeout=120)
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 2 and len(lines) == 1 and "token id 256" in lines[0] and "vocabulary of 256" in lines[0]
+
+
+def test_a_layout_on_the_command_line_runs_for_real(tmp_path):
+    """`train --parallel tp=2` replaces the embedded dp=2 x pp=2: 2 processes, one tensor-parallel pair."""
+    args = ["train", "--parallel", "tp=2", "--set", "train.steps=3", "--set", "train.eval_every=0"]
+    run = subprocess.run(
+        distlaunch_cmd(*args, "--metrics-file", str(tmp_path / "m.jsonl")),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert summary["layout"] == "dp=1,tp=2,pp=1,zero=1" and len(summary["mem_bytes_per_rank"]) == 2
+    assert "2 ranks exited 0" in run.stdout + run.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlaunch.contract.layout import LayoutSpec, resolve_layout
 from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.presets import GPTConfig
 from distlaunch.errors import UsageError
@@ -52,21 +53,10 @@ def stage_layer_counts(n_layer: int, n_stages: int) -> list[int]:
 
 
 def _resolve_degrees(cfg: TrainingConfig, world_size: int) -> tuple[int, int, int]:
-    tp, pp = cfg.parallel.tp, cfg.parallel.pp
-    dp = cfg.parallel.dp
-    if dp is None:
-        if world_size % (tp * pp):
-            raise UsageError(
-                f"tp({tp})*pp({pp})={tp * pp} does not divide WORLD_SIZE({world_size})",
-                "choose tp and pp whose product divides the number of processes",
-            )
-        dp = world_size // (tp * pp)
-    if dp * tp * pp != world_size:
-        raise UsageError(
-            f"dp({dp})*tp({tp})*pp({pp})={dp * tp * pp} != WORLD_SIZE({world_size})",
-            f"start {dp * tp * pp} processes, or change parallel.dp/tp/pp",
-        )
-    return dp, tp, pp
+    p = cfg.parallel
+    spec = LayoutSpec(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero)
+    layout = resolve_layout(spec, world_size, lambda n: f"{n} processes, or change parallel.dp/tp/pp")
+    return layout.dp, layout.tp, layout.pp
 
 
 def _check_model(model: GPTConfig, tp: int, seq_len: int) -> None:

@@ -1,0 +1,57 @@
+"""The per-rank environment: torchrun's variables plus distlaunch's own, written here for every backend."""
+
+from __future__ import annotations
+
+from distlaunch.contract.layout import Layout
+
+
+def error_file(job_id: str, rank: int) -> str:
+    """Where a rank's ``@record`` writes its exception (TORCHELASTIC_ERROR_FILE); read back when the rank fails."""
+    return f"/tmp/distlaunch-{job_id}-rank{rank}-error.json"
+
+
+def contract_env(
+    *,
+    master_addr: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    local_rank: int,
+    local_world_size: int,
+    node_rank: int,
+    nnodes: int,
+    job_id: str,
+    parallel: Layout,
+    backend: str,
+    restart_count: int = 0,
+    max_restarts: int = 0,
+) -> dict[str, str]:
+    """The one writer of the per-rank contract, shared by every backend (local, SSH, srun step).
+
+    It is torchrun's full set (so ``torch.distributed.is_torchelastic_launched()`` is True and torchrun-aware
+    libraries trust RANK/WORLD_SIZE), plus distlaunch's own DISTLAUNCH_* variables.
+    """
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "WORLD_SIZE": str(world_size),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "NODE_RANK": str(node_rank),
+        "GROUP_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(nnodes),
+        "NNODES": str(nnodes),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "TORCHELASTIC_RUN_ID": job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_ERROR_FILE": error_file(job_id, rank),
+        "TORCHELASTIC_USE_AGENT_STORE": "False",  # ranks build their own store from MASTER_ADDR/MASTER_PORT
+        "DISTLAUNCH_JOB_ID": job_id,
+        "DISTLAUNCH_PARALLEL": str(parallel),
+        "DISTLAUNCH_BACKEND": backend,
+        "DISTLAUNCH_RESTART_COUNT": str(restart_count),
+    }
