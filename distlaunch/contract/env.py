@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from distlaunch.contract.layout import Layout
 
 
@@ -55,3 +57,14 @@ def contract_env(
         "DISTLAUNCH_BACKEND": backend,
         "DISTLAUNCH_RESTART_COUNT": str(restart_count),
     }
+
+
+def launcher_defaults(backend: str, ranks_per_host: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """What distlaunch adds to every rank unless the user's environment already says it (as torchrun)."""
+    defaults = {}
+    if ranks_per_host > 1:
+        defaults["OMP_NUM_THREADS"] = "1"  # N ranks each starting one thread per core oversubscribe the host
+    defaults["PYTHONUNBUFFERED"] = "1"  # live logs: ranks' prints reach the launcher (or srun) as they happen
+    if backend == "nccl":
+        defaults["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"  # a hung collective aborts the rank
+    return {name: value for name, value in defaults.items() if name not in environ}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from importlib.metadata import PackageNotFoundError, version
 
+from distlaunch.contract.endpoint import auto_port_text
 from distlaunch.doctor.bench import bench_check, run_bench
 from distlaunch.doctor.checks_cluster import (
     clock_checks,
@@ -36,8 +37,8 @@ from distlaunch.doctor.checks_network import (
 from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
 from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check
 from distlaunch.errors import UsageError
-from distlaunch.launcher.launch import host_addresses
-from distlaunch.launcher.spec import LaunchOptions, is_local_host, make_spec, parse_env, resolve_hosts
+from distlaunch.launcher.launch import spec_for
+from distlaunch.launcher.spec import LaunchOptions, is_local_host, parse_env, resolve_hosts
 from distlaunch.remote.sshconfig import resolve_targets
 
 PROBED = ("python", "torch-version", "nccl", "gpus", "loopback-hostname", "master-reachable", "nic", "shm", "memlock")
@@ -80,15 +81,11 @@ def launch_endpoint(opts: DoctorOptions) -> tuple[str, int, str, str]:
         backend=opts.backend,
         ssh_config=opts.ssh_config,
     )
-    spec = make_spec(launch, host_addresses(launch))
+    spec = spec_for(launch)
     note = ""
     if opts.master_port == "auto":
-        local = is_local_host(spec.hosts[0].host) or is_loopback(spec.master_addr)
-        note = (
-            "--master-port auto: run picks a free port here at launch; probed one such port"
-            if local
-            else f"--master-port auto: run picks a port in 29500-29599 at launch; probed {spec.master_port}"
-        )
+        local = spec.hosts[0].host in spec.local_hosts or is_loopback(spec.master_addr)
+        note = f"--master-port auto: run picks {auto_port_text(local)}; probed {spec.master_port}"
     return spec.master_addr, spec.master_port, spec.backend, note
 
 

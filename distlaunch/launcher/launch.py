@@ -6,8 +6,9 @@ import os
 from typing import TYPE_CHECKING
 
 from distlaunch.errors import DistlaunchError, ExitCode, HostError
+from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
-from distlaunch.launcher.plan import LaunchPlan, build_plan
+from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.spec import (
     LaunchOptions,
@@ -23,9 +24,9 @@ if TYPE_CHECKING:
     from distlaunch.remote.session import RemoteHosts
 
 
-def host_addresses(opts: LaunchOptions) -> dict[str, str]:
+def host_addresses(opts: LaunchOptions, hosts: list[HostSlots]) -> dict[str, str]:
     """Remote hosts' addresses as the other hosts reach them: the ssh_config HostName, not a local alias."""
-    remote = [h.host for h in resolve_hosts(opts) if not is_local_host(h.host)]
+    remote = [h.host for h in hosts if not is_local_host(h.host)]
     if not remote:
         return {}
     from distlaunch.remote.sshconfig import resolve_targets  # paramiko: only paid when a host is remote
@@ -33,18 +34,34 @@ def host_addresses(opts: LaunchOptions) -> dict[str, str]:
     return {alias: target.hostname for alias, target in resolve_targets(remote, opts.ssh_config).items()}
 
 
+def spec_for(opts: LaunchOptions) -> LaunchSpec:
+    """Resolve the options (the hostfile read once, ssh_config only when a host is remote)."""
+    hosts = resolve_hosts(opts)
+    return make_spec(opts, hosts, host_addresses(opts, hosts))
+
+
 def plan_for(opts: LaunchOptions) -> LaunchPlan:
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
-    plan = build_plan(make_spec(opts, host_addresses(opts)))
-    check_script(opts, all(is_local_host(node.host) for node in plan.nodes))  # a dry-run checks what a run checks
+    plan = build_plan(spec_for(opts))
+    check_local_script(plan, opts)  # a dry-run checks what a run checks
     return plan
+
+
+def all_local(plan: LaunchPlan) -> bool:
+    return all(node.local for node in plan.nodes)
+
+
+def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
+    """Where every rank runs here, the script must exist here (remote hosts have their own filesystem)."""
+    if all_local(plan):
+        check_script(opts)
 
 
 def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:
     """Local hosts get a child-process agent; remote hosts an agent over SSH (connections from ``remote``)."""
 
     def connect(node, events):
-        if is_local_host(node.host):
+        if node.local:
             return LocalAgent(node.node_rank, node.host, events)
         if remote is None or node.host not in remote.clients:
             raise HostError(
@@ -57,7 +74,7 @@ def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Conn
 
 def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
     """What must hold on this machine right before a plan starts (foreground or detached): exit 2 otherwise."""
-    check_script(opts, all(is_local_host(node.host) for node in plan.nodes))
+    check_local_script(plan, opts)
     check_master_port(opts, plan.nodes[0].host, plan.master_addr, plan.master_port)
 
 
@@ -68,7 +85,7 @@ def launch(
     check_launch(plan, opts)
     from distlaunch.jobs.journal import Journal
 
-    backend = "local" if all(is_local_host(node.host) for node in plan.nodes) else "ssh"
+    backend = "local" if all_local(plan) else "ssh"
     log_dir = str(exec_opts.log_dir) if exec_opts.log_dir is not None else None
     journal = Journal.begin(plan, backend, command or [], log_dir, sink.notice)
     try:
@@ -87,7 +104,7 @@ def launch(
 
 
 def _launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:
-    remote = [node.host for node in plan.nodes if not is_local_host(node.host)]
+    remote = [node.host for node in plan.nodes if not node.local]
     if not remote:
         return execute(plan, exec_opts, sink, make_connect(opts))
     from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote

@@ -16,6 +16,7 @@ import time
 
 from pydantic import BaseModel
 
+from distlaunch.contract.endpoint import choose_port
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import ExecOptions, Sink
@@ -23,7 +24,7 @@ from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
 from distlaunch.launcher.report import RankExit, RunReport
-from distlaunch.launcher.spec import LaunchOptions, is_loopback, make_spec, resolve_port
+from distlaunch.launcher.spec import LaunchOptions, is_loopback, make_spec
 
 POLL_S = 0.5  # how often a node looks for another node's failure
 
@@ -80,7 +81,7 @@ def store_endpoint(opts: LaunchOptions, node: NodeOptions) -> tuple[str, int]:
     """
     if node.rdzv_endpoint is not None:
         return parse_endpoint(node.rdzv_endpoint)
-    port = resolve_port(opts, master_is_local=False) + 1  # an integer here: checked by check_node_options
+    port = choose_port(opts.master_port, master_is_local=False) + 1  # an integer here: checked by check_node_options
     if port > 65535:
         raise UsageError(
             f"--master-port {opts.master_port} leaves no port for the nodes' store", "give --rdzv-endpoint"
@@ -112,7 +113,7 @@ def master_for_first_node(opts: LaunchOptions, store_host: str) -> tuple[str, in
     import socket
 
     addr = opts.master_addr or ("127.0.0.1" if is_loopback(store_host) else socket.getfqdn())
-    return addr, resolve_port(opts, master_is_local=True)
+    return addr, choose_port(opts.master_port, master_is_local=True)
 
 
 def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:

@@ -32,6 +32,7 @@ class LaunchSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)  # user --env, forwarded variables
     job_id: str
     addresses: dict[str, str] = Field(default_factory=dict)  # host → address others reach it by
+    local_hosts: list[str] = Field(default_factory=list)  # hosts that are this machine: no SSH
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
 
 
@@ -47,6 +48,7 @@ class NodePlan(BaseModel):
     host: str
     address: str
     node_rank: int
+    local: bool = False  # this machine: ranks start as child processes, no SSH
     ranks: list[RankPlan]
 
 
@@ -142,7 +144,13 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
             ranks.append(RankPlan(rank=rank, local_rank=local_rank, device=device, env=env, argv=list(spec.command)))
             rank += 1
         nodes.append(
-            NodePlan(host=host.host, address=spec.addresses.get(host.host, host.host), node_rank=node_rank, ranks=ranks)
+            NodePlan(
+                host=host.host,
+                address=spec.addresses.get(host.host, host.host),
+                node_rank=node_rank,
+                local=host.host in spec.local_hosts,
+                ranks=ranks,
+            )
         )
     return LaunchPlan(
         job_id=spec.job_id,

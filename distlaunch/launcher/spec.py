@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.endpoint import choose_port
+from distlaunch.contract.env import launcher_defaults
 from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import (
@@ -63,13 +65,6 @@ def local_gpu_count() -> int:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return 0
-
-
-def free_port(addr: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
 
 
 def new_job_id() -> str:
@@ -233,21 +228,6 @@ def job_env(opts: LaunchOptions, all_local: bool) -> dict[str, str]:
     return env
 
 
-def resolve_port(opts: LaunchOptions, master_is_local: bool) -> int:
-    """``--master-port``: an integer, or ``auto`` (a free port here; for a remote master, one in 29500-29599)."""
-    if opts.master_port == "auto":
-        return free_port() if master_is_local else 29500 + secrets.randbelow(100)
-    try:
-        port = int(opts.master_port)
-    except ValueError:
-        raise UsageError(
-            f"--master-port {opts.master_port!r} is not a port", "give an integer 1024-65535, or auto"
-        ) from None
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--master-port {port} is out of range", "give an integer 1024-65535, or auto")
-    return port
-
-
 def check_master_port(opts: LaunchOptions, master_host: str, master_addr: str, port: int) -> None:
     """A fixed --master-port that something already listens on here (the master's machine) is refused
     before any rank starts: rank 0 could not bind it, and ranks could join another job's store."""
@@ -267,43 +247,41 @@ def check_master_port(opts: LaunchOptions, master_host: str, master_addr: str, p
         )
 
 
-def check_script(opts: LaunchOptions, hosts_local: bool) -> None:
-    """Before starting ranks here: a missing script is one clear error, not N identical rank failures."""
+def check_script(opts: LaunchOptions, where: str = "", hint: str = "check the path, or use -m MODULE") -> None:
+    """A missing script is one clear error before anything starts, not N identical rank failures. Call it
+    where the ranks will start (this machine; an srun task; the submit directory of a batch job)."""
     script = script_of(opts)
-    if hosts_local and script is not None and not Path(script).exists():
-        raise UsageError(f"script {script!r} does not exist", "check the path, or use -m MODULE to run a module")
+    if script is not None and not Path(script).exists():
+        raise UsageError(f"script {script!r} does not exist{where}", hint)
 
 
-def make_spec(opts: LaunchOptions, addresses: dict[str, str] | None = None) -> LaunchSpec:
-    """Resolve options into a LaunchSpec; ``addresses`` maps host aliases to what other hosts can reach."""
-    hosts = resolve_hosts(opts)
-    addresses = dict(addresses or {})
-    all_local = all(is_local_host(h.host) for h in hosts)
-    if all_local:
-        addresses = {h.host: "127.0.0.1" for h in hosts}
+def make_spec(
+    opts: LaunchOptions, hosts: list[HostSlots] | None = None, addresses: dict[str, str] | None = None
+) -> LaunchSpec:
+    """Resolve options into a LaunchSpec; ``hosts`` as ``resolve_hosts`` gave them (read here when None),
+    ``addresses`` maps remote host aliases to what other hosts can reach. Which hosts are this machine is
+    decided here, once, and kept in the spec and the plan."""
+    hosts = hosts if hosts is not None else resolve_hosts(opts)
+    local_hosts = [h.host for h in hosts if is_local_host(h.host)]
+    all_local = len(local_hosts) == len(hosts)
+    addresses = {h.host: "127.0.0.1" for h in hosts} if all_local else dict(addresses or {})
     first = hosts[0].host
     master_addr = opts.master_addr or addresses.get(first, first)
-    command = build_command(opts)
     backend = opts.backend
     if backend == "auto":
         backend = "nccl" if local_gpu_count() else "gloo"
     env = job_env(opts, all_local)
-    if "OMP_NUM_THREADS" not in os.environ and max(h.nslots for h in hosts) > 1:
-        # As torchrun: N ranks each starting one thread per core oversubscribe the machine badly.
-        env.setdefault("OMP_NUM_THREADS", "1")
-    if "PYTHONUNBUFFERED" not in os.environ:
-        env.setdefault("PYTHONUNBUFFERED", "1")  # live logs: ranks' prints reach the launcher as they happen
-    if backend == "nccl" and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
-        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: a hung collective aborts the rank
+    env.update(launcher_defaults(backend, max(h.nslots for h in hosts), {**os.environ, **env}))
     return LaunchSpec(
         hosts=hosts,
-        command=command,
+        command=build_command(opts),
         parallel=layout_spec(opts.parallel),
         master_addr=master_addr,
-        master_port=resolve_port(opts, is_local_host(first) or is_loopback(master_addr)),
+        master_port=choose_port(opts.master_port, first in local_hosts or is_loopback(master_addr)),
         backend=backend,
         env=env,
         job_id=new_job_id(),
         addresses=addresses,
+        local_hosts=local_hosts,
         max_restarts=opts.max_restarts,
     )

@@ -6,19 +6,17 @@ with plain dicts of SLURM_* variables.
 
 from __future__ import annotations
 
-import zlib
 from typing import Literal
 
 from pydantic import BaseModel
 
+from distlaunch.contract.endpoint import step_port
 from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, resolve_layout, tp_group_across_nodes
 from distlaunch.errors import UsageError
 from distlaunch.slurm.step import SlurmStep, node_of_rank
 
 # Derived ports stay below Linux's ephemeral range (32768+), where the kernel hands out client ports.
-PORT_BASE, PORT_SPAN = 15000, 15000
-STEPS_PER_JOB = 16  # concurrent steps of one job that get distinct ports
 
 
 class SlurmRank(BaseModel):
@@ -38,12 +36,6 @@ class SlurmRank(BaseModel):
     parallel: Layout
     env: dict[str, str]  # the rank contract: MASTER_ADDR ... DISTLAUNCH_RESTART_COUNT
     argv: list[str] = []  # the program the task execs into
-
-
-def derived_port(job_id: str, step_id: int) -> int:
-    """A rendezvous port every task of the step computes alike from the job and step ids."""
-    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
-    return PORT_BASE + (number * STEPS_PER_JOB + step_id % STEPS_PER_JOB) % PORT_SPAN
 
 
 def check_nproc_per_node(step: SlurmStep, nproc_per_node: int | None) -> None:
@@ -149,7 +141,7 @@ def map_rank(
     chosen = pick_backend(backend, step, gpus_here)
     if chosen == "nccl":
         check_gpu_binding(step, gpus_here)
-    port = master_port if master_port is not None else derived_port(step.job_id, step.step_id)
+    port = master_port if master_port is not None else step_port(step.job_id, step.step_id)
     job_id = f"slurm-{step.job_id}.{step.step_id}"
     env = contract_env(
         master_addr=master_addr,

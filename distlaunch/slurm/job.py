@@ -9,14 +9,14 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.endpoint import parse_port
 from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import LaunchOptions, build_command, parse_env, resolve_port
+from distlaunch.launcher.spec import LaunchOptions, build_command, check_script, parse_env
 
 
 class SlurmJobOptions(BaseModel):
@@ -195,12 +195,9 @@ def srun_command(shape: JobShape, opts: SlurmJobOptions, environ: Mapping[str, s
 
 
 def _check_program(opts: SlurmJobOptions) -> None:
-    build_command(LaunchOptions(program=opts.program, module=opts.module, no_python=opts.no_python))
-    if not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
-        raise UsageError(
-            f"script {opts.program[0]!r} does not exist",
-            "check the path (tasks start in this directory), or use -m MODULE",
-        )
+    program = LaunchOptions(program=opts.program, module=opts.module, no_python=opts.no_python)
+    build_command(program)
+    check_script(program, hint="check the path (tasks start in this directory), or use -m MODULE")
 
 
 def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
@@ -216,7 +213,7 @@ def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
     _check_program(opts)
     parse_env(opts.env)
     if opts.master_port != "auto":
-        resolve_port(LaunchOptions(program=opts.program, master_port=opts.master_port), master_is_local=False)
+        parse_port(opts.master_port)
     nodes = opts.nodes or _count(environ, "SLURM_JOB_NUM_NODES") or _count(environ, "SLURM_NNODES") or 1
     per_node = tasks_per_node(opts, nodes, environ)
     if opts.ntasks is not None and opts.ntasks != nodes * per_node:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import NoReturn
 
+from distlaunch.contract.endpoint import parse_port
+from distlaunch.contract.env import launcher_defaults
 from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import LaunchOptions, build_command, local_gpu_count, parse_env, resolve_port
+from distlaunch.launcher.spec import LaunchOptions, build_command, check_script, local_gpu_count, parse_env
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
 from distlaunch.slurm.step import read_step
@@ -33,10 +34,10 @@ def check_task_options(opts: LaunchOptions) -> None:
 def master_port_for(opts: LaunchOptions, environ: Mapping[str, str]) -> int | None:
     """--master-port, else an exported MASTER_PORT, else None (derived from the job id)."""
     if opts.master_port != "auto":
-        return resolve_port(opts, master_is_local=False)
+        return parse_port(opts.master_port)
     exported = environ.get("MASTER_PORT")
     if exported:
-        return resolve_port(opts.model_copy(update={"master_port": exported}), master_is_local=False)
+        return parse_port(exported, "MASTER_PORT")
     return None
 
 
@@ -60,12 +61,7 @@ def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -
     """The task's environment, plus --env, plus the rank contract (which wins)."""
     env = dict(environ)
     env.update(parse_env(opts.env))
-    if rank.local_world_size > 1:
-        # As torchrun: N ranks on a node each starting one thread per core oversubscribe it badly.
-        env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("PYTHONUNBUFFERED", "1")  # srun forwards output as it comes; Python would hold it back in a pipe
-    if rank.backend == "nccl":
-        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: a hung collective aborts the rank
+    env.update(launcher_defaults(rank.backend, rank.local_world_size, env))
     env.update(rank.env)
     return env
 
@@ -73,11 +69,11 @@ def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -
 def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> NoReturn:
     """Replace this process by the rank's program: no extra process sits between srun and the script."""
     command = rank.argv
-    if not (opts.module or opts.no_python) and not Path(opts.program[0]).exists():
-        raise UsageError(
-            f"script {opts.program[0]!r} does not exist on {rank.node} (cwd {os.getcwd()})",
-            "use a path every node can see (a shared filesystem), or -m MODULE",
-        )
+    check_script(
+        opts,
+        f" on {rank.node} (cwd {os.getcwd()})",
+        "use a path every node can see (a shared filesystem), or -m MODULE",
+    )
     env = task_env(rank, opts, environ)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from distlaunch.contract.layout import layout_spec
 from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.launcher.pernode import node_plan
 from distlaunch.launcher.plan import LaunchSpec, build_plan
 from distlaunch.launcher.spec import LaunchOptions, make_spec
 from distlaunch.slurm.env import map_rank
@@ -53,7 +54,7 @@ def srun_task(rank: int, node_id: int, local_id: int) -> dict[str, str]:
     }
 
 
-def test_local_and_srun_step_ranks_carry_the_same_variables(tmp_path, monkeypatch):
+def test_local_per_node_and_srun_step_ranks_carry_the_same_variables(tmp_path, monkeypatch):
     for name in ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
@@ -73,8 +74,11 @@ def test_local_and_srun_step_ranks_carry_the_same_variables(tmp_path, monkeypatc
             opts,
             {},
         )
+        per_node = node_plan(opts, nnodes=2, node_rank=1).nodes[0].ranks[1].env  # torchrun --nnodes form
         local.pop("CUDA_VISIBLE_DEVICES", None)  # local nccl names the slots' GPUs; under srun, Slurm does
-        assert set(local) == set(srun), backend
+        per_node.pop("CUDA_VISIBLE_DEVICES", None)
+        assert set(local) == set(srun) == set(per_node), backend
+        assert per_node["RANK"] == "3" and per_node["GROUP_RANK"] == "1"
         assert set(local) >= TORCHRUN_KEYS
         assert ("TORCH_NCCL_ASYNC_ERROR_HANDLING" in local) == (backend == "nccl")
         for env in (local, srun):

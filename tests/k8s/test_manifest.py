@@ -9,9 +9,9 @@ from pathlib import Path
 import yaml
 
 import distlaunch.examples
+from distlaunch.contract.endpoint import free_port
 from distlaunch.k8s.manifest import expand
 from distlaunch.k8s.yaml import dump_all
-from distlaunch.launcher.spec import free_port
 from tests.helpers import distlaunch_cmd, invoke
 
 ALLREDUCE = str(Path(distlaunch.examples.__file__).parent / "allreduce.py")

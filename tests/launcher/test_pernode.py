@@ -7,7 +7,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from distlaunch.launcher.spec import free_port
+from distlaunch.contract.endpoint import free_port
 from tests.helpers import distlaunch_cmd, invoke, pids_with_env, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"

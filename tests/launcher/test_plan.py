@@ -16,7 +16,8 @@ GOLDEN = Path(__file__).parent / "golden"
 
 
 def spec(hosts, parallel=None, **kw) -> LaunchSpec:
-    kw = {"master_addr": "10.0.0.1", "master_port": 29500, "job_id": "dl-golden", **kw}
+    local = [h.host for h in hosts if h.host == "localhost"]
+    kw = {"master_addr": "10.0.0.1", "master_port": 29500, "job_id": "dl-golden", "local_hosts": local, **kw}
     return LaunchSpec(
         hosts=hosts, command=["python3", "train.py", "--lr", "3e-4"], parallel=layout_spec(parallel), **kw
     )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from distlaunch.contract.endpoint import STEP_PORTS
+from distlaunch.contract.endpoint import step_port as derived_port
 from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
 from distlaunch.slurm.address import master_address, node_addr_from_scontrol
-from distlaunch.slurm.env import PORT_BASE, PORT_SPAN, derived_port, map_rank
+from distlaunch.slurm.env import map_rank
 from distlaunch.slurm.step import expand_nodelist, expand_tasks_per_node, in_srun_step, node_of_rank, read_step
 
 
@@ -103,7 +105,7 @@ def test_restart_count_comes_from_a_requeued_job():
 def test_ports_differ_between_jobs_and_steps_and_stay_in_range():
     ports = {derived_port(str(job), step) for job in range(1000, 1100) for step in range(4)}
     assert len(ports) == 400
-    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+    assert all(p in STEP_PORTS for p in ports)
     assert derived_port("4294967295", 3) < 32768  # below the kernel's ephemeral ports
 
 
