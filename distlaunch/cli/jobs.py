@@ -1,4 +1,4 @@
-"""``distlaunch jobs`` and ``distlaunch status JOB``: the job registry, read back (docs/jobs.md)."""
+"""``distlaunch jobs``, ``status``, ``logs``, ``stop`` and ``stacks``: the job registry, read back (docs/jobs.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rich.text import Text
 
 from distlaunch.cli.render import print_json, render_report
 from distlaunch.jobs.backends import find_job, list_jobs, rank_of, read_lines, stop_job
+from distlaunch.jobs.snapshots import request_stacks
 from distlaunch.jobs.store import FINAL_STATES, JobRecord, Unreadable, dumps
 from distlaunch.launcher.report import RunReport
 
@@ -107,6 +108,27 @@ def logs(
     for line in lines:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
+    return 0
+
+
+def stacks(
+    job: JobId,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for the job's launcher to answer.", min=1)
+    ] = 30.0,
+    json_output: Json = False,
+) -> int:
+    """Show where every rank of a running job is now (grouped stacks); the job keeps running.
+
+    The job's launcher gets SIGUSR1, asks every agent for its ranks' Python stacks (py-spy, else faulthandler)
+    as on a hang, and writes them to a new stacks-N folder in the job's folder."""
+    snapshot = request_stacks(find_job(job), timeout)
+    if json_output:
+        print_json(snapshot)
+        return 0
+    console = Console()
+    console.print(f"job {snapshot.job_id}: {snapshot.summary}", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"full stacks: {snapshot.folder}", highlight=False, soft_wrap=True, markup=False)
     return 0
 
 
