@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from distlaunch.cli.render import print_json, render_report
-from distlaunch.jobs.backends import find_job, list_jobs, rank_of, read_lines, stop_job
+from distlaunch.jobs.backends import find_job, list_jobs, read_lines, stop_job
 from distlaunch.jobs.snapshots import request_stacks
 from distlaunch.jobs.store import FINAL_STATES, JobRecord, Unreadable, dumps
 from distlaunch.launcher.report import RunReport
@@ -86,7 +86,8 @@ def stop(
     if json_output:
         print_json(record)
     else:
-        Console().print(f"job {record.job_id} {record.state} (exit {record.exit_code})", highlight=False)
+        code = "" if record.exit_code is None else f" (exit {record.exit_code})"
+        Console().print(f"job {record.job_id} {record.state}{code}", highlight=False)
     return 0
 
 
@@ -101,10 +102,9 @@ def logs(
         bool, typer.Option("--stderr", help="Only the ranks' stderr lines (and distlaunch's notices).")
     ] = False,
 ) -> int:
-    """Print a detached job's rank-prefixed output (and distlaunch's own lines), following it with -f."""
+    """Print a job's rank-prefixed output (a detached job's, a Slurm job's output file, a Kubernetes job's pods)."""
     record = find_job(job)
-    wanted = set(rank or [])
-    lines = read_lines(record, follow, lambda line: not wanted or rank_of(line) in wanted, tail, stderr)
+    lines = read_lines(record, follow, set(rank or []), tail, stderr)
     for line in lines:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
@@ -149,7 +149,9 @@ def render_status(r: JobRecord, console: Console) -> None:
         "logs": r.log_dir or "",
         "error": r.error or "",
     }
-    if r.native_id:
+    if r.native_id and r.backend == "k8s":
+        lines["k8s job"] = f"job/{r.native_id}" + (f" in namespace {r.namespace}" if r.namespace else "")
+    elif r.native_id:
         lines["slurm job"] = r.native_id
         lines["output"] = r.output or ""
     if r.state == "lost" and r.owner is not None:
@@ -164,7 +166,8 @@ def render_status(r: JobRecord, console: Console) -> None:
     for node in r.plan.get("nodes", []):
         ranks = [rank["rank"] for rank in node["ranks"]]
         bad = [f"rank {k} exit {failed[k]['exit_code']}" for k in ranks if k in failed]
-        table.add_row(Text(node["host"]), str(node["node_rank"]), _span(ranks), ", ".join(bad) or _node_state(r.state))
+        shown = ", ".join(bad) or node.get("state") or _node_state(r.state)  # a pod's own state, for k8s jobs
+        table.add_row(Text(node["host"]), str(node["node_rank"]), _span(ranks), shown)
     console.print(table)
     if r.report is not None and r.state in FINAL_STATES and r.state != "succeeded":
         render_report(RunReport.model_validate(r.report), console)
