@@ -47,8 +47,9 @@ OUT_PENDING_BYTES = 1 << 20
 SPLIT_MARK = " [distlaunch: line continues]"
 
 
-# Hang detection (``--hang-timeout``): Python ranks start through distlaunch.rankboot, which arms
-# faulthandler on this signal (a real-time one: no program uses it by accident) and a per-rank file.
+# Rank stacks (on a hang, ``--hang-timeout``, or on request, ``distlaunch stacks``): Python ranks start through
+# distlaunch/rankboot.py, which arms faulthandler on this signal (a real-time one: no program uses it by
+# accident) and a per-rank file in the agent's scratch folder.
 STACKS_SIGNAL = signal.SIGRTMIN + 5
 STACKS_WAIT_S = 1.0  # faulthandler writes from the signal handler: a second is plenty
 STACKS_MAX_BYTES = 256 * 1024
@@ -132,7 +133,8 @@ class Agent:
         self.heartbeat_timeout = float(node.get("heartbeat_timeout") or 0)
         self.heard_at = self.sent_at = time.monotonic()
         self.hang_timeout = float(node.get("hang_timeout") or 0)
-        self.scratch = tempfile.mkdtemp(prefix="distlaunch-agent-") if self.hang_timeout else None
+        # Every job: stacks can be asked for at any time (distlaunch stacks), not only on a hang.
+        self.scratch = tempfile.mkdtemp(prefix="distlaunch-agent-")
         self.progress_seen = 0.0  # newest progress-file mtime reported
         self.progress_checked = 0.0
 
@@ -178,12 +180,12 @@ class Agent:
         env.update(spec["env"])
         env["DISTLAUNCH_RESTART_COUNT"] = env["TORCHELASTIC_RESTART_COUNT"] = str(self.node.get("restart_count", 0))
         env.setdefault("PYTHONUNBUFFERED", "1")  # live logs: ranks' prints reach the launcher as they happen
-        if self.scratch:
-            base = os.path.join(self.scratch, f"rank{spec['rank']}")
+        base = os.path.join(self.scratch, f"rank{spec['rank']}")
+        if _is_python(spec["argv"]):
+            env["DISTLAUNCH_STACKS_FILE"] = base + ".stacks"
+            env["DISTLAUNCH_STACKS_SIGNAL"] = str(int(STACKS_SIGNAL))
+        if self.hang_timeout:
             env["DISTLAUNCH_PROGRESS_FILE"] = base + ".progress"
-            if _is_python(spec["argv"]):
-                env["DISTLAUNCH_STACKS_FILE"] = base + ".stacks"
-                env["DISTLAUNCH_STACKS_SIGNAL"] = str(int(STACKS_SIGNAL))
             # PyTorch's NCCL flight recorder (current names first, older ones after): recorded collectives,
             # dumped per rank into the scratch folder on a collective timeout. Inert without NCCL.
             env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
@@ -194,11 +196,14 @@ class Agent:
         return env
 
     def rank_argv(self, spec: dict) -> list[str]:
-        """With hang detection, a Python rank starts through distlaunch.rankboot (arms its stack dumps)."""
+        """A Python rank starts through rankboot (arms its stack dumps), after the interpreter's own options:
+        ``python -u train.py`` runs as ``python -u /…/distlaunch/rankboot.py train.py``. By file path, not
+        ``-m``: rankboot is standard library only, so a rank interpreter without distlaunch (--python) works."""
         argv = list(spec["argv"])
-        if self.scratch and _is_python(argv):
-            return [argv[0], "-m", "distlaunch.rankboot", *argv[1:]]
-        return argv
+        if not _is_python(argv):
+            return argv
+        at = _program_index(argv)
+        return [*argv[:at], RANKBOOT, *argv[at:]]
 
     def start(self) -> None:
         workdir = self.node.get("workdir") or None
@@ -296,8 +301,8 @@ class Agent:
         running = [r for r in self.ranks if r.returncode is None and r.proc.poll() is None]
         armed = {}
         for rank in running:
-            path = os.path.join(self.scratch or "", f"rank{rank.rank}.stacks")
-            if self.scratch and os.path.exists(path):
+            path = os.path.join(self.scratch, f"rank{rank.rank}.stacks")
+            if os.path.exists(path):
                 os.truncate(path, 0)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rank.proc.pid, STACKS_SIGNAL)  # the leader only: its children are not armed
@@ -322,7 +327,7 @@ class Agent:
     def check_progress(self) -> None:
         """Report ranks' distlaunch.progress() calls (the mtime of their progress files), once a second."""
         now = time.monotonic()
-        if not self.scratch or now - self.progress_checked < PROGRESS_POLL_S:
+        if not self.hang_timeout or now - self.progress_checked < PROGRESS_POLL_S:
             return
         self.progress_checked = now
         newest = self.progress_seen
@@ -387,8 +392,7 @@ class Agent:
             self.emit(ev="stragglers", count=len(ended), pids=ended)
         self.emit(ev="done")
         self.drain_out()
-        if self.scratch:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
         return 0
 
     def step(self) -> None:
@@ -443,9 +447,27 @@ class Agent:
                 taken_at = time.monotonic()
 
 
+# Interpreter options that take the next word as their value (python -W error -X dev train.py).
+_VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def _program_index(argv: list[str]) -> int:
+    """Where the program starts in ``python [OPTIONS] SCRIPT|-m MODULE ...``: past the interpreter's options."""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c", "-"):
+        i += 2 if argv[i] in _VALUED_OPTIONS else 1
+    return i
+
+
+RANKBOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rankboot.py")
+
+
 def _is_python(argv: list[str]) -> bool:
     """A rank run by a Python interpreter on a script or module (what rankboot can start)."""
-    return len(argv) > 1 and os.path.basename(argv[0]).startswith("python") and argv[1] not in ("-c", "-")
+    if len(argv) < 2 or not os.path.basename(argv[0]).startswith("python"):
+        return False
+    at = _program_index(argv)
+    return at < len(argv) and argv[at] not in ("-c", "-")
 
 
 def _pids_with(marks: set[bytes]) -> list[int]:

@@ -1,7 +1,8 @@
-"""``python -m distlaunch.rankboot SCRIPT [ARGS]`` (or ``-m MODULE [ARGS]``): how the agent starts a Python
-rank when hang detection is on. It arms :mod:`faulthandler` to write every thread's stack to
-DISTLAUNCH_STACKS_FILE on signal DISTLAUNCH_STACKS_SIGNAL, then runs the program as ``python`` would.
-Standard library only."""
+"""``python /path/to/distlaunch/rankboot.py SCRIPT [ARGS]`` (or ``-m MODULE [ARGS]``): how the agent starts
+every Python rank. It arms :mod:`faulthandler` to write every thread's stack to DISTLAUNCH_STACKS_FILE on
+signal DISTLAUNCH_STACKS_SIGNAL (hang detection, ``distlaunch stacks``), then runs the program as ``python``
+would. Standard library only and started by path, so it runs under any interpreter, with or without
+distlaunch installed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["-m"]:
         sys.argv = args[1:]
+        sys.path[0] = os.getcwd()  # as python -m: the working directory, not this file's folder
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = args

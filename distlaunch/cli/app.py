@@ -17,7 +17,7 @@ from distlaunch.cli.checkpoint import checkpoint_app
 from distlaunch.cli.data import data_app
 from distlaunch.cli.doctor import doctor
 from distlaunch.cli.helpfmt import plain_help
-from distlaunch.cli.jobs import jobs, logs, status, stop
+from distlaunch.cli.jobs import jobs, logs, stacks, status, stop
 from distlaunch.cli.k8s import k8s_app
 from distlaunch.cli.peers import check_peer_spellings, peer_equivalent
 from distlaunch.cli.run import run
@@ -50,6 +50,7 @@ app.command("jobs")(jobs)
 app.command("status")(status)
 app.command("logs")(logs)
 app.command("stop")(stop)
+app.command("stacks")(stacks)
 app.add_typer(slurm_app)
 app.add_typer(checkpoint_app)
 app.add_typer(k8s_app)

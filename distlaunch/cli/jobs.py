@@ -1,4 +1,4 @@
-"""``distlaunch jobs`` and ``distlaunch status JOB``: the job registry, read back (docs/jobs.md)."""
+"""``distlaunch jobs``, ``status``, ``logs``, ``stop`` and ``stacks``: the job registry, read back (docs/jobs.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from distlaunch.cli.render import print_json, render_report
-from distlaunch.jobs.backends import find_job, list_jobs, rank_of, read_lines, stop_job
+from distlaunch.jobs.backends import find_job, list_jobs, read_lines, stop_job
+from distlaunch.jobs.snapshots import request_stacks
 from distlaunch.jobs.store import FINAL_STATES, JobRecord, Unreadable, dumps
 from distlaunch.launcher.report import RunReport
 
@@ -85,7 +86,8 @@ def stop(
     if json_output:
         print_json(record)
     else:
-        Console().print(f"job {record.job_id} {record.state} (exit {record.exit_code})", highlight=False)
+        code = "" if record.exit_code is None else f" (exit {record.exit_code})"
+        Console().print(f"job {record.job_id} {record.state}{code}", highlight=False)
     return 0
 
 
@@ -100,13 +102,33 @@ def logs(
         bool, typer.Option("--stderr", help="Only the ranks' stderr lines (and distlaunch's notices).")
     ] = False,
 ) -> int:
-    """Print a detached job's rank-prefixed output (and distlaunch's own lines), following it with -f."""
+    """Print a job's rank-prefixed output (a detached job's, a Slurm job's output file, a Kubernetes job's pods)."""
     record = find_job(job)
-    wanted = set(rank or [])
-    lines = read_lines(record, follow, lambda line: not wanted or rank_of(line) in wanted, tail, stderr)
+    lines = read_lines(record, follow, set(rank or []), tail, stderr)
     for line in lines:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
+    return 0
+
+
+def stacks(
+    job: JobId,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for the job's launcher to answer.", min=1)
+    ] = 30.0,
+    json_output: Json = False,
+) -> int:
+    """Show where every rank of a running job is now (grouped stacks); the job keeps running.
+
+    The job's launcher gets SIGUSR1, asks every agent for its ranks' Python stacks (py-spy, else faulthandler)
+    as on a hang, and writes them to a new stacks-N folder in the job's folder."""
+    snapshot = request_stacks(find_job(job), timeout)
+    if json_output:
+        print_json(snapshot)
+        return 0
+    console = Console()
+    console.print(f"job {snapshot.job_id}: {snapshot.summary}", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"full stacks: {snapshot.folder}", highlight=False, soft_wrap=True, markup=False)
     return 0
 
 
@@ -127,7 +149,9 @@ def render_status(r: JobRecord, console: Console) -> None:
         "logs": r.log_dir or "",
         "error": r.error or "",
     }
-    if r.native_id:
+    if r.native_id and r.backend == "k8s":
+        lines["k8s job"] = f"job/{r.native_id}" + (f" in namespace {r.namespace}" if r.namespace else "")
+    elif r.native_id:
         lines["slurm job"] = r.native_id
         lines["output"] = r.output or ""
     if r.state == "lost" and r.owner is not None:
@@ -142,7 +166,8 @@ def render_status(r: JobRecord, console: Console) -> None:
     for node in r.plan.get("nodes", []):
         ranks = [rank["rank"] for rank in node["ranks"]]
         bad = [f"rank {k} exit {failed[k]['exit_code']}" for k in ranks if k in failed]
-        table.add_row(Text(node["host"]), str(node["node_rank"]), _span(ranks), ", ".join(bad) or _node_state(r.state))
+        shown = ", ".join(bad) or node.get("state") or _node_state(r.state)  # a pod's own state, for k8s jobs
+        table.add_row(Text(node["host"]), str(node["node_rank"]), _span(ranks), shown)
     console.print(table)
     if r.report is not None and r.state in FINAL_STATES and r.state != "succeeded":
         render_report(RunReport.model_validate(r.report), console)

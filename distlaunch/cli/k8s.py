@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
 
+from distlaunch.jobs.journal import record_k8s_job
 from distlaunch.k8s.manifest import K8sJobOptions, manifest
 from distlaunch.k8s.submit import kubectl_apply
 from distlaunch.k8s.yaml import dump_all
@@ -106,21 +108,25 @@ def submit_cmd(
     master_port: MasterPort = 29500,
     rdzv_port: RdzvPort = 29400,
 ) -> int:
-    """Apply the manifest with kubectl apply -f - (kubectl must be on PATH)."""
-    objects = manifest(
-        _opts(
-            program,
-            nodes,
-            nproc_per_node,
-            image,
-            gpus_per_node,
-            env,
-            secret_env,
-            max_restarts,
-            name,
-            namespace,
-            master_port,
-            rdzv_port,
-        )
+    """Apply the manifest with kubectl apply -f - (kubectl must be on PATH) and record the job (distlaunch jobs)."""
+    opts = _opts(
+        program,
+        nodes,
+        nproc_per_node,
+        image,
+        gpus_per_node,
+        env,
+        secret_env,
+        max_restarts,
+        name,
+        namespace,
+        master_port,
+        rdzv_port,
     )
-    return kubectl_apply(dump_all(objects))
+    code = kubectl_apply(dump_all(manifest(opts)))
+    if code == 0:
+        job_id = record_k8s_job(
+            opts.name, opts.namespace, opts.nodes, opts.nproc_per_node, ["distlaunch", *sys.argv[1:]]
+        )
+        sys.stderr.write(f"distlaunch: recorded as job {job_id}: distlaunch status {job_id} | logs | stop\n")
+    return code

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.report import RankExit, RunReport
+from distlaunch.slurm.env import SlurmRank
 
 
 def print_json(model: BaseModel) -> None:
@@ -31,7 +32,26 @@ def _fmt_groups(groups: list[list[int]], limit: int = 8) -> str:
     return shown + (f" … ({len(groups)} groups)" if len(groups) > limit else "")
 
 
-def render_plan(plan: LaunchPlan, console: Console) -> None:
+def masked(plan: BaseModel) -> BaseModel:
+    """A plan safe to print (secret-looking values hidden), whatever backend made it."""
+    return plan.masked() if isinstance(plan, (LaunchPlan, SlurmRank)) else plan
+
+
+def render_plan(plan: BaseModel, console: Console) -> None:
+    """The dry-run view of any backend's plan."""
+    if isinstance(plan, SlurmRank):
+        render_task(plan.masked(), console)
+    else:
+        render_launch_plan(plan, console)
+
+
+def render_task(rank: SlurmRank, console: Console) -> None:
+    """An srun task as the rank it becomes: the variables distlaunch sets, then the program."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank.env.items())
+    console.print(Text(f"[{rank.node} rank {rank.rank}] {env} {shlex.join(rank.argv)}"), soft_wrap=True)
+
+
+def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
     """The dry-run view: one row per host, then the process groups."""
     plan = plan.masked()
     p = plan.parallel

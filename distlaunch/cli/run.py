@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 
+from distlaunch.backends import LaunchRequest, select
 from distlaunch.cli import options as o
 from distlaunch.cli.output import RankPrinter
-from distlaunch.cli.pernode import run_node
-from distlaunch.cli.render import print_json, render_plan, render_report
-from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
-from distlaunch.errors import UsageError
-from distlaunch.jobs.supervisor import DetachedLaunch, detach
+from distlaunch.cli.render import masked, print_json, render_plan, render_report
+from distlaunch.jobs.store import JobRecord
 from distlaunch.launcher.job import ExecOptions
-from distlaunch.launcher.launch import check_launch, launch, plan_for
 from distlaunch.launcher.pernode import NodeOptions
-from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import LaunchOptions
 
 
@@ -90,8 +88,6 @@ def run(
         max_restarts=max_restarts,
         **({"python": python or remote_python} if python or remote_python else {}),
     )
-    if use_slurm_launcher(launcher):  # under srun this task becomes one rank (docs/slurm.md)
-        return run_in_step(opts, dry_run=dry_run, json_output=json_output, max_restarts=max_restarts, log_dir=log_dir)
     exec_opts = ExecOptions(
         grace_period=grace_period,
         max_restarts=max_restarts,
@@ -101,55 +97,63 @@ def run(
         hang_timeout=hang_timeout,
         local_ranks_filter=o.parse_local_ranks(local_ranks_filter),
     )
-    node_rank, rdzv_endpoint = (
-        node_rank if node_rank is not None else node_rank_alias,
-        rdzv_endpoint or rdzv_endpoint_alias,
-    )
+    node_rank = node_rank if node_rank is not None else node_rank_alias
+    rdzv_endpoint = rdzv_endpoint or rdzv_endpoint_alias
+    node = None
     if nnodes is not None or node_rank is not None or rdzv_endpoint is not None:  # per-node mode (docs/multinode.md)
-        if detach:
-            raise UsageError(
-                "--detach with --nnodes: a node of a per-node job waits for the others in the foreground",
-                "run it in the background with your container or init system (e.g. nohup), or drop --nnodes",
-            )
         node = NodeOptions(
             nnodes=1 if nnodes is None else nnodes,
             node_rank=node_rank,
             rdzv_endpoint=rdzv_endpoint,
             rdzv_timeout=rdzv_timeout,
         )
-        return run_node(opts, node, exec_opts, dry_run, json_output)
-    plan = plan_for(opts)
-    console = Console(stderr=json_output)
-    if dry_run:
-        print_json(plan.masked()) if json_output else render_plan(plan, console)
-        return 0
-    return launch_and_report(plan, opts, exec_opts, json_output, detach)
+    request = LaunchRequest(opts=opts, exec_opts=exec_opts, node=node, launcher=launcher, command=command_line())
+    return start(request, dry_run=dry_run, json_output=json_output, detach=detach)
 
 
-def launch_and_report(
-    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, json_output: bool, detach: bool = False
+def command_line() -> list[str]:
+    """This command as the user typed it (kept in the job record)."""
+    return ["distlaunch", *sys.argv[1:]]
+
+
+def start(
+    request: LaunchRequest,
+    *,
+    dry_run: bool,
+    json_output: bool,
+    detach: bool,
+    refine: Callable[[BaseModel], BaseModel] = lambda plan: plan,
+    describe: Callable[[BaseModel, Console], None] = lambda plan, console: None,
 ) -> int:
-    """Run a plan with live rank output, then the root-cause table (and the JSON report with --json);
-    with ``detach``, hand it to a supervisor and print the job id instead."""
-    command = ["distlaunch", *sys.argv[1:]]
+    """The one path of ``run`` and ``train``: pick the backend, plan, then show the plan (--dry-run), hand it to
+    a supervisor (--detach), or run it with live rank output and the root-cause table. ``refine`` adds to the
+    plan (train: the memory estimate) and ``describe`` shows what it added."""
+    backend = select(request, detach)
+    plan = refine(backend.plan(request))
+    if dry_run:
+        if json_output:
+            print_json(masked(plan))
+        else:
+            console = Console()
+            render_plan(plan, console)
+            describe(plan, console)
+        return 0
     if detach:
-        return start_detached(DetachedLaunch(plan=plan, opts=opts, exec_opts=exec_opts, command=command), json_output)
+        return report_detached(backend.detach(request, plan), json_output)
     # With --json, stdout carries only the report: rank output goes to stderr.
-    sink = RankPrinter(multi_host=plan.nnodes > 1, out=sys.stderr if json_output else None)
+    sink = RankPrinter(multi_host=getattr(plan, "nnodes", 1) > 1, out=sys.stderr if json_output else None)
     try:
-        report = launch(plan, opts, exec_opts, sink, command=command)
+        report = backend.run(request, plan, sink)
     finally:
-        sink.close()
+        sink.close()  # what the terminal still takes, never waiting on a stalled one
     render_report(report, Console(stderr=True))
     if json_output:
         print_json(report)
     return report.exit_code
 
 
-def start_detached(launch: DetachedLaunch, json_output: bool) -> int:
-    """Check the job as a foreground run would, start its supervisor, print the id (or the record as JSON)."""
-    check_launch(launch.plan, launch.opts)
-    record = detach(launch)
+def report_detached(record: JobRecord, json_output: bool) -> int:
+    """Print the detached job's id (or its record as JSON) and how to follow it."""
     if json_output:
         print_json(record)
     else:

@@ -13,17 +13,13 @@ import typer
 
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
-from distlaunch.errors import UsageError
 from distlaunch.jobs.journal import record_batch_job
-from distlaunch.launcher.spec import LaunchOptions, parse_env
+from distlaunch.launcher.spec import parse_env
 from distlaunch.slurm.job import SlurmJobOptions, resolve_job
 from distlaunch.slurm.sbatch import default_job_name, render_script, submit
 from distlaunch.slurm.srun import SrunResult, run_srun
-from distlaunch.slurm.step import in_srun_step
-from distlaunch.slurm.task import exec_rank, rank_for_task, task_env
 
 SLURM = "Slurm options"
-LAUNCHERS = ("auto", "slurm", "agent")
 
 Program = Annotated[
     list[str],
@@ -80,46 +76,6 @@ slurm_app = typer.Typer(
     help="Run on a Slurm cluster, one rank per Slurm task: an srun wrapper and sbatch scripts.",
 )
 _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
-
-
-def use_slurm_launcher(launcher: str) -> bool:
-    """--launcher slurm, or auto inside an srun task; in an allocation outside srun, say why it runs here only."""
-    if launcher not in LAUNCHERS:
-        raise UsageError(f"--launcher {launcher!r} is not a launcher", "use auto, slurm or agent")
-    if launcher != "auto":
-        return launcher == "slurm"
-    if in_srun_step(os.environ):
-        return True
-    if os.environ.get("SLURM_JOB_ID"):
-        sys.stderr.write(
-            f"distlaunch: inside Slurm job {os.environ['SLURM_JOB_ID']} but not in an srun step: starting the "
-            "ranks on this node only (srun distlaunch run ... or distlaunch slurm run ... uses every node)\n"
-        )
-    return False
-
-
-def run_in_step(
-    opts: LaunchOptions, *, dry_run: bool, json_output: bool, max_restarts: int, log_dir: Path | None
-) -> int:
-    """This srun task becomes one rank: map SLURM_* to the rank environment and exec the program."""
-    if max_restarts or log_dir:
-        flag = "--max-restarts" if max_restarts else "--log-dir"
-        raise UsageError(
-            f"{flag} cannot be used under srun: each task is one rank and distlaunch execs into it",
-            "requeue with sbatch --requeue for restarts; use srun --output=rank%t.log for per-rank logs",
-        )
-    rank = rank_for_task(opts, os.environ)
-    if not dry_run:
-        exec_rank(rank, opts, os.environ)
-    # Show every variable distlaunch adds or changes (OMP_NUM_THREADS, PYTHONUNBUFFERED, --env ...), not only the contract.
-    added = {k: v for k, v in task_env(rank, opts, os.environ).items() if k in rank.env or os.environ.get(k) != v}
-    rank = rank.model_copy(update={"env": added})
-    if json_output:
-        print_json(rank)
-    else:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank.env.items())
-        print(f"[{rank.node} rank {rank.rank}] {env} {shlex.join(rank.argv)}")
-    return 0
 
 
 def _job_options(program, module, no_python, python, **shape) -> SlurmJobOptions:

@@ -7,17 +7,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from distlaunch.backends import LaunchRequest
 from distlaunch.cli import options as o
-from distlaunch.cli.render import print_json, render_plan
-from distlaunch.cli.run import launch_and_report
-from distlaunch.cli.slurm import run_in_step, use_slurm_launcher
+from distlaunch.cli.run import command_line, start
 from distlaunch.engine.planner import MemoryPlan
 from distlaunch.launcher.job import ExecOptions
+from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import LaunchOptions
-from distlaunch.launcher.train import default_nproc, engine_program, parallel_spec, train_config, train_plan
+from distlaunch.launcher.train import TrainPlan, default_nproc, engine_program, parallel_spec, train_config, train_plan
 
 Config = Annotated[
     Path | None,
@@ -109,13 +110,6 @@ def train(
         max_restarts=max_restarts,
         **({"python": python or remote_python} if python or remote_python else {}),
     )
-    if use_slurm_launcher(launcher):  # under srun this task becomes one rank (docs/slurm.md)
-        return run_in_step(opts, dry_run=dry_run, json_output=json_output, max_restarts=max_restarts, log_dir=log_dir)
-    plan = train_plan(opts, cfg, config, gpu_memory)
-    console = Console(stderr=json_output)
-    if dry_run:
-        print_json(plan.masked()) if json_output else (render_plan(plan, console), render_memory(plan.memory, console))
-        return 0
     exec_opts = ExecOptions(
         grace_period=grace_period,
         max_restarts=max_restarts,
@@ -125,7 +119,18 @@ def train(
         hang_timeout=hang_timeout,
         local_ranks_filter=o.parse_local_ranks(local_ranks_filter),
     )
-    return launch_and_report(plan, opts, exec_opts, json_output, detach)
+    request = LaunchRequest(opts=opts, exec_opts=exec_opts, launcher=launcher, command=command_line())
+
+    def with_memory(plan: BaseModel) -> BaseModel:  # every rank's memory, where the plan knows the hosts
+        return train_plan(plan, cfg, config, gpu_memory) if isinstance(plan, LaunchPlan) else plan
+
+    def show_memory(plan: BaseModel, console: Console) -> None:
+        if isinstance(plan, TrainPlan):
+            render_memory(plan.memory, console)
+
+    return start(
+        request, dry_run=dry_run, json_output=json_output, detach=detach, refine=with_memory, describe=show_memory
+    )
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -1,8 +1,9 @@
-"""What each backend does for a recorded job: say what it is doing now, stop it, name its output file.
+"""What each backend does for a recorded job: say what it is doing now, stop it, read its output.
 
 A job started by ``run``/``train`` (locally or over SSH) is driven by its launcher process, in a terminal or
 as a detached supervisor: the record's owner. A Slurm batch job is Slurm's: its state comes from
-scontrol/sacct, ``stop`` is scancel, its output is the job's output file. A backend is one class here.
+scontrol/sacct, ``stop`` is scancel, its output is the job's output file. A Kubernetes Job is the cluster's:
+kubectl get job/pods, kubectl delete, kubectl logs of the pod that runs a rank. A backend is one class here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from distlaunch.errors import HostError, UsageError
+from distlaunch.errors import DistlaunchError, HostError, UsageError
 from distlaunch.jobs.store import (
+    FINAL_STATES,
     STOP_FILE,
     JobRecord,
     Unreadable,
@@ -41,12 +43,23 @@ class JobBackend(Protocol):
         """Ask the job to stop as Ctrl-C would; the record says when it has."""
         ...
 
-    def output(self, record: JobRecord, stderr: bool = False) -> Path:
-        """The file that holds the job's output (or its stderr alone)."""
+    def lines(self, record: JobRecord, follow: bool, ranks: set[int], tail: int | None, stderr: bool) -> Iterator[str]:
+        """The job's output lines (only ``ranks``' when given, the last ``tail``); ``follow``: until it ends."""
         ...
 
 
-class LauncherJobs:
+class _FileOutput:
+    """Backends whose job writes its output to one file here."""
+
+    def output(self, record: JobRecord, stderr: bool = False) -> Path:
+        """The file that holds the job's output (or its stderr alone)."""
+        raise NotImplementedError
+
+    def lines(self, record: JobRecord, follow: bool, ranks: set[int], tail: int | None, stderr: bool) -> Iterator[str]:
+        return _file_lines(record, self.output(record, stderr), follow, _keep(ranks), tail)
+
+
+class LauncherJobs(_FileOutput):
     """Jobs driven by a distlaunch launcher process (local and SSH backends, foreground or detached)."""
 
     def current(self, record: JobRecord) -> JobRecord:
@@ -85,7 +98,7 @@ _SLURM_STATES = {
 }
 
 
-class SlurmJobs:
+class SlurmJobs(_FileOutput):
     """Batch jobs submitted by ``distlaunch slurm sbatch``: squeue/scontrol, scancel, the job's output file."""
 
     def current(self, record: JobRecord) -> JobRecord:
@@ -127,7 +140,123 @@ class SlurmJobs:
         return Path(record.output)
 
 
-BACKENDS: dict[str, JobBackend] = {"local": LauncherJobs(), "ssh": LauncherJobs(), "slurm": SlurmJobs()}
+class K8sJobs:
+    """Indexed Jobs submitted by ``distlaunch k8s submit``: rank R runs in the pod of index R // nproc_per_node."""
+
+    def current(self, record: JobRecord) -> JobRecord:
+        if record.final or record.native_id is None:
+            return record
+        from distlaunch.k8s.jobstate import get_job, get_pods, job_state, newest_pods, pod_state
+
+        job = get_job(record.native_id, record.namespace)
+        if job is None:  # deleted: by 'distlaunch stop' (its record says so already), or by someone else
+            stopped = (jobs_dir() / record.job_id / STOP_FILE).exists()
+            return self._final(record, "stopped" if stopped else "lost", None, None if stopped else _K8S_GONE)
+        pods = get_pods(record.native_id, record.namespace)
+        state, code, error = job_state(job, pods)
+        nproc = int(record.plan.get("nproc_per_node", 1))
+        nodes = [
+            {"host": pod["metadata"]["name"], "node_rank": index, "state": pod_state(pod),
+             "ranks": [{"rank": index * nproc + k} for k in range(nproc)]}
+            for index, pod in sorted(newest_pods(pods).items())
+        ]  # fmt: skip
+        now = record.model_copy(
+            update={
+                "hosts": [n["host"] for n in nodes] or record.hosts,
+                "plan": {**record.plan, "nodes": nodes},
+                "state": state,
+                "error": error,
+            }
+        )
+        return self._final(now, state, code, error) if state in FINAL_STATES else now
+
+    def _final(self, record: JobRecord, state: str, code: int | None, error: str | None) -> JobRecord:
+        now = record.model_copy(update={"state": state, "exit_code": code, "error": error, "ended_at": time.time()})
+        write_record(now)  # final: later reads need no kubectl
+        return now
+
+    def request_stop(self, record: JobRecord) -> None:
+        from distlaunch.k8s.kubectl import kubectl, with_namespace
+
+        name = record.native_id or ""
+        (jobs_dir() / record.job_id / STOP_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
+        # Foreground cascade: the pods (SIGTERM, then each pod's distlaunch stops its ranks) go before the Job,
+        # and --wait returns once the Job is gone; the Service goes with it.
+        kubectl(with_namespace(["delete", f"job/{name}", f"service/{name}", "--cascade=foreground", "--wait=true"],
+                               record.namespace), timeout=STOP_TIMEOUT_S)  # fmt: skip
+        self._final(record, "stopped", None, None)
+
+    def lines(self, record: JobRecord, follow: bool, ranks: set[int], tail: int | None, stderr: bool) -> Iterator[str]:
+        from distlaunch.k8s.kubectl import kubectl, with_namespace
+
+        if stderr:
+            raise UsageError(
+                f"job {record.job_id} is a Kubernetes job: a pod's log holds both streams", "drop --stderr"
+            )
+        nproc, nnodes = int(record.plan.get("nproc_per_node", 1)), int(record.plan.get("nnodes", 1))
+        outside = sorted(r for r in ranks if not 0 <= r < record.world_size)
+        if outside:
+            raise UsageError(f"job {record.job_id} has no rank {outside[0]}", f"give 0 to {record.world_size - 1}")
+        indices = sorted({r // nproc for r in ranks}) if ranks else list(range(nnodes))
+        if follow and len(indices) > 1:
+            raise UsageError(
+                f"--follow follows one pod; job {record.job_id} has {nnodes}", "give --rank for a rank of that pod"
+            )
+        # The pods as current() just read them (each index's newest): no second kubectl get pods.
+        pods = {node["node_rank"]: node["host"] for node in record.plan.get("nodes", [])}
+        missing = [i for i in indices if i not in pods]
+        if missing:
+            raise UsageError(
+                f"job {record.job_id} has no pod of index {missing[0]} (ranks {missing[0] * nproc}-"
+                f"{(missing[0] + 1) * nproc - 1})",
+                f"see 'distlaunch status {record.job_id}'",
+            )
+        names = [pods[i] for i in indices]
+        keep = _keep(ranks)
+        if follow:
+            args = with_namespace(["logs", "-f", names[0], *([f"--tail={tail}"] if tail is not None else [])],
+                                  record.namespace)  # fmt: skip
+            yield from (line for line in _follow_kubectl(args) if keep(line))
+            return
+        kept = [
+            line for name in names for line in kubectl(with_namespace(["logs", name], record.namespace)).split("\n")
+        ]
+        kept = [line for line in kept if line and keep(line)]
+        yield from kept if tail is None else kept[len(kept) - tail :] if tail else []
+
+
+_K8S_GONE = "the cluster no longer has this Job (deleted outside distlaunch)"
+STOP_TIMEOUT_S = 300.0  # kubectl delete --wait: every pod's grace period (30 s by default) and then some
+
+
+def _follow_kubectl(args: list[str]) -> Iterator[str]:
+    """``kubectl logs -f``'s lines as they come; its failure as one line once it ends."""
+    from distlaunch.k8s.kubectl import command_line, kubectl_path
+
+    proc = subprocess.Popen(
+        [kubectl_path(args), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace"
+    )
+    try:
+        for line in proc.stdout:
+            yield line.rstrip("\n")
+        proc.wait()
+        if proc.returncode:
+            said = next((line for line in proc.stderr.read().splitlines() if line.strip()), f"exit {proc.returncode}")
+            raise HostError(f"'{command_line(args)}' failed: {said.strip()}", "check kubectl's context and access")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+BACKENDS: dict[str, JobBackend] = {
+    "local": LauncherJobs(),
+    "ssh": LauncherJobs(),
+    "slurm": SlurmJobs(),
+    "k8s": K8sJobs(),
+}
 
 
 def backend_of(record: JobRecord) -> JobBackend:
@@ -136,7 +265,16 @@ def backend_of(record: JobRecord) -> JobBackend:
 
 def list_jobs() -> list[JobRecord | Unreadable]:
     """Every recorded job as it stands now, newest first."""
-    return [r if isinstance(r, Unreadable) else backend_of(r).current(r) for r in list_records()]
+    return [r if isinstance(r, Unreadable) else _current_or_last(r) for r in list_records()]
+
+
+def _current_or_last(record: JobRecord) -> JobRecord:
+    # A scheduler out of reach (no kubectl here, a cluster down) costs one job its news, not the listing:
+    # its last known state stands ('distlaunch status' says why).
+    try:
+        return backend_of(record).current(record)
+    except DistlaunchError:
+        return record
 
 
 def find_job(prefix: str) -> JobRecord:
@@ -178,11 +316,20 @@ def rank_of(line: str) -> int | None:
 
 
 def read_lines(
-    record: JobRecord, follow: bool, keep: Callable[[str], bool], tail: int | None = None, stderr: bool = False
+    record: JobRecord, follow: bool, ranks: set[int], tail: int | None = None, stderr: bool = False
 ) -> Iterator[str]:
-    """The job's output lines that ``keep`` accepts (the last ``tail`` of them); with ``follow``, then every new
-    one until the job is no longer running."""
-    path = backend_of(record).output(record, stderr)
+    """The job's output lines (only ``ranks``' lines when given; the last ``tail`` of them); with ``follow``,
+    then every new one until the job is no longer running."""
+    return backend_of(record).lines(record, follow, ranks, tail, stderr)
+
+
+def _keep(ranks: set[int]) -> Callable[[str], bool]:
+    return lambda line: not ranks or rank_of(line) in ranks
+
+
+def _file_lines(
+    record: JobRecord, path: Path, follow: bool, keep: Callable[[str], bool], tail: int | None
+) -> Iterator[str]:
     if not path.exists():
         if not follow:
             raise UsageError(f"job {record.job_id} has no output yet: {path} does not exist", "try again later")

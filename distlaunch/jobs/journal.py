@@ -92,3 +92,39 @@ def record_batch_job(
         write_record(record)
     except OSError as exc:
         log.warning("cannot record Slurm job %s: %s", slurm_id, exc)
+
+
+def k8s_job_id(name: str, namespace: str | None) -> str:
+    """``k8s-NAME``, or ``k8s-NAME.NAMESPACE`` (neither holds a dot, so the id reads back unambiguously)."""
+    return f"k8s-{name}" + (f".{namespace}" if namespace else "")
+
+
+def record_k8s_job(name: str, namespace: str | None, nodes: int, nproc_per_node: int, command: list[str]) -> str:
+    """Record a submitted Kubernetes Job; ``distlaunch jobs`` asks kubectl about it. Returns its id.
+
+    Kubernetes knows a Job by namespace and name: submitting that name again is the same job, so its record
+    (and a stop request left by an earlier one) is replaced."""
+    record = JobRecord(
+        job_id=k8s_job_id(name, namespace),
+        backend="k8s",
+        command=command,
+        cwd=os.getcwd(),
+        hosts=[f"({nodes} pod{'s' * (nodes > 1)})"],
+        world_size=nodes * nproc_per_node,
+        state="pending",
+        native_id=name,
+        namespace=namespace,
+        plan={
+            "parallel": {"dp": nodes * nproc_per_node},
+            "backend": "k8s",
+            "nodes": [],
+            "nnodes": nodes,
+            "nproc_per_node": nproc_per_node,
+        },
+    )
+    try:
+        (jobs_dir() / record.job_id / STOP_FILE).unlink(missing_ok=True)
+        write_record(record)
+    except OSError as exc:
+        log.warning("cannot record Kubernetes job %s: %s", name, exc)
+    return record.job_id

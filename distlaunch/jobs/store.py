@@ -68,8 +68,9 @@ class JobRecord(BaseModel):
     plan: dict = Field(default_factory=dict)  # the masked LaunchPlan
     report: dict | None = None  # the RunReport once the job ended
     error: str | None = None  # why it ended without a report (a host failed in preflight, ...)
-    native_id: str | None = None  # the scheduler's own id (Slurm job id)
+    native_id: str | None = None  # the scheduler's own id (Slurm job id, Kubernetes Job name)
     output: str | None = None  # the scheduler's output file
+    namespace: str | None = None  # a Kubernetes job's namespace (None: kubectl's current one)
 
     @property
     def final(self) -> bool:
@@ -139,8 +140,9 @@ def find_record(prefix: str) -> JobRecord:
     """The one job whose id starts with ``prefix`` (a unique prefix is enough, as with git)."""
     root = jobs_dir()
     names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    # An exact id, a unique prefix of one, or a scheduler's own id (Slurm's 1234 for slurm-1234).
-    matches = [n for n in names if n in (prefix, f"slurm-{prefix}")] or [n for n in names if n.startswith(prefix)]
+    # An exact id, a unique prefix of one, or a scheduler's own id (Slurm's 1234 for slurm-1234, a Job's name).
+    own = (prefix, f"slurm-{prefix}", f"k8s-{prefix}")
+    matches = [n for n in names if n in own] or [n for n in names if n.startswith(prefix)]
     if not prefix or not matches:
         raise UsageError(f"no job {prefix!r} under {root}", "list the jobs with 'distlaunch jobs --all'")
     if len(matches) > 1:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
-from distlaunch.errors import UsageError
+from distlaunch.k8s.kubectl import kubectl_path
+
+APPLY = ["apply", "-f", "-"]
 
 
 def kubectl_apply(text: str) -> int:
-    """Apply a YAML stream with the kubectl on PATH; returns kubectl's exit code."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        raise UsageError(
-            "kubectl is not on PATH", "install kubectl, or apply the output of distlaunch k8s manifest yourself"
-        )
-    return subprocess.run([kubectl, "apply", "-f", "-"], input=text, text=True, check=False).returncode
+    """Apply a YAML stream with the kubectl on PATH (its output passes through); returns kubectl's exit code."""
+    return subprocess.run([kubectl_path(APPLY), *APPLY], input=text, text=True, check=False).returncode

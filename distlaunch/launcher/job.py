@@ -27,15 +27,15 @@ from distlaunch.launcher.report import (
     SilentHost,
     exit_code_of,
 )
-from distlaunch.launcher.signals import SignalTrap
-from distlaunch.launcher.stacks import group_stacks, ranges, summary
+from distlaunch.launcher.signals import SignalTrap, StackRequests
+from distlaunch.launcher.stacks import write_rank_stacks
 from distlaunch.launcher.transport import AgentConnection
 
 TAIL_LINES = 10
 # Agents' events wait here for the supervision loop. Bounded: when rank output outruns the loop, the
 # reader threads wait, the agents' pipes fill and the ranks are slowed, and the launcher's memory stays flat.
 EVENT_QUEUE_SIZE = 256
-STACKS_TIMEOUT_S = 30.0  # how long agents get to send their ranks' stacks after a hang
+STACKS_TIMEOUT_S = 30.0  # how long agents get to send their ranks' stacks (after a hang, or when asked)
 KILL_CONFIRM_S = 1.5  # after a second interrupt: how long agents get to confirm before we leave
 LOST_AGENT_CODE = 255  # an agent that vanished without reporting its ranks (host down, connection cut)
 
@@ -72,9 +72,10 @@ class _Attempt:
         connect: Connect,
         restart_count: int,
         interrupts: SignalTrap,
+        requests: StackRequests | None = None,
     ):
         self.plan, self.options, self.sink, self.connect = plan, options, sink, connect
-        self.restart_count, self.interrupts = restart_count, interrupts
+        self.restart_count, self.interrupts, self.requests = restart_count, interrupts, requests
         self.events: queue.Queue[tuple[int, dict]] = queue.Queue(EVENT_QUEUE_SIZE)
         self.host_of = {r.rank: n.host for n in plan.nodes for r in n.ranks}
         self.node_of = {n.node_rank: n for n in plan.nodes}  # a per-node launch holds one node, not node 0
@@ -94,6 +95,8 @@ class _Attempt:
         self.stacks: dict[int, dict] | None = None  # once a hang was seen: rank -> its stacks event
         self.stacks_deadline = 0.0
         self.hang: HangReport | None = None
+        self.asked: dict[int, dict] | None = None  # stacks asked for by 'distlaunch stacks', while they come in
+        self.asked_deadline = 0.0
 
     def payload(self, node: NodePlan) -> dict:
         return {
@@ -137,6 +140,7 @@ class _Attempt:
                 heartbeat_at = time.monotonic() + self.options.heartbeat_timeout / 3
                 self.check_heartbeats(conns, pending)
             self.check_hang(conns, pending)
+            self.check_requested_stacks(pending)
             try:
                 node_rank, event = self.events.get(timeout=0.1)
             except queue.Empty:
@@ -146,8 +150,10 @@ class _Attempt:
                 self.progress_at = time.monotonic()
             if kind == "out":
                 self.on_output(event["rank"], event["fd"], event["line"])
-            elif kind == "stacks" and self.stacks is not None:
-                self.stacks[event["rank"]] = event
+            elif kind == "stacks":
+                for gathering in (self.stacks, self.asked):  # a hang and a request may gather at once
+                    if gathering is not None:
+                        gathering[event["rank"]] = event
             elif kind == "agent-out":
                 self.sink.notice(f"{self.node_of[node_rank].host}: {event['line']}")
             elif kind == "exit":
@@ -175,13 +181,44 @@ class _Attempt:
             return
         if self.hang is not None:
             return
-        waiting = {r.rank for c in pending.values() for r in self.plan.nodes[c.node_rank].ranks} - self.exited
-        if waiting - set(self.stacks) and now < self.stacks_deadline:
+        if self.waiting_ranks(pending) - set(self.stacks) and now < self.stacks_deadline:
             return
         self.hang = write_hang_report(self.plan, self.options, self.stacks, self.host_of, self.restart_count)
         self.sink.notice(f"hang: {self.hang.summary}")
         self.sink.notice(f"full stacks: {self.hang.folder}")
         self.stop(conns, f"the job hung (no progress for {timeout:g}s, --hang-timeout)")
+
+    def waiting_ranks(self, pending: dict[int, AgentConnection]) -> set[int]:
+        """Ranks still running under an agent that still answers: those whose stacks can come."""
+        return {r.rank for c in pending.values() for r in self.plan.nodes[c.node_rank].ranks} - self.exited
+
+    def check_requested_stacks(self, pending: dict[int, AgentConnection]) -> None:
+        """'distlaunch stacks' signalled us: gather every rank's stack as on a hang, write a new numbered
+        snapshot into the job's folder, and let the job run on."""
+        requests = self.requests
+        if requests is None or requests.folder is None:
+            return
+        now = time.monotonic()
+        if self.asked is None:
+            if not requests.waiting or not pending:
+                return
+            requests.take()
+            self.asked, self.asked_deadline = {}, now + STACKS_TIMEOUT_S
+            for conn in pending.values():
+                conn.send({"cmd": "stacks"})
+            return
+        if self.waiting_ranks(pending) - set(self.asked) and now < self.asked_deadline:
+            return
+        from distlaunch.jobs.snapshots import write_snapshot  # the job registry owns its folder's files
+
+        try:
+            snapshot = write_snapshot(requests.folder, self.plan.job_id, self.asked, self.host_of)
+        except OSError as exc:  # a full disk costs the answer, never the job
+            self.sink.notice(f"cannot write the requested stacks into {requests.folder}: {exc}")
+        else:
+            self.sink.notice(f"stacks on request: {snapshot.summary}")
+            self.sink.notice(f"full stacks: {snapshot.folder}")
+        self.asked = None
 
     def check_heartbeats(self, conns: list[AgentConnection], pending: dict[int, AgentConnection]) -> None:
         """Send every agent our heartbeat; give up a host whose agent has been silent for the timeout."""
@@ -319,14 +356,7 @@ def write_hang_report(
 ) -> HangReport:
     """Write every rank's full stack into the job folder and summarise where the ranks wait."""
     folder = job_folder(plan, options) / (f"stacks-restart{restart}" if restart else "stacks")
-    folder.mkdir(parents=True, exist_ok=True)
-    texts = {rank: event.get("text", "") for rank, event in stacks.items()}
-    for rank, event in sorted(stacks.items()):
-        head = f"# rank {rank} on {host_of[rank]} ({event.get('tool', 'none')})\n"
-        (folder / f"rank{rank}.txt").write_text(head + event.get("text", ""), encoding="utf-8")
-    missing = sorted(set(host_of) - set(stacks))
-    groups = group_stacks(texts, host_of)
-    text = summary(groups) + (f"; no stack from ranks {ranges(missing)}" if missing else "")
+    groups, text = write_rank_stacks(folder, stacks, host_of)
     return HangReport(timeout_s=options.hang_timeout, summary=text, folder=str(folder), groups=groups)
 
 
@@ -335,8 +365,11 @@ def _discard(events: queue.Queue) -> None:
         events.get()
 
 
-def execute(plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect) -> RunReport:
-    """Run the plan to completion (with up to ``max_restarts`` restarts) and report how it ended."""
+def execute(
+    plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect, requests: StackRequests | None = None
+) -> RunReport:
+    """Run the plan to completion (with up to ``max_restarts`` restarts) and report how it ended; ``requests``
+    (from ``launch``) brings 'distlaunch stacks' signals, answered while the job runs on."""
     if options.log_dir is not None:
         try:
             Path(options.log_dir).mkdir(parents=True, exist_ok=True)
@@ -354,7 +387,7 @@ def execute(plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect
     with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
         for restart_count in range(options.max_restarts + 1):
             restarts = restart_count
-            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts)
+            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, requests)
             failures = attempt.run()
             stragglers += attempt.stragglers
             hang = attempt.hang or hang

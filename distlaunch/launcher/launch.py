@@ -10,6 +10,7 @@ from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.report import RunReport
+from distlaunch.launcher.signals import StackRequests
 from distlaunch.launcher.spec import (
     LaunchOptions,
     check_master_port,
@@ -84,29 +85,35 @@ def launch(
     """Execute a plan built from ``opts``, keep its job record (``distlaunch jobs``) and report how it ended."""
     check_launch(plan, opts)
     from distlaunch.jobs.journal import Journal
+    from distlaunch.jobs.store import jobs_dir
 
     backend = "local" if all_local(plan) else "ssh"
     log_dir = str(exec_opts.log_dir) if exec_opts.log_dir is not None else None
-    journal = Journal.begin(plan, backend, command or [], log_dir, sink.notice)
-    try:
-        report = _launch(plan, opts, exec_opts, sink)
-    except DistlaunchError as exc:
-        journal.end(exit_code=exc.exit_code, error=str(exc))
-        raise
-    except KeyboardInterrupt:
-        journal.end(exit_code=ExitCode.SIGINT, error="interrupted")
-        raise
-    except BaseException as exc:
-        journal.end(exit_code=ExitCode.CHECK_FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
-        raise
-    journal.end(report)
+    # 'distlaunch stacks' finds the job through its record: answer its signal before the record exists.
+    with StackRequests() as requests:
+        journal = Journal.begin(plan, backend, command or [], log_dir, sink.notice)
+        requests.folder = None if journal.broken else jobs_dir() / plan.job_id
+        try:
+            report = _launch(plan, opts, exec_opts, sink, requests)
+        except DistlaunchError as exc:
+            journal.end(exit_code=exc.exit_code, error=str(exc))
+            raise
+        except KeyboardInterrupt:
+            journal.end(exit_code=ExitCode.SIGINT, error="interrupted")
+            raise
+        except BaseException as exc:
+            journal.end(exit_code=ExitCode.CHECK_FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
+            raise
+        journal.end(report)
     return report
 
 
-def _launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink) -> RunReport:
+def _launch(
+    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink, requests: StackRequests
+) -> RunReport:
     remote = [node.host for node in plan.nodes if not node.local]
     if not remote:
-        return execute(plan, exec_opts, sink, make_connect(opts))
+        return execute(plan, exec_opts, sink, make_connect(opts), requests)
     from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote
 
     # Preflight: every remote host connected and able to run the agent before any rank starts anywhere.
@@ -118,4 +125,4 @@ def _launch(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink:
         workdir=exec_opts.workdir or os.getcwd(),
         job_id=plan.job_id,
     ) as hosts:
-        return execute(plan, exec_opts, sink, make_connect(opts, hosts))
+        return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests)

@@ -33,3 +33,41 @@ class SignalTrap:
         self.count += 1
         if self.on_signal is not None:
             self.on_signal(signum)
+
+
+# ``distlaunch stacks JOB`` asks a running launcher for its ranks' stacks with this signal (docs/jobs.md).
+STACKS_REQUEST_SIGNAL = signal.SIGUSR1
+
+
+class StackRequests:
+    """Context manager: counts ``STACKS_REQUEST_SIGNAL`` arrivals; the launcher answers each batch with one
+    snapshot of every rank's stack, written into ``folder`` (the job's record folder).
+
+    Installed before the job's record says "running", so a ``distlaunch stacks`` that finds the record never
+    meets the signal's default action (which would end the launcher)."""
+
+    def __init__(self, folder=None):
+        self.folder = folder
+        self.asked = 0  # signals received
+        self.answered = 0  # signals covered by a snapshot already written or under way
+        self._saved = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.asked > self.answered
+
+    def take(self) -> None:
+        """Every request so far is covered by the snapshot that starts now."""
+        self.answered = self.asked
+
+    def __enter__(self) -> StackRequests:
+        if threading.current_thread() is threading.main_thread():
+            self._saved = signal.signal(STACKS_REQUEST_SIGNAL, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            signal.signal(STACKS_REQUEST_SIGNAL, self._saved)
+
+    def _handle(self, signum, frame) -> None:
+        self.asked += 1

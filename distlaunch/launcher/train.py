@@ -16,9 +16,8 @@ from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.planner import MemoryPlan, plan_memory
 from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
-from distlaunch.launcher.launch import plan_for
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.spec import LaunchOptions, local_gpu_count
+from distlaunch.launcher.spec import local_gpu_count
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "templates" / "train-tiny-cpu.toml"
 _UNITS = {
@@ -152,9 +151,8 @@ def device_capacity(backend: str, gpu_memory: str | None, ranks_per_node: int) -
     return "no GPU: host memory", share, f"/proc/meminfo / {ranks_per_node} ranks per host"
 
 
-def train_plan(opts: LaunchOptions, cfg: TrainingConfig, config: Path | None, gpu_memory: str | None) -> TrainPlan:
+def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_memory: str | None) -> TrainPlan:
     """The launch plan with the layout checked against the model and every rank's memory planned."""
-    plan = plan_for(opts)
     model = model_config(cfg.model.preset, cfg.data.path)  # a prepared dataset sets the vocabulary
     dims = resolve_parallel_dims(cfg, model, plan.world_size)
     ranks_per_node = max(len(node.ranks) for node in plan.nodes)

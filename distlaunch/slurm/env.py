@@ -14,6 +14,7 @@ from distlaunch.contract.endpoint import step_port
 from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, resolve_layout, tp_group_across_nodes
 from distlaunch.errors import UsageError
+from distlaunch.launcher.plan import mask_env
 from distlaunch.slurm.step import SlurmStep, node_of_rank
 
 # Derived ports stay below Linux's ephemeral range (32768+), where the kernel hands out client ports.
@@ -36,6 +37,10 @@ class SlurmRank(BaseModel):
     parallel: Layout
     env: dict[str, str]  # the rank contract: MASTER_ADDR ... DISTLAUNCH_RESTART_COUNT
     argv: list[str] = []  # the program the task execs into
+
+    def masked(self) -> SlurmRank:
+        """A copy safe to print: secret-looking env values hidden."""
+        return self.model_copy(update={"env": mask_env(self.env)})
 
 
 def check_nproc_per_node(step: SlurmStep, nproc_per_node: int | None) -> None:

@@ -2,7 +2,7 @@
 
 Real processes and real gloo collectives. To stay inside the suite's time budget, the layouts
 of one world size run one after the other inside one job (one set of processes); each layout is
-still its own test result. fp32, the tiny GPT, 20 steps, the same global batch everywhere.
+still its own test result. fp32, the tiny GPT, 10 steps, the same global batch everywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.engine.harness import run_layouts
 
 BASE = [
     "model.preset='tiny'",
-    "train.steps=20",
+    "train.steps=10",
     "train.global_batch_size=8",
     "train.seq_len=64",
     "train.lr=1e-3",
@@ -93,7 +93,7 @@ def _relative(a: list[float], b: list[float]) -> list[float]:
 def test_loss_curve_matches_single_process(world_size, name, reference, layout_results):
     ranks = layout_results(world_size)[name]
     losses = ranks[0]["losses"]
-    assert len(losses) == len(reference["losses"]) == 20
+    assert len(losses) == len(reference["losses"]) == 10
     assert all(r["losses"] == losses for r in ranks), "every rank must report the same loss"
     assert max(_relative(losses, reference["losses"])) <= LOSS_RTOL, (losses, reference["losses"])
     assert max(_relative(ranks[0]["grad_norms"], reference["grad_norms"])) <= NORM_RTOL
@@ -140,7 +140,7 @@ def test_single_process_engine_is_plain_pytorch(reference):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, foreach=False)
     sampler = BatchSampler(load_tokens(None), seq_len=64, global_batch_size=8, seed=7)
     losses = []
-    for step in range(1, 21):
+    for step in range(1, 11):
         x, y = sampler.global_batch(step)
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad()

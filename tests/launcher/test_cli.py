@@ -117,7 +117,7 @@ def test_version():
 
 
 COMMANDS = [
-    ["run"], ["train"], ["doctor"], ["jobs"], ["status"], ["logs"], ["stop"],
+    ["run"], ["train"], ["doctor"], ["jobs"], ["status"], ["logs"], ["stop"], ["stacks"],
     ["slurm", "run"], ["slurm", "sbatch"], ["k8s", "manifest"], ["k8s", "submit"],
     ["data", "prepare"], ["checkpoint", "verify"], ["checkpoint", "export"],
 ]  # fmt: skip

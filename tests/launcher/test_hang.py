@@ -16,7 +16,7 @@ def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(t
     env.update(NO_COLOR="1", COLUMNS="200", LATE_RANK="3", DLTEST_MARK=tmp_path.name)
     r = subprocess.run(
         distlaunch_cmd(
-            "run", "-n", "4", "--hang-timeout", "45", "--grace-period", "1", "--log-dir", str(tmp_path / "logs"), LATE
+            "run", "-n", "4", "--hang-timeout", "20", "--grace-period", "1", "--log-dir", str(tmp_path / "logs"), LATE
         ),
         capture_output=True,
         text=True,
@@ -25,13 +25,13 @@ def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(t
     )
     assert r.returncode == 124, r.stderr
     line = next(ln for ln in r.stderr.splitlines() if ln.startswith("distlaunch: hang: "))
-    assert re.search(r"ranks 0-2 wait in all_reduce \(late_rank\.py:15\)", line), line
-    assert re.search(r"rank 3 in <module> \(late_rank\.py:13\) on localhost", line), line
+    assert re.search(r"ranks 0-2 wait in all_reduce \(late_rank\.py:17\)", line), line
+    assert re.search(r"rank 3 in <module> \(late_rank\.py:15\) on localhost", line), line
     folders = list((tmp_path / "logs").glob("dl-*/stacks"))
     assert len(folders) == 1
     stacks = {p.name: p.read_text() for p in folders[0].iterdir()}
     assert sorted(stacks) == ["rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt"]
-    assert 'late_rank.py", line 13 in <module>' in stacks["rank3.txt"]
+    assert 'late_rank.py", line 15 in <module>' in stacks["rank3.txt"]
     assert "all_reduce" in stacks["rank0.txt"]
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"
 

@@ -3,8 +3,10 @@
 import os
 import time
 
-import torch
-import torch.distributed as dist
+print("starting", flush=True)  # output is progress: the quiet import below must not look like the hang
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -1,0 +1,130 @@
+"""``distlaunch stacks JOB``: every rank's stack from a running job, on demand, the job running on.
+
+The command signals the job's launcher (``STACKS_REQUEST_SIGNAL``, SIGUSR1) after checking that the pid is
+still that launcher (pid and start time, through a pidfd so the check and the signal reach the same
+process). The launcher asks its agents for stacks exactly as on a hang and writes a new numbered snapshot
+into the job's folder, never replacing an earlier one:
+
+    jobs/<job id>/stacks-1/rank<N>.txt   every rank's full stack
+    jobs/<job id>/stacks-1.json          a StacksSnapshot: where each group of ranks waits (written last)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from distlaunch.errors import DistlaunchError, UsageError
+from distlaunch.jobs.store import JobRecord, jobs_dir
+from distlaunch.launcher.signals import STACKS_REQUEST_SIGNAL
+from distlaunch.launcher.stacks import StackGroup, write_rank_stacks
+
+POLL_S = 0.1
+_NUMBERED = re.compile(r"^stacks-(\d+)$")
+
+
+class StacksSnapshot(BaseModel):
+    """Where a running job's ranks were when asked (what ``distlaunch stacks --json`` prints)."""
+
+    job_id: str
+    number: int  # stacks-<number>.json in the job's folder
+    taken_at: float = Field(default_factory=time.time)
+    summary: str  # "ranks 0,2 wait in all_reduce (train.py:42); rank 1 in sleep (train.py:40) on node2"
+    groups: list[StackGroup]
+    folder: str  # one file per rank with its full stack
+
+
+def _numbers(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return [int(m[1]) for p in folder.iterdir() if (m := _NUMBERED.match(p.name.removesuffix(".json")))]
+
+
+def write_snapshot(folder: Path, job_id: str, stacks: dict[int, dict], host_of: dict[int, str]) -> StacksSnapshot:
+    """In the launcher: write the stacks as the next numbered snapshot in ``folder``, the summary last."""
+    number = max(_numbers(folder), default=0) + 1
+    while True:
+        target = folder / f"stacks-{number}"
+        try:
+            target.mkdir(mode=0o700)  # claims the number: an earlier snapshot is never written over
+            break
+        except FileExistsError:
+            number += 1
+    groups, text = write_rank_stacks(target, stacks, host_of)
+    snapshot = StacksSnapshot(job_id=job_id, number=number, summary=text, groups=groups, folder=str(target))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".stacks-", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(snapshot.model_dump_json(indent=1))
+    os.replace(tmp, folder / f"stacks-{number}.json")  # a reader sees the whole summary or none
+    return snapshot
+
+
+# What to use instead where distlaunch does not run the job's launcher itself.
+_ELSEWHERE = {
+    "slurm": "run py-spy dump --pid PID on its nodes (srun --jobid ID --overlap), or submit with --hang-timeout",
+    "k8s": "run py-spy dump --pid PID in its pods (kubectl exec POD -- ...), or submit with --hang-timeout",
+}
+
+
+def request_stacks(record: JobRecord, timeout: float) -> StacksSnapshot:
+    """Ask the job's launcher for its ranks' stacks and wait (up to ``timeout`` s) for the snapshot."""
+    if record.backend in _ELSEWHERE:
+        raise UsageError(
+            f"job {record.job_id} is a {record.backend} job: distlaunch stacks reaches only jobs of run and train",
+            _ELSEWHERE[record.backend],
+        )
+    owner = record.owner
+    if record.state == "lost" and owner is not None:
+        raise UsageError(
+            f"job {record.job_id} is lost: its launcher (pid {owner.pid} on {owner.hostname}) is gone",
+            "there are no ranks left to ask",
+        )
+    if record.final or owner is None:
+        raise UsageError(
+            f"job {record.job_id} is {record.state}, not running",
+            f"see 'distlaunch status {record.job_id}'; a hang's stacks are in its report",
+        )
+    if owner.hostname != os.uname().nodename:
+        raise UsageError(
+            f"job {record.job_id} is supervised on {owner.hostname}", f"run 'distlaunch stacks' on {owner.hostname}"
+        )
+    folder = jobs_dir() / record.job_id
+    seen = max(_numbers(folder), default=0)
+    _signal_launcher(record)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        newer = [n for n in _numbers(folder) if n > seen and (folder / f"stacks-{n}.json").exists()]
+        if newer:
+            return StacksSnapshot.model_validate_json((folder / f"stacks-{min(newer)}.json").read_bytes())
+        time.sleep(POLL_S)
+    raise DistlaunchError(
+        f"job {record.job_id} did not answer with its stacks within {timeout:g}s",
+        f"try a longer --timeout, or see 'distlaunch logs {record.job_id}'",
+        exit_code=1,
+    )
+
+
+def _signal_launcher(record: JobRecord) -> None:
+    """Signal the launcher named by the record, and only it: a pid the system has since reused is refused."""
+    owner = record.owner
+    gone = UsageError(
+        f"job {record.job_id} is lost: its launcher (pid {owner.pid}) is gone", "there are no ranks left to ask"
+    )
+    try:
+        pidfd = os.pidfd_open(owner.pid)  # holds that very process: a later pid reuse cannot redirect the signal
+    except ProcessLookupError:
+        raise gone from None
+    try:
+        if not owner.alive():  # pid and start time: the process the pidfd holds is the job's launcher
+            raise gone
+        signal.pidfd_send_signal(pidfd, STACKS_REQUEST_SIGNAL)
+    except ProcessLookupError:
+        raise gone from None
+    finally:
+        os.close(pidfd)
