@@ -2,19 +2,10 @@
 
 The launcher starts one agent per node (a local subprocess, or a command over SSH) and writes the
 node's part of the plan to its stdin as one JSON line. The agent starts the node's ranks, each in
-its own process group, and reports on stdout, one JSON object per line:
-
-    {"ev": "hello", "python": "3.11.7"}                      (at once, before the node plan is read)
-    {"ev": "started", "rank": 3, "pid": 1234}
-    {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     (a line, a \\r-redraw, or a piece of a long line)
-    {"ev": "exit", "rank": 3, "code": 0}                      (negative: killed by that signal)
-    {"ev": "exit", "rank": 3, "code": 1, "error": {...}}      (a failed rank's TORCHELASTIC_ERROR_FILE, parsed)
-    {"ev": "done"}
-
-Further stdin lines are commands: {"cmd": "stop"} (SIGTERM, grace period, SIGKILL) or {"cmd": "kill"}.
-When stdin closes (the launcher died, the SSH connection dropped) the agent stops its ranks by itself,
-with the grace period capped at 3 s: that is what keeps a SIGKILLed launcher from leaving ranks behind. Only the process groups this agent
-created are ever signalled.
+its own process group, reports on stdout and obeys commands on stdin, in the protocol of
+distlaunch/protocol.py. When stdin closes (the launcher died, the SSH connection dropped) the agent
+stops its ranks by itself, with the grace period capped at 3 s: that is what keeps a SIGKILLed
+launcher from leaving ranks behind. Only the process groups this agent created are ever signalled.
 
 Standard library only: it runs on remote hosts with whatever Python they have (3.8+), and it must
 start fast.
@@ -32,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from distlaunch import protocol as p
 
 _PR_SET_PDEATHSIG = 1
 _DRAIN_AFTER_EXIT_S = 1.0  # a rank's grandchild may hold its pipes open: stop waiting for EOF after this
@@ -223,12 +216,12 @@ class Agent:
                 )
             except OSError as exc:
                 self.emit(
-                    ev="out",
+                    ev=p.OUT,
                     rank=spec["rank"],
                     fd=2,
                     line=f"distlaunch: cannot start {spec['argv'][0]!r}: {exc.strerror}",
                 )
-                self.emit(ev="exit", rank=spec["rank"], code=127)
+                self.emit(ev=p.EXIT, rank=spec["rank"], code=127)
                 continue
             rank = Rank(spec, proc)
             self.ranks.append(rank)
@@ -236,7 +229,7 @@ class Agent:
                 os.set_blocking(pipe.fileno(), False)
                 if not self.paused:
                     self.sel.register(pipe, selectors.EVENT_READ, (rank, fd))
-            self.emit(ev="started", rank=rank.rank, pid=proc.pid)
+            self.emit(ev=p.STARTED, rank=rank.rank, pid=proc.pid)
 
     def read_pipe(self, pipe, rank: Rank, fd: int) -> None:
         try:
@@ -255,16 +248,16 @@ class Agent:
                 if line:
                     self.emit_line(rank, fd, line)
         while len(rest) > MAX_LINE_BYTES:  # a line without end must not grow without bound: split it
-            self.emit(ev="out", rank=rank.rank, fd=fd, line=_text(rest[:MAX_LINE_BYTES]) + SPLIT_MARK)
+            self.emit(ev=p.OUT, rank=rank.rank, fd=fd, line=_text(rest[:MAX_LINE_BYTES]) + SPLIT_MARK)
             rest = rest[MAX_LINE_BYTES:]
         rank.buffers[fd] = rest
 
     def emit_line(self, rank: Rank, fd: int, line: bytes) -> None:
         """One output line, in pieces of at most MAX_LINE_BYTES (every piece but the last marked)."""
         while len(line) > MAX_LINE_BYTES:
-            self.emit(ev="out", rank=rank.rank, fd=fd, line=_text(line[:MAX_LINE_BYTES]) + SPLIT_MARK)
+            self.emit(ev=p.OUT, rank=rank.rank, fd=fd, line=_text(line[:MAX_LINE_BYTES]) + SPLIT_MARK)
             line = line[MAX_LINE_BYTES:]
-        self.emit(ev="out", rank=rank.rank, fd=fd, line=_text(line))
+        self.emit(ev=p.OUT, rank=rank.rank, fd=fd, line=_text(line))
 
     def close_pipe(self, pipe, rank: Rank, fd: int) -> None:
         if rank.buffers[fd]:
@@ -288,11 +281,11 @@ class Agent:
     def handle(self, lines: list[str]) -> None:
         for line in lines:
             cmd = json.loads(line).get("cmd")
-            if cmd == "stop":
+            if cmd == p.STOP:
                 self.begin_stop()
-            elif cmd == "kill":
+            elif cmd == p.KILL:
                 self.signal_all(signal.SIGKILL)
-            elif cmd == "stacks":
+            elif cmd == p.ASK_STACKS:
                 self.send_stacks()
             # "hb" needs nothing: any line counts as a sign of life
 
@@ -322,7 +315,7 @@ class Agent:
             if not text and rank.rank in armed:
                 with open(armed[rank.rank], "rb") as f:
                     text, tool = _text(f.read(STACKS_MAX_BYTES)), "faulthandler"
-            self.emit(ev="stacks", rank=rank.rank, tool=tool, text=text)
+            self.emit(ev=p.STACKS, rank=rank.rank, tool=tool, text=text)
 
     def check_progress(self) -> None:
         """Report ranks' distlaunch.progress() calls (the mtime of their progress files), once a second."""
@@ -336,7 +329,7 @@ class Agent:
                 newest = max(newest, os.stat(os.path.join(self.scratch, f"rank{rank.rank}.progress")).st_mtime)
         if newest > self.progress_seen:
             self.progress_seen = newest
-            self.emit(ev="progress")
+            self.emit(ev=p.PROGRESS)
 
     def check_heartbeat(self) -> None:
         """Send ours when due; stop the ranks when the launcher has been silent for the whole timeout."""
@@ -344,7 +337,7 @@ class Agent:
             return
         now = time.monotonic()
         if now - self.sent_at > self.heartbeat_timeout / 3:
-            self.emit(ev="hb")
+            self.emit(ev=p.HEARTBEAT)
         if self.stdin_open and now - self.heard_at > self.heartbeat_timeout and self.stop_deadline is None:
             self.begin_stop(_ORPHAN_GRACE_S)  # a frozen or cut-off launcher looks like this, not like EOF
 
@@ -354,7 +347,7 @@ class Agent:
                 os.killpg(rank.proc.pid, sig)  # the rank's own group: its children go too
 
     def begin_stop(self, max_grace: float | None = None) -> None:
-        grace = float(self.node.get("grace_period", 10.0))
+        grace = float(self.node.get("grace_period", p.GRACE_PERIOD_S))
         deadline = time.monotonic() + (grace if max_grace is None else min(grace, max_grace))
         if self.stop_deadline is None:
             self.signal_all(signal.SIGTERM)
@@ -375,7 +368,7 @@ class Agent:
                     self.close_pipe(pipe, rank, fd)
                 rank.reported = True
                 error = read_error_file(rank.error_file) if rank.returncode else None
-                self.emit(ev="exit", rank=rank.rank, code=rank.returncode, **({"error": error} if error else {}))
+                self.emit(ev=p.EXIT, rank=rank.rank, code=rank.returncode, **({"error": error} if error else {}))
 
     def run(self) -> int:
         self.sel.register(self.commands.fd, selectors.EVENT_READ, None)
@@ -389,8 +382,8 @@ class Agent:
         self.signal_all(signal.SIGKILL)
         ended = self.end_stragglers()
         if ended:
-            self.emit(ev="stragglers", count=len(ended), pids=ended)
-        self.emit(ev="done")
+            self.emit(ev=p.STRAGGLERS, count=len(ended), pids=ended)
+        self.emit(ev=p.DONE)
         self.drain_out()
         shutil.rmtree(self.scratch, ignore_errors=True)
         return 0
@@ -431,7 +424,7 @@ class Agent:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 1.0
-            while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in found):
+            while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(pid) for pid in found):
                 time.sleep(0.05)
         return found
 
@@ -559,7 +552,7 @@ def main() -> int:
     # "hello" tells a launcher that this host can run the agent before it sends any node its plan,
     # so a host without distlaunch fails the launch before a single rank has started anywhere.
     try:
-        print(json.dumps({"ev": "hello", "python": sys.version.split()[0]}), flush=True)
+        print(json.dumps(p.event(p.HELLO, python=sys.version.split()[0])), flush=True)
     except OSError:
         return 2
     commands = _Lines(sys.stdin.fileno())

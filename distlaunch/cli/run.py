@@ -18,6 +18,7 @@ from distlaunch.jobs.store import JobRecord
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.pernode import NodeOptions
 from distlaunch.launcher.spec import LaunchOptions
+from distlaunch.protocol import GRACE_PERIOD_S
 
 
 def run(
@@ -48,7 +49,7 @@ def run(
     accept_new_host_keys: o.AcceptNewHostKeys = False,
     remote_python: o.RemotePython = None,
     workdir: o.Workdir = None,
-    grace_period: o.GracePeriod = 10.0,
+    grace_period: o.GracePeriod = GRACE_PERIOD_S,
     heartbeat_timeout: o.HeartbeatTimeout = 30.0,
     local_ranks_filter: o.LocalRanksFilter = None,
     hang_timeout: o.HangTimeout = 0.0,

@@ -19,6 +19,7 @@ from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import LaunchOptions
 from distlaunch.launcher.train import TrainPlan, default_nproc, engine_program, parallel_spec, train_config, train_plan
+from distlaunch.protocol import GRACE_PERIOD_S
 
 Config = Annotated[
     Path | None,
@@ -72,7 +73,7 @@ def train(
     accept_new_host_keys: o.AcceptNewHostKeys = False,
     remote_python: o.RemotePython = None,
     workdir: o.Workdir = None,
-    grace_period: o.GracePeriod = 10.0,
+    grace_period: o.GracePeriod = GRACE_PERIOD_S,
     heartbeat_timeout: o.HeartbeatTimeout = 30.0,
     local_ranks_filter: o.LocalRanksFilter = None,
     hang_timeout: o.HangTimeout = 600.0,

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+from distlaunch import protocol as p
 from distlaunch.errors import UsageError
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.report import (
@@ -29,7 +30,7 @@ from distlaunch.launcher.report import (
 )
 from distlaunch.launcher.signals import SignalTrap, StackRequests
 from distlaunch.launcher.stacks import write_rank_stacks
-from distlaunch.launcher.transport import AgentConnection
+from distlaunch.protocol import AgentConnection
 
 TAIL_LINES = 10
 # Agents' events wait here for the supervision loop. Bounded: when rank output outruns the loop, the
@@ -49,7 +50,7 @@ class Sink(Protocol):
 
 
 class ExecOptions(BaseModel):
-    grace_period: float = 10.0  # seconds between SIGTERM and SIGKILL when stopping ranks
+    grace_period: float = p.GRACE_PERIOD_S  # seconds between SIGTERM and SIGKILL when stopping ranks
     max_restarts: int = 0
     log_dir: Path | None = None
     workdir: str | None = None
@@ -146,25 +147,25 @@ class _Attempt:
             except queue.Empty:
                 continue
             kind = event.get("ev")
-            if kind in ("out", "progress"):
+            if kind in (p.OUT, p.PROGRESS):
                 self.progress_at = time.monotonic()
-            if kind == "out":
+            if kind == p.OUT:
                 self.on_output(event["rank"], event["fd"], event["line"])
-            elif kind == "stacks":
+            elif kind == p.STACKS:
                 for gathering in (self.stacks, self.asked):  # a hang and a request may gather at once
                     if gathering is not None:
                         gathering[event["rank"]] = event
-            elif kind == "agent-out":
+            elif kind == p.AGENT_OUT:
                 self.sink.notice(f"{self.node_of[node_rank].host}: {event['line']}")
-            elif kind == "exit":
+            elif kind == p.EXIT:
                 self.on_exit(event["rank"], event["code"], conns, event.get("error"))
-            elif kind == "stragglers":
+            elif kind == p.STRAGGLERS:
                 self.stragglers += event["count"]
                 host = self.plan.nodes[node_rank].host
                 self.sink.notice(f"ended {event['count']} stray process(es) of this job on {host}: {event['pids']}")
-            elif kind in ("done", "lost") and node_rank in pending:
+            elif kind in (p.DONE, p.LOST) and node_rank in pending:
                 del pending[node_rank]
-                if kind == "lost":
+                if kind == p.LOST:
                     self.on_lost(self.node_of[node_rank], conns)
 
     def check_hang(self, conns: list[AgentConnection], pending: dict[int, AgentConnection]) -> None:
@@ -177,7 +178,7 @@ class _Attempt:
             self.sink.notice(f"no rank made progress for {now - self.progress_at:.0f}s: gathering every rank's stack")
             self.stacks, self.stacks_deadline = {}, now + STACKS_TIMEOUT_S
             for conn in pending.values():
-                conn.send({"cmd": "stacks"})
+                conn.send(p.command(p.ASK_STACKS))
             return
         if self.hang is not None:
             return
@@ -205,7 +206,7 @@ class _Attempt:
             requests.take()
             self.asked, self.asked_deadline = {}, now + STACKS_TIMEOUT_S
             for conn in pending.values():
-                conn.send({"cmd": "stacks"})
+                conn.send(p.command(p.ASK_STACKS))
             return
         if self.waiting_ranks(pending) - set(self.asked) and now < self.asked_deadline:
             return
@@ -224,7 +225,7 @@ class _Attempt:
         """Send every agent our heartbeat; give up a host whose agent has been silent for the timeout."""
         now = time.monotonic()
         for conn in list(pending.values()):
-            conn.send({"cmd": "hb"})
+            conn.send(p.command(p.PING))
             silent_s = now - conn.last_seen
             if silent_s <= self.options.heartbeat_timeout:
                 continue
@@ -301,7 +302,7 @@ class _Attempt:
         self.stopping = True
         self.sink.notice(f"{reason}; stopping all ranks (grace period {self.options.grace_period:g}s)")
         for conn in conns:
-            conn.send({"cmd": "stop"})
+            conn.send(p.command(p.STOP))
 
     def check_interrupts(self, conns: list[AgentConnection]) -> None:
         if self.interrupts.first is None:
@@ -313,7 +314,7 @@ class _Attempt:
             self.kill_deadline = time.monotonic() + KILL_CONFIRM_S
             self.sink.notice("second interrupt: killing all ranks now")
             for conn in conns:
-                conn.send({"cmd": "kill"})
+                conn.send(p.command(p.KILL))
 
 
 def job_folder(plan: LaunchPlan, options: ExecOptions) -> Path:

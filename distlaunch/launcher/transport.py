@@ -1,56 +1,15 @@
-"""Connections to per-node agents. Every node, local or remote, runs ``python -m distlaunch.agent``;
-a connection starts it, sends it the node's plan and commands, and turns its stdout into events."""
+"""The local agent connection: ``python -m distlaunch.agent`` as a child process on this machine (remote hosts:
+distlaunch/remote/agent_conn.py). The protocol and the shared reader are in distlaunch/protocol.py."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import queue
 import subprocess
 import sys
 import threading
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from typing import IO
 
-
-class AgentConnection(ABC):
-    """Base: a started agent whose JSON-line events are posted to ``events`` as (node_rank, event)."""
-
-    def __init__(self, node_rank: int, host: str, events: queue.Queue[tuple[int, dict]]):
-        self.node_rank = node_rank
-        self.host = host
-        self.events = events
-        self.last_seen = time.monotonic()  # when the agent last said anything (its heartbeat included)
-        self.done = False
-
-    @abstractmethod
-    def start(self, payload: dict) -> None:
-        """Start the agent and send it its node plan."""
-
-    @abstractmethod
-    def send(self, message: dict) -> None:
-        """Send a command line to the agent."""
-
-    @abstractmethod
-    def close(self, wait_s: float | None = None) -> None:
-        """Close the connection and wait for the agent (at most ``wait_s``, then leave it)."""
-
-    def pump(self, lines: Iterator[str]) -> None:
-        """Read agent output until it ends; a missing ``done`` means the agent died."""
-        done = False
-        for line in lines:
-            self.last_seen = time.monotonic()
-            try:
-                event = json.loads(line)
-            except ValueError:  # not ours: a remote login banner or an interpreter crash
-                event = {"ev": "agent-out", "line": line.rstrip("\n")}
-            done = done or event.get("ev") == "done"
-            if event.get("ev") != "hb":
-                self.events.put((self.node_rank, event))
-        if not done:
-            self.events.put((self.node_rank, {"ev": "lost"}))
+from distlaunch.protocol import AgentConnection, encode
 
 
 class LocalAgent(AgentConnection):
@@ -82,7 +41,7 @@ class LocalAgent(AgentConnection):
         stdin: IO[str] | None = self.proc.stdin if self.proc else None
         with self._lock:
             try:
-                stdin.write(json.dumps(message) + "\n")
+                stdin.write(encode(message))
                 stdin.flush()
             except (BrokenPipeError, ValueError, AttributeError):
                 pass  # the agent is already gone; its missing "done" reports that

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import paramiko
 
-from distlaunch.launcher.transport import AgentConnection
+from distlaunch.protocol import HELLO, AgentConnection
 from distlaunch.remote.ssh import SshError
 
 CLOSE_WAIT_S = 10.0  # how long close() waits for the agent to finish (it has usually sent "done" already)
@@ -86,7 +86,7 @@ def _job_id(payload: dict) -> str:
 
 def _is_hello(line: str) -> bool:
     try:
-        return json.loads(line).get("ev") == "hello"
+        return json.loads(line).get("ev") == HELLO
     except (ValueError, AttributeError):
         return False  # a login banner, or the error that kept the agent from starting
 

@@ -1,0 +1,92 @@
+"""The launcher ⇄ agent protocol, for both sides and both transports (a child process here, an SSH channel).
+
+One JSON object per line. The launcher writes the node plan as the first line of the agent's stdin, then
+commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its stdout:
+
+    {"ev": "hello", "python": "3.11.7"}                      at once, before the node plan is read
+    {"ev": "started", "rank": 3, "pid": 1234}
+    {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
+    {"ev": "progress"}                                         a rank called distlaunch.progress()
+    {"ev": "stacks", "rank": 3, "tool": "faulthandler", "text": "..."}
+    {"ev": "exit", "rank": 3, "code": 1, "error": {...}}       negative code: killed by that signal
+    {"ev": "stragglers", "count": 2, "pids": [..]}             processes of the job left after its ranks ended
+    {"ev": "hb"}                                               heartbeat
+    {"ev": "done"}                                             the agent is finished; nothing follows
+
+Commands: ``stop`` (SIGTERM, the grace period, SIGKILL), ``kill``, ``stacks``, ``hb``. The launcher's side
+of a connection adds two events of its own: ``agent-out`` (a line that is not ours: a login banner, an
+interpreter's crash) and ``lost`` (the output ended without ``done``).
+
+Standard library only: the agent imports it on every host.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+# events, agent → launcher
+HELLO, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, HEARTBEAT, DONE = (
+    "hello", "started", "out", "progress", "stacks", "exit", "stragglers", "hb", "done"
+)  # fmt: skip
+# events the launcher's side of a connection makes itself
+AGENT_OUT, LOST = "agent-out", "lost"
+# commands, launcher → agent
+STOP, KILL, ASK_STACKS, PING = "stop", "kill", "stacks", "hb"
+
+GRACE_PERIOD_S = 10.0  # SIGTERM to SIGKILL, unless --grace-period says otherwise
+
+
+def event(kind: str, **fields) -> dict:
+    return {"ev": kind, **fields}
+
+
+def command(kind: str, **fields) -> dict:
+    return {"cmd": kind, **fields}
+
+
+def encode(message: dict) -> str:
+    return json.dumps(message) + "\n"
+
+
+class AgentConnection(ABC):
+    """The launcher's end of one agent: its events are posted to ``events`` as (node_rank, event)."""
+
+    def __init__(self, node_rank: int, host: str, events: queue.Queue[tuple[int, dict]]):
+        self.node_rank = node_rank
+        self.host = host
+        self.events = events
+        self.last_seen = time.monotonic()  # when the agent last said anything (its heartbeat included)
+        self.done = False
+
+    @abstractmethod
+    def start(self, payload: dict) -> None:
+        """Start the agent and send it its node plan."""
+
+    @abstractmethod
+    def send(self, message: dict) -> None:
+        """Send a command line to the agent."""
+
+    @abstractmethod
+    def close(self, wait_s: float | None = None) -> None:
+        """Close the connection and wait for the agent (at most ``wait_s``, then leave it)."""
+
+    def pump(self, lines: Iterator[str]) -> None:
+        """Read agent output until it ends; a missing ``done`` means the agent died."""
+        done = False
+        for line in lines:
+            self.last_seen = time.monotonic()
+            try:
+                message = json.loads(line)
+            except ValueError:  # not ours: a remote login banner or an interpreter crash
+                message = event(AGENT_OUT, line=line.rstrip("\n"))
+            if not isinstance(message, dict):
+                message = event(AGENT_OUT, line=line.rstrip("\n"))
+            done = done or message.get("ev") == DONE
+            if message.get("ev") != HEARTBEAT:
+                self.events.put((self.node_rank, message))
+        if not done:
+            self.events.put((self.node_rank, event(LOST)))
