@@ -71,7 +71,7 @@ class Hosts(Backend):
     def plan(self, request: LaunchRequest):
         from distlaunch.launcher.launch import plan_for
 
-        return plan_for(request.opts)
+        return plan_for(request.opts, request.exec_opts.workdir)
 
     def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
         from distlaunch.launcher.launch import launch

@@ -15,6 +15,16 @@ Bench = Annotated[
     bool,
     typer.Option("--bench", help="Also measure all-reduce bandwidth across the hosts (gloo on CPU, NCCL on GPUs)."),
 ]
+StartTimeout = Annotated[
+    float,
+    typer.Option(
+        "--start-timeout",
+        metavar="SECONDS",
+        min=1,
+        help="How long a host's Python may take to start and answer before it counts as hung (slow shared "
+        "filesystems, loaded hosts).",
+    ),
+]
 BenchMax = Annotated[
     str | None,
     typer.Option("--bench-max", help="Largest all-reduce message, e.g. 256M (default: 256M on GPUs, 16M on CPU)."),
@@ -33,6 +43,7 @@ def doctor(
     env: o.Env = None,
     ssh_config: o.SshConfig = None,
     remote_python: o.RemotePython = None,
+    start_timeout: StartTimeout = 20.0,
     bench: Bench = False,
     bench_max: BenchMax = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -55,6 +66,7 @@ def doctor(
         backend=backend,
         env=env or [],
         ssh_config=ssh_config,
+        start_timeout=start_timeout,
         bench=bench,
         bench_max_bytes=parse_size(bench_max),
         **({"remote_python": remote_python} if remote_python else {}),

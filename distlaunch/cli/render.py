@@ -61,6 +61,11 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
         f"master {plan.master_addr}:{plan.master_port}, backend {plan.backend}"
     )
     console.print("  parallel " + str(p).replace(",", " "))
+    for label, field in (("workdir", "workdir"), ("agent", "agent_python")):  # where and with what each host starts
+        per_host = {n.host: getattr(n, field) for n in plan.nodes}
+        values = set(per_host.values())
+        shown = values.pop() if len(values) == 1 else "; ".join(f"{h}: {v}" for h, v in per_host.items())
+        console.print(Text(f"  {label} {shown}"))
     table = Table(show_lines=False)
     for col in ("host", "node", "ranks", "devices", "command"):
         table.add_column(col, overflow="fold")

@@ -29,8 +29,6 @@ HERE = Path(__file__).parent
 PROBE_SOURCE = (HERE / "probe_script.py").read_text(encoding="utf-8")
 LISTENER_SOURCE = (HERE / "listener_script.py").read_text(encoding="utf-8")
 MAX_PARALLEL = 64
-LISTENER_START_S = 15.0  # bound on the master's interpreter start (a loaded host, a slow file system)
-PROBE_SLACK_S = 20.0  # the probe's own time beyond its connect to the master: interpreter start on a loaded host
 STOP_S = 0.8  # on Ctrl-C, how long stopping the remote processes may take before the doctor exits anyway
 CLOCK_ROUND_TRIPS = 5
 CLOCK_WAIT_S = 10.0  # bound on the clock helper's start and on each of its answers
@@ -135,7 +133,7 @@ def quiet_threads(log: list[str]) -> Iterator[None]:
         threading.excepthook = previous_hook
 
 
-def start_listener(session: HostSession, listener: ListenerResult, python: str) -> LineStream | None:
+def start_listener(session: HostSession, listener: ListenerResult, python: str, timeout: float) -> LineStream | None:
     """Start the listener on the master and wait for its first report."""
     args = json.dumps({"master_addr": listener.address, "port": listener.port, "nonce": listener.nonce})
     try:
@@ -143,7 +141,7 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str) 
     except (OSError, SshError) as exc:
         listener.error = f"cannot start {python} on {listener.host}: {exc}"
         return None
-    deadline = time.monotonic() + LISTENER_START_S
+    deadline = time.monotonic() + timeout
     seen: list[str] = []
     while (line := stream.readline(max(deadline - time.monotonic(), 0.0))) is not None:
         status = parse_after_banner(line, "listener")
@@ -153,8 +151,7 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str) 
     else:
         if time.monotonic() >= deadline:
             listener.error = (
-                f"{python} on {listener.host} started but did not answer within {LISTENER_START_S:g}s: "
-                "the interpreter hangs"
+                f"{python} on {listener.host} started but did not answer within {timeout:g}s: the interpreter hangs"
             )
         else:
             listener.error = f"{python} on {listener.host} did not start the listener" + (
@@ -171,7 +168,7 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str) 
 def run_probe(session: HostSession, result: HostResult, opts: DoctorOptions, probe_args: dict) -> None:
     """Run the probe on the host and record its facts (or why there are none) in ``result``."""
     python = opts.remote_python
-    timeout = opts.reach_timeout + PROBE_SLACK_S
+    timeout = opts.reach_timeout + opts.start_timeout
     sent = time.time()
     try:
         done = session.run([python, "-", json.dumps(probe_args)], timeout=timeout, stdin=PROBE_SOURCE)
@@ -287,7 +284,7 @@ class Gathering:
         if session is None:
             self.listener.error = f"master host {self.listener.host} could not be reached"
         else:
-            self._stream = start_listener(session, self.listener, self.opts.remote_python)
+            self._stream = start_listener(session, self.listener, self.opts.remote_python, self.opts.start_timeout)
             if not self.listener.started:
                 with self._lock:
                     self._unfinished.add(id(session))

@@ -117,6 +117,8 @@ class DoctorOptions(BaseModel):
     remote_python: str = sys.executable  # as the launcher: remote ranks run the launcher's interpreter path
     env: list[str] = Field(default_factory=list)  # --env KEY=VALUE as for run; NCCL/GLOO_SOCKET_IFNAME are checked
     connect_timeout: float = 5.0  # SSH connect
+    # an interpreter's start and first answer (the master's listener, each probe beyond its connect)
+    start_timeout: float = 20.0
     reach_timeout: float = 2.5  # each host's TCP connect to the master; a firewall that drops packets costs this much
     bench: bool = False
     bench_max_bytes: int | None = None  # default: 256 MiB on GPUs, 16 MiB on CPU

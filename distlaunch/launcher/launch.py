@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from distlaunch.errors import DistlaunchError, ExitCode, HostError
@@ -35,15 +34,15 @@ def host_addresses(opts: LaunchOptions, hosts: list[HostSlots]) -> dict[str, str
     return {alias: target.hostname for alias, target in resolve_targets(remote, opts.ssh_config).items()}
 
 
-def spec_for(opts: LaunchOptions) -> LaunchSpec:
+def spec_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchSpec:
     """Resolve the options (the hostfile read once, ssh_config only when a host is remote)."""
     hosts = resolve_hosts(opts)
-    return make_spec(opts, hosts, host_addresses(opts, hosts))
+    return make_spec(opts, hosts, host_addresses(opts, hosts), workdir)
 
 
-def plan_for(opts: LaunchOptions) -> LaunchPlan:
+def plan_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchPlan:
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
-    plan = build_plan(spec_for(opts))
+    plan = build_plan(spec_for(opts, workdir))
     check_local_script(plan, opts)  # a dry-run checks what a run checks
     return plan
 
@@ -121,8 +120,8 @@ def _launch(
         remote,
         ssh_config=opts.ssh_config,
         accept_new_host_keys=opts.accept_new_host_keys,
-        python=opts.remote_python or opts.python,
-        workdir=exec_opts.workdir or os.getcwd(),
+        python=next(node.agent_python for node in plan.nodes if not node.local),  # one for every remote host
+        workdir=plan.nodes[0].workdir,
         job_id=plan.job_id,
     ) as hosts:
         return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests)

@@ -33,6 +33,9 @@ class LaunchSpec(BaseModel):
     job_id: str
     addresses: dict[str, str] = Field(default_factory=dict)  # host → address others reach it by
     local_hosts: list[str] = Field(default_factory=list)  # hosts that are this machine: no SSH
+    workdir: str = ""  # where every host's ranks start ("": the launcher's working directory)
+    agent_python: str = ""  # the interpreter that runs the agent on remote hosts
+    local_python: str = ""  # ... and on this machine (the launcher's own)
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
 
 
@@ -49,6 +52,8 @@ class NodePlan(BaseModel):
     address: str
     node_rank: int
     local: bool = False  # this machine: ranks start as child processes, no SSH
+    workdir: str = ""  # where the ranks start
+    agent_python: str = ""  # the interpreter that runs this host's agent
     ranks: list[RankPlan]
 
 
@@ -149,6 +154,8 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
                 address=spec.addresses.get(host.host, host.host),
                 node_rank=node_rank,
                 local=host.host in spec.local_hosts,
+                workdir=spec.workdir,
+                agent_python=spec.local_python if host.host in spec.local_hosts else spec.agent_python,
                 ranks=ranks,
             )
         )

@@ -256,7 +256,10 @@ def check_script(opts: LaunchOptions, where: str = "", hint: str = "check the pa
 
 
 def make_spec(
-    opts: LaunchOptions, hosts: list[HostSlots] | None = None, addresses: dict[str, str] | None = None
+    opts: LaunchOptions,
+    hosts: list[HostSlots] | None = None,
+    addresses: dict[str, str] | None = None,
+    workdir: str | None = None,
 ) -> LaunchSpec:
     """Resolve options into a LaunchSpec; ``hosts`` as ``resolve_hosts`` gave them (read here when None),
     ``addresses`` maps remote host aliases to what other hosts can reach. Which hosts are this machine is
@@ -283,5 +286,8 @@ def make_spec(
         job_id=new_job_id(),
         addresses=addresses,
         local_hosts=local_hosts,
+        workdir=workdir or os.getcwd(),
+        agent_python=opts.remote_python or opts.python,
+        local_python=sys.executable,
         max_restarts=opts.max_restarts,
     )

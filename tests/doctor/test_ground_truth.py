@@ -151,10 +151,11 @@ def test_hung_interpreter_is_named_a_hang_and_nothing_is_left(sshd_cluster, tmp_
     fake = _hanging_python(tmp_path, marker)
     hostfile = sshd_cluster.write_hostfile(tmp_path / "hosts", 2, slots=1)
     args = ["-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--remote-python", str(fake)]
-    rc, report, err = doctor_cli(*args)
+    rc, report, err = doctor_cli(*args, "--start-timeout", "4")
     assert rc == 1
     python = get(report, "python", "node2")
     assert python["status"] == "fail" and "hangs" in python["detail"], python
+    assert "within 4s" in get(report, "master-port", "node1")["detail"]
     assert "install Python" not in python["hint"]
     assert "hangs" in get(report, "master-port", "node1")["detail"]
     assert "Traceback" not in err, err

@@ -1,6 +1,8 @@
 """The CLI as a user drives it: dry-run output, JSON, errors and exit codes (in-process, 100 columns)."""
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,22 @@ def test_help_names_values_not_python_types_and_fits_80_columns(command):
         assert python_type not in text, f"{python_type!r} in {' '.join(command)} --help"
     assert max(len(line) for line in text.splitlines()) <= 80
     assert f"Usage: distlaunch {' '.join(command)} [OPTIONS]" in text
+
+
+def test_dry_run_shows_each_hosts_working_directory_and_agent_interpreter(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=1\nnode9 slots=1\n", encoding="utf-8")
+    args = ["run", "-H", str(hostfile), "--workdir", "/srv/job", "--remote-python", "/opt/py/bin/python3"]
+    r = invoke([*args, "--ssh-config", os.devnull, "--dry-run", "--json", "train.py"])
+    assert r.exit_code == 0, r.stderr
+    nodes = {n["host"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert nodes["localhost"]["local"] and not nodes["node9"]["local"]
+    assert {n["workdir"] for n in nodes.values()} == {"/srv/job"}
+    assert nodes["localhost"]["agent_python"] == sys.executable
+    assert nodes["node9"]["agent_python"] == "/opt/py/bin/python3"
+    shown = invoke([*args, "--ssh-config", os.devnull, "--dry-run", "train.py"]).stdout
+    assert (
+        "workdir /srv/job" in shown
+        and f"localhost: {sys.executable}" in shown
+        and "node9: /opt/py/bin/python3" in shown
+    )
