@@ -86,8 +86,8 @@ def run(
         ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
         remote_python=remote_python,
+        python=python or "",
         max_restarts=max_restarts,
-        **({"python": python or remote_python} if python or remote_python else {}),
     )
     exec_opts = ExecOptions(
         grace_period=grace_period,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from distlaunch.contract.endpoint import choose_port
 from distlaunch.contract.env import launcher_defaults
@@ -47,11 +47,17 @@ class LaunchOptions(BaseModel):
     master_port: str = "auto"
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     env: list[str] = Field(default_factory=list)
-    python: str = sys.executable
+    python: str = ""  # the ranks' interpreter; "": --remote-python when given, else the launcher's own
     ssh_config: Path | None = None
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: python)
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
+
+    @model_validator(mode="after")
+    def _interpreter(self) -> LaunchOptions:
+        """One rule for the ranks' interpreter: --python, else --remote-python, else the launcher's own."""
+        self.python = self.python or self.remote_python or sys.executable
+        return self
 
 
 def is_local_host(name: str) -> bool:
