@@ -4,6 +4,7 @@ UserKnownHostsFile, StrictHostKeyChecking, HostKeyAlias, ConnectTimeout, ProxyJu
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 from collections.abc import Iterable
@@ -53,6 +54,12 @@ class SshTarget(BaseModel):
         return name if self.port == 22 else f"[{name}]:{self.port}"
 
 
+@functools.lru_cache(maxsize=8)
+def _parse(file: str, mtime_ns: int, size: int) -> paramiko.SSHConfig:
+    """One parse per file version and process: planning and connecting read the same config."""
+    return paramiko.SSHConfig.from_path(file)
+
+
 def load_ssh_config(path: Path | str | None = None) -> tuple[paramiko.SSHConfig, str | None]:
     """Parse ``path`` (or ``~/.ssh/config`` if it exists); returns the config and the file it came from."""
     explicit = path is not None
@@ -62,7 +69,8 @@ def load_ssh_config(path: Path | str | None = None) -> tuple[paramiko.SSHConfig,
             raise UsageError(f"ssh config {str(path)!r} does not exist", "check the path given to --ssh-config")
         return paramiko.SSHConfig(), None
     try:
-        return paramiko.SSHConfig.from_path(str(file)), str(file)
+        stat = file.stat()
+        return _parse(str(file), stat.st_mtime_ns, stat.st_size), str(file)
     except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
         raise UsageError(
             f"ssh config {str(file)!r} cannot be read: {exc}",
