@@ -8,7 +8,7 @@ from distlaunch.contract.layout import parse_layout
 from distlaunch.engine.config import Preset, load_config
 from distlaunch.engine.model import PRESETS, GPTConfig, num_params
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.parallel.mesh import rank_groups, read_env
+from distlaunch.engine.parallel.mesh import read_env
 from distlaunch.engine.parallel.pipeline import bubble_fraction, stage_layer_counts
 from distlaunch.errors import UsageError
 
@@ -147,14 +147,6 @@ def test_bubble_fraction():
     assert bubble_fraction(1, 8) == 0
     assert bubble_fraction(4, 4) == pytest.approx(3 / 7)  # (p-1)/(m+p-1)
     assert bubble_fraction(4, 4, virtual_stages=2) < bubble_fraction(4, 4)
-
-
-def test_rank_groups_tp_fastest_then_dp_then_pp():
-    dims = dims_for(8, "parallel.tp=2", "parallel.pp=2")
-    groups = rank_groups(dims)
-    assert groups["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert groups["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert groups["pp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
 def test_read_env():

@@ -75,15 +75,6 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
 
 
 def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
-    """The job's DeviceMesh, shape (pp, dp, tp), dims named so groups are ``mesh['tp']`` etc."""
+    """The job's DeviceMesh, shape (pp, dp, tp), dims named so groups are ``mesh['tp']`` etc.: the launch
+    contract's rank grid (tp fastest, then dp, then pp), so the groups a plan prints are the groups used."""
     return init_device_mesh(device.type, (dims.pp, dims.dp, dims.tp), mesh_dim_names=MESH_DIMS)
-
-
-def rank_groups(dims: ParallelDims) -> dict[str, list[list[int]]]:
-    """Global ranks of every tp, dp and pp group (the same grid the mesh uses; no process group)."""
-    grid = torch.arange(dims.world_size).view(dims.pp, dims.dp, dims.tp)
-    return {
-        "tp": grid.reshape(-1, dims.tp).tolist(),
-        "dp": grid.permute(0, 2, 1).reshape(-1, dims.dp).tolist(),
-        "pp": grid.permute(1, 2, 0).reshape(-1, dims.pp).tolist(),
-    }
