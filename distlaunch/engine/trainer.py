@@ -6,7 +6,8 @@ Parallelism is applied to the built model in a fixed order, each step one small 
    the meta device first, so a rank only ever allocates its own stage,
 2. weights: every parameter initialised from (seed, name), identical in any layout,
 3. tensor parallel: shard the stage's weights over the tp group (``apply_tp``),
-4. activation checkpointing (``train.activation_checkpointing``),
+4. activation checkpointing (``train.activation_checkpointing``), then ``train.compile``
+   (``torch.compile`` per block),
 5. ZeRO / FSDP over the dp group, which also builds the optimizer (``build_data_parallel``);
    ZeRO-0/1/2 reduce gradients in buckets launched from backward (``parallel/buckets.py``).
 
@@ -41,6 +42,7 @@ from distlaunch.engine.optim import (
 )
 from distlaunch.engine.parallel.activation import apply_activation_checkpointing
 from distlaunch.engine.parallel.buckets import Reduction
+from distlaunch.engine.parallel.compile import apply_compile, compile_enabled
 from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP
 from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
@@ -99,7 +101,7 @@ def build_data_parallel(
 ) -> DataParallelBase:
     """The ZeRO stage's strategy (which also owns the optimizer)."""
     if dims.zero == 3:
-        return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer)
+        return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer, train.precision)
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
     # every parameter's gradient is accumulated once per backward: micro-batches x rounds a step
     reduction = Reduction(train.bucket_mb, rounds=dims.microbatches * dims.accum_steps)
@@ -129,6 +131,8 @@ class Engine:
             apply_tp(chunk, mesh["tp"])
         if cfg.train.activation_checkpointing:
             apply_activation_checkpointing(self.chunks)
+        if compile_enabled(cfg.train.compile, device):
+            apply_compile(self.chunks)
         train = cfg.train
         make_optimizer = make_optimizer_factory(train.lr, train.weight_decay, (train.beta1, train.beta2))
         self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer, train)

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from distlaunch.engine.config import load_config
 from distlaunch.engine.model import PRESETS
+from distlaunch.engine.parallel.compile import is_compiled
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
@@ -99,6 +100,7 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
         "dims": dims.describe(),
         "reduction": stats,
         "compute_dtypes": sorted(compute_dtypes),
+        "compiled_blocks": sum(is_compiled(b) for chunk in engine.chunks for b in chunk.blocks.values()),
     }
 
 

@@ -23,10 +23,11 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from distlaunch.engine.parallel.buckets import Reduction
+from distlaunch.engine.precision import DTYPES
 
 OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], torch.optim.Optimizer]
 
@@ -165,20 +166,31 @@ class ReplicatedDP(DataParallelBase):
         self.reducer.finish([loss] if loss is not None else [])
 
 
+def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+    """ZeRO-3's precision: with bf16/fp16 every unit all-gathers 16-bit parameters (half the
+    bytes of the all-gather and of the unsharded block) and computes in them, while the sharded
+    fp32 parameters stay the master weights the optimizer updates. Gradients are reduce-scattered
+    in fp32: the dp sum of many 16-bit gradients would lose the small ones."""
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
+
+
 class FullyShardedDP(DataParallelBase):
     """zero=3: ``fully_shard`` shards parameters, gradients (reduce-scatter) and Adam state."""
 
     zero = 3
 
-    def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory):
+    def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory, precision="fp32"):
+        mp_policy = mixed_precision_policy(precision)
         # with tp the root returns its vocab shard of the logits as a view (DTensor.to_local);
         # the loss only reads it out of place, so FSDP's in-place warning does not apply
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         for chunk in chunks:
             # one FSDP unit per block: only one block's parameters are unsharded at a time
             for block in chunk.blocks.values():
-                fully_shard(block, mesh=dp_mesh)
-            fully_shard(chunk, mesh=dp_mesh)  # embeddings, norm and head form the root unit
+                fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy)
+            fully_shard(chunk, mesh=dp_mesh, mp_policy=mp_policy)  # embeddings, norm and head form the root unit
         named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
         super().__init__(named, dp_mesh, tp)
         self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])
