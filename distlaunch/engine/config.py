@@ -59,6 +59,11 @@ class TrainSection(_Section):
     precision: Precision = "fp32"
     loss_scale: float = Field(2.0**16, gt=0)  # fp16 only: the dynamic loss scale's start value
     activation_checkpointing: bool = False
+    # torch.compile every transformer block; "auto" (None): on for CUDA, off on CPU
+    compile: Annotated[bool | None, BeforeValidator(lambda value: None if value == "auto" else value)] = None
+    # ZeRO-0/1/2: gradients are reduced in buckets of this many MiB, each launched from the
+    # backward as soon as it is complete (DDP's default 25)
+    bucket_mb: float = Field(25.0, gt=0)
     log_every: int = Field(1, ge=1)
     # seconds one step may take before the rank's watchdog ends it (exit 124); 0: no limit
     step_timeout: float = Field(900.0, ge=0)

@@ -3,7 +3,7 @@ from the preset's shapes alone (pure arithmetic, no torch), for ``distlaunch tra
 
 The state parts follow what the engine really allocates, tensor by tensor, so they match the
 measured bytes (``Engine.state_bytes``): every kept tensor is fp32 in every precision (bf16/fp16
-use autocast, the parameters are the master weights), AdamW holds two moments and a 4-byte step
+use autocast, or ZeRO-3's 16-bit all-gather; the fp32 parameters are the master weights), AdamW holds two moments and a 4-byte step
 counter per tensor, ZeRO-1/2 slice each flattened tensor into dp slots of ceil(numel/dp), ZeRO-3
 (FSDP2) shards dim 0 into dp padded rows. Activations are an estimate (Korthikanti et al. 2022,
 without dropout; fused attention keeps no score matrix), see docs/train.md.
@@ -134,9 +134,34 @@ def activation_bytes(
     kept = layers * in_flight * s * b * h * FP32 + per_layer if checkpointing else layers * in_flight * per_layer
     if dims.n_stages - 1 in stages:  # fp32 logits of one micro-batch and their gradient
         kept += 2 * FP32 * b * s * model.vocab_size // t
-    if elem == 2:  # autocast caches a 16-bit copy of every weight matrix it used
-        kept += 2 * sum(x.numel for x in rank_tensors(model, dims, pp_rank) if x.rows > 1)
+    if elem == 2:
+        kept += unsharded_16bit_weights(model, dims, pp_rank)
     return int(kept)
+
+
+def block_numel(model: GPTConfig, tp: int) -> int:
+    """Parameters of one transformer block as one tp rank holds them."""
+    d, f = model.d_model, model.mlp_ratio * model.d_model
+    return 4 * d + (3 * d * d + d * d + 2 * f * d) // tp
+
+
+def unsharded_16bit_weights(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
+    """Bytes of 16-bit weight copies a 16-bit step holds besides the fp32 state.
+
+    ZeRO-0/1/2: autocast caches a 16-bit copy of every weight matrix it used, for the forward.
+    ZeRO-3 (FSDP2 ``MixedPrecisionPolicy``): the units are all-gathered in 16 bits, so only the
+    unsharded units exist: the stage root (kept from forward to backward) and two blocks (the one
+    running and the next one prefetched).
+    """
+    tensors = rank_tensors(model, dims, pp_rank)
+    if dims.zero != 3:
+        return 2 * sum(x.numel for x in tensors if x.rows > 1)
+    layers = sum(
+        stage_layer_counts(model.n_layer, dims.n_stages)[pp_rank + k * dims.pp] for k in range(dims.virtual_stages)
+    )
+    block = block_numel(model, dims.tp)
+    root = sum(x.numel for x in tensors) - layers * block
+    return 2 * (root + min(2, layers) * block)
 
 
 def rank_memory(

@@ -6,8 +6,10 @@ Parallelism is applied to the built model in a fixed order, each step one small 
    the meta device first, so a rank only ever allocates its own stage,
 2. weights: every parameter initialised from (seed, name), identical in any layout,
 3. tensor parallel: shard the stage's weights over the tp group (``apply_tp``),
-4. activation checkpointing (``train.activation_checkpointing``),
-5. ZeRO / FSDP over the dp group, which also builds the optimizer (``build_data_parallel``).
+4. activation checkpointing (``train.activation_checkpointing``), then ``train.compile``
+   (``torch.compile`` per block),
+5. ZeRO / FSDP over the dp group, which also builds the optimizer (``build_data_parallel``);
+   ZeRO-0/1/2 reduce gradients in buckets launched from backward (``parallel/buckets.py``).
 
 A step (``train_step``): ``grad_accum_steps`` forward/backward rounds under autocast, one
 gradient sync, one all-reduce for the loss and the global gradient norm (with plain data
@@ -26,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleStep, TrainState
-from distlaunch.engine.config import TrainingConfig
+from distlaunch.engine.config import TrainingConfig, TrainSection
 from distlaunch.engine.data import build_samplers
 from distlaunch.engine.memory import storage_bytes
 from distlaunch.engine.model import GPT, GPTConfig, init_weights
@@ -39,6 +41,8 @@ from distlaunch.engine.optim import (
     weighted_sq_norm,
 )
 from distlaunch.engine.parallel.activation import apply_activation_checkpointing
+from distlaunch.engine.parallel.buckets import Reduction
+from distlaunch.engine.parallel.compile import apply_compile, compile_enabled
 from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP
 from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
@@ -92,14 +96,20 @@ def build_chunks(model_cfg: GPTConfig, dims: ParallelDims, pp_rank: int, seed: i
     return chunks
 
 
-def build_data_parallel(chunks: list[GPT], dims: ParallelDims, dp_mesh: DeviceMesh, make_optimizer) -> DataParallelBase:
+def build_data_parallel(
+    chunks: list[GPT], dims: ParallelDims, dp_mesh: DeviceMesh, make_optimizer, train: TrainSection
+) -> DataParallelBase:
     """The ZeRO stage's strategy (which also owns the optimizer)."""
     if dims.zero == 3:
-        return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer)
+        return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer, train.precision)
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
+    # every parameter's gradient is accumulated once per backward: micro-batches x rounds a step
+    reduction = Reduction(train.bucket_mb, rounds=dims.microbatches * dims.accum_steps)
+    groups = [list(chunk.parameters()) for chunk in chunks]
     if dims.zero == 0:
-        return ReplicatedDP(named, dp_mesh, dims.tp, make_optimizer)
-    return ShardedDP(named, dp_mesh, dims.tp, make_optimizer, zero=dims.zero)
+        replicas_only = dims.tp == 1 and dims.pp == 1  # the loss rides in the last bucket
+        return ReplicatedDP(named, dp_mesh, dims.tp, make_optimizer, reduction, groups, carry_loss=replicas_only)
+    return ShardedDP(named, dp_mesh, dims.tp, make_optimizer, dims.zero, reduction, groups)
 
 
 class Engine:
@@ -121,9 +131,11 @@ class Engine:
             apply_tp(chunk, mesh["tp"])
         if cfg.train.activation_checkpointing:
             apply_activation_checkpointing(self.chunks)
+        if compile_enabled(cfg.train.compile, device):
+            apply_compile(self.chunks)
         train = cfg.train
         make_optimizer = make_optimizer_factory(train.lr, train.weight_decay, (train.beta1, train.beta2))
-        self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer)
+        self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer, train)
         self.scheduler = build_scheduler(self.data_parallel.optimizer, train)
         self.scaler = DynamicLossScaler(train.precision == "fp16", train.loss_scale)
         # what a checkpoint saves besides model and optimizer tensors (docs/checkpointing.md)

@@ -16,30 +16,81 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from distlaunch.engine.config import load_config
 from distlaunch.engine.model import PRESETS
+from distlaunch.engine.parallel.compile import is_compiled
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
 
 
-def run_layout(overrides: list[str], world_size: int) -> dict:
-    """Train one layout; returns losses, grad norms, step-1 gradients and state bytes."""
+class CollectiveCounter(TorchDispatchMode):
+    """Counts every c10d collective dispatched while active (the ops CommDebugMode counts,
+    without its module tracker, which does not follow modules called several times a step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in c10d_collective_ops:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def reduction_stats(engine: Engine, count_comms: bool, step: int) -> tuple[torch.Tensor, dict]:
+    """Step ``step``'s forward/backward and gradient sync, with the collectives it issued:
+    ``comms`` (every c10d collective, from CommDebugMode; only with ``count_comms``) and the
+    gradient reducer's buckets, launches, and launches made from a backward hook."""
+    mode = CollectiveCounter()
+    if count_comms:
+        with mode:
+            local_loss = engine.forward_backward(step)
+    else:
+        local_loss = engine.forward_backward(step)
+    reducer = getattr(engine.data_parallel, "reducer", None)
+    stats = {
+        "comms": mode.count if count_comms else None,
+        "buckets": len(reducer.buckets) if reducer else 0,
+        "collectives": reducer.collectives if reducer else 0,
+        "in_backward": sum(b.in_backward for b in reducer.buckets) if reducer else 0,
+        "backwards": reducer.rounds if reducer else 0,  # micro-batches x accumulation rounds
+        "per_round": reducer.per_round if reducer else False,
+    }
+    return local_loss, stats
+
+
+def run_layout(overrides: list[str], world_size: int, count_comms: bool = False) -> dict:
+    """Train one layout; returns losses, grad norms, step-1 gradients, state bytes and step 2's
+    gradient-reduction statistics."""
     cfg = load_config(None, overrides)
     dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
     mesh = build_mesh(dims, torch.device("cpu"))
     engine = Engine(cfg, dims, mesh, torch.device("cpu"))
     groups = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in ("pp", "dp", "tp")}
-    losses, norms, grads = [], [], {}
+    compute_dtypes: set[str] = set()  # dtypes of a block's weights as its forward sees them
+
+    def record_dtypes(module, args) -> None:
+        compute_dtypes.update(str(p.dtype) for p in module.parameters())
+
+    first_block = next(iter(engine.chunks[0].blocks.values()))
+    hook = first_block.register_forward_pre_hook(record_dtypes)  # after ZeRO-3's all-gather hook
+    losses, norms, grads, stats = [], [], {}, {}
     for step in range(1, cfg.train.steps + 1):
-        local_loss = engine.forward_backward(step)
+        if step == 2:
+            local_loss, stats = reduction_stats(engine, count_comms, step)
+        else:
+            local_loss = engine.forward_backward(step)
         loss, norm = engine.reduce_loss_and_norm(local_loss)
         if step == 1:
             grads = engine.full_gradients()
         engine.optimizer_step()
         losses.append(loss)
         norms.append(norm)
+    hook.remove()
     return {
         "losses": losses,
         "grad_norms": norms,
@@ -47,6 +98,9 @@ def run_layout(overrides: list[str], world_size: int) -> dict:
         "mem": engine.state_bytes(),
         "groups": groups,
         "dims": dims.describe(),
+        "reduction": stats,
+        "compute_dtypes": sorted(compute_dtypes),
+        "compiled_blocks": sum(is_compiled(b) for chunk in engine.chunks for b in chunk.blocks.values()),
     }
 
 
@@ -55,7 +109,7 @@ def main(out_dir: str, spec_json: str) -> None:
     env = read_env()
     init_process_group(env, torch.device("cpu"))
     for name, overrides in spec["layouts"].items():
-        result = run_layout(spec["base"] + overrides, env.world_size)
+        result = run_layout(spec["base"] + overrides, env.world_size, spec.get("count_comms", False))
         torch.save(result, Path(out_dir) / f"{name}.rank{env.rank}.pt")
         dist.barrier()
     dist.destroy_process_group()

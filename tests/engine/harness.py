@@ -71,10 +71,16 @@ def spawn(
 
 
 def run_layouts(
-    out_dir: Path, world_size: int, base: list[str], layouts: dict[str, list[str]], timeout: float = 600
+    out_dir: Path,
+    world_size: int,
+    base: list[str],
+    layouts: dict[str, list[str]],
+    timeout: float = 600,
+    count_comms: bool = False,
 ) -> dict[str, list[dict]]:
-    """Train every layout in one job of ``world_size`` ranks; results per layout, per rank."""
-    spec = json.dumps({"base": base, "layouts": layouts})
+    """Train every layout in one job of ``world_size`` ranks; results per layout, per rank
+    (``count_comms``: step 2 runs under CommDebugMode, see ``_worker.reduction_stats``)."""
+    spec = json.dumps({"base": base, "layouts": layouts, "count_comms": count_comms})
     results = spawn([sys.executable, str(WORKER), str(out_dir), spec], world_size, timeout)
     failed = [(i, r.stderr[-3000:]) for i, r in enumerate(results) if r.returncode != 0]
     if failed:

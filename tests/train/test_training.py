@@ -32,6 +32,7 @@ BASE = [
     "train.grad_clip=0.5",
     "train.warmup_steps=1",
     "train.weight_decay=0.1",
+    "train.bucket_mb=0.25",  # many gradient buckets, each launched from backward (test_buckets.py)
 ]
 ACCUM = ["train.grad_accum_steps=2"]
 PARITY = {  # 4 ranks, each with 2 accumulation rounds; all must equal the single process

@@ -6,7 +6,8 @@ must follow it), ``zero_grad``, and read-only views for the gradient norm, memor
 
 - zero=0 (``ReplicatedDP``): full parameters, gradients and Adam state on every dp rank; the
   gradients are averaged with bucketed all-reduces once per step (what DDP does with
-  ``no_sync`` on all but the last micro-batch). Not DDP itself: DDP cannot hold DTensor (tp)
+  ``no_sync`` on all but the last micro-batch), each launched asynchronously from the backward
+  hooks as soon as its bucket is complete (``parallel/buckets.py``). Not DDP itself: DDP cannot hold DTensor (tp)
   parameters and its reducer expects one backward per forward, which pipeline schedules break.
 - zero=1/2: ``distlaunch.engine.parallel.zero.ShardedDP``.
 - zero=3 (``FullyShardedDP``): PyTorch's ``fully_shard`` (FSDP2) per block and per stage.
@@ -22,10 +23,11 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-BUCKET_NUMEL = 1 << 24  # 64 MiB of fp32 per all-reduce: few collectives, bounded extra memory
+from distlaunch.engine.parallel.buckets import Reduction
+from distlaunch.engine.precision import DTYPES
 
 OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], torch.optim.Optimizer]
 
@@ -113,43 +115,65 @@ class DataParallelBase:
 
 
 class ReplicatedDP(DataParallelBase):
-    """zero=0: replicated state, gradients averaged by bucketed all-reduce."""
+    """zero=0: replicated state, gradients averaged by bucketed all-reduces launched from backward."""
 
     zero = 0
 
-    def __init__(self, named_params, dp_mesh, tp, make_optimizer: OptimizerFactory):
+    def __init__(
+        self,
+        named_params,
+        dp_mesh,
+        tp,
+        make_optimizer: OptimizerFactory,
+        reduction: Reduction | None = None,
+        groups: list[list[nn.Parameter]] | None = None,
+        carry_loss: bool = False,
+    ):
         super().__init__(named_params, dp_mesh, tp)
         self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])
+        self.reducer = None
+        if self.dp > 1:  # groups: one per pipeline chunk (a bucket never spans two)
+            reduction = reduction or Reduction()
+            self.reducer = reduction.reducer(groups or [self.params], self._launch, hold_last=carry_loss)
 
-    def sync_grads(self, loss: torch.Tensor | None = None) -> None:
-        """As the base class; ``loss`` (a scalar) is dp-averaged in place too, riding in the last
-        bucket, so the step needs no separate collective for it."""
-        for p in self.params:
+    def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
+        for p in params:
             align_grad(p)
-        if self.dp == 1:
-            return
-        tensors = [local(p.grad) for p in self.params if p.grad is not None]
-        if loss is not None:
-            tensors.append(loss.view(1))
-        for bucket in _buckets(tensors, BUCKET_NUMEL):
-            flat = _flatten_dense_tensors(bucket)
-            dist.all_reduce(flat, group=self.dp_mesh.get_group())
+        tensors = [local(p.grad) for p in params if p.grad is not None] + [t.view(1) for t in extra]
+        flat = _flatten_dense_tensors(tensors)
+        work = dist.all_reduce(flat, group=self.dp_mesh.get_group(), async_op=True)
+
+        def done() -> None:
             flat.div_(self.dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
-            for grad, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=False):
+            for grad, reduced in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
                 grad.copy_(reduced)
 
+        return work, done
 
-def _buckets(tensors: list[torch.Tensor], max_numel: int) -> Iterable[list[torch.Tensor]]:
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for t in tensors:
-        if bucket and size + t.numel() > max_numel:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(t)
-        size += t.numel()
-    if bucket:
-        yield bucket
+    def zero_grad(self) -> None:
+        if self.reducer is not None:
+            self.reducer.reset()
+        super().zero_grad()
+
+    def sync_grads(self, loss: torch.Tensor | None = None) -> None:
+        """Wait for the bucket all-reduces (launching any a hook did not); ``loss`` (a scalar) is
+        dp-averaged in place too, riding in the last bucket, so the step needs no separate
+        collective for it."""
+        if self.reducer is None:
+            for p in self.params:
+                align_grad(p)
+            return
+        self.reducer.finish([loss] if loss is not None else [])
+
+
+def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+    """ZeRO-3's precision: with bf16/fp16 every unit all-gathers 16-bit parameters (half the
+    bytes of the all-gather and of the unsharded block) and computes in them, while the sharded
+    fp32 parameters stay the master weights the optimizer updates. Gradients are reduce-scattered
+    in fp32: the dp sum of many 16-bit gradients would lose the small ones."""
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
 
 
 class FullyShardedDP(DataParallelBase):
@@ -157,15 +181,16 @@ class FullyShardedDP(DataParallelBase):
 
     zero = 3
 
-    def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory):
+    def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory, precision="fp32"):
+        mp_policy = mixed_precision_policy(precision)
         # with tp the root returns its vocab shard of the logits as a view (DTensor.to_local);
         # the loss only reads it out of place, so FSDP's in-place warning does not apply
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         for chunk in chunks:
             # one FSDP unit per block: only one block's parameters are unsharded at a time
             for block in chunk.blocks.values():
-                fully_shard(block, mesh=dp_mesh)
-            fully_shard(chunk, mesh=dp_mesh)  # embeddings, norm and head form the root unit
+                fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy)
+            fully_shard(chunk, mesh=dp_mesh, mp_policy=mp_policy)  # embeddings, norm and head form the root unit
         named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
         super().__init__(named, dp_mesh, tp)
         self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])

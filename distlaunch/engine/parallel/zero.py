@@ -5,13 +5,17 @@ Every parameter's local tensor (its tp shard, if any) is flattened and cut into 
 the slice it optimises is a view into the parameter's own storage, so no extra fp32 copy of the
 weights exists. After the step each slice is all-gathered back into the parameter.
 
-- zero=1: gradients stay full-size on every rank; after the last micro-batch one reduce-scatter
-  per parameter leaves each rank the dp average of its slice (written into its part of the full
-  gradient buffer).
-- zero=2: a post-accumulate-grad hook reduce-scatters each parameter's gradient as soon as the
-  backward produced it, adds it to a slice-sized buffer and frees the full gradient (DeepSpeed
-  stage 2 also reduces on every micro-batch; the full gradient of one parameter lives only
-  between its accumulation and its hook).
+Gradients travel in buckets (``parallel/buckets.py``): one reduce-scatter per bucket, launched
+asynchronously from the backward hooks as soon as the bucket is complete; the bucket's send
+buffer is laid out (dp, slots) so that rank r receives slot r of every parameter in it.
+
+- zero=1: gradients stay full-size on every rank; after the last micro-batch each bucket's
+  reduce-scatter leaves each rank the dp average of its slices (written into its part of the
+  full gradient buffer).
+- zero=2: each bucket is reduce-scattered after every micro-batch, added to slice-sized buffers,
+  and the full gradients are freed once flattened into the send buffer (DeepSpeed stage 2 also
+  reduces on every micro-batch; the full gradient of a bucket lives only until its last
+  parameter's hook).
 
 Why not ``ZeroRedundancyOptimizer``: it assigns whole parameters to ranks (uneven memory when
 a few tensors are large), it cannot hold DTensor (tp) parameters, and it has no gradient sharding.
@@ -26,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.data import DataParallelBase, OptimizerFactory, align_grad, local, tp_sharded
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names
@@ -53,12 +58,6 @@ class _ParamShard:
             return flat
         return torch.cat([flat, flat.new_zeros(self.size * dp - self.numel)])
 
-    def reduce_scatter(self, grad: torch.Tensor, dp: int, group) -> torch.Tensor:
-        """This rank's slice of the dp average of ``grad`` (length stop - start)."""
-        out = grad.new_empty(self.size)
-        _reduce_scatter(out, self.padded(grad.reshape(-1), dp), group=group)
-        return out[: self.stop - self.start].div_(dp)
-
     def all_gather(self, dp: int, group) -> None:
         """Copy every rank's updated slice back into the full local parameter."""
         slot = self.master.detach().new_zeros(self.size)
@@ -71,40 +70,66 @@ class _ParamShard:
 class ShardedDP(DataParallelBase):
     """zero=1 (optimizer state sharded) or zero=2 (+ gradients sharded) over the dp group."""
 
-    def __init__(self, named_params, dp_mesh, tp, make_optimizer: OptimizerFactory, zero: int):
+    def __init__(
+        self,
+        named_params,
+        dp_mesh,
+        tp,
+        make_optimizer: OptimizerFactory,
+        zero: int,
+        reduction: Reduction | None = None,
+        groups: list[list[nn.Parameter]] | None = None,
+    ):
         super().__init__(named_params, dp_mesh, tp)
         self.zero = zero
         self.group = dp_mesh.get_group()
         rank = dp_mesh.get_local_rank()
         self.shards = [_ParamShard(p, rank, self.dp) for p in self.params]
+        self.shard_of = {s.param: s for s in self.shards}
         self.optimizer = make_optimizer([(s.master, s.param.ndim >= 2) for s in self.shards])
-        if zero == 2:
-            for shard in self.shards:
-                shard.param.register_post_accumulate_grad_hook(self._hook_for(shard))
+        # stage 2 reduces every round (the full gradient is freed as soon as its bucket is
+        # flattened); stage 1 once per step, after the last round
+        reduction = reduction or Reduction()
+        self.reducer = reduction.reducer(groups or [self.params], self._launch, per_round=zero == 2)
 
-    def _hook_for(self, shard: _ParamShard):
-        def reduce_and_free(param: torch.Tensor) -> None:
-            align_grad(param)
-            part = shard.reduce_scatter(local(param.grad), self.dp, self.group)
-            if shard.master.grad is None:
-                shard.master.grad = part
-            else:
-                shard.master.grad.add_(part)
-            param.grad = None  # the point of stage 2: no full-size gradient survives
+    def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
+        """One reduce-scatter for a bucket: rank r receives slot r of every parameter in it."""
+        shards = [self.shard_of[p] for p in params]
+        pieces = []
+        for shard in shards:
+            align_grad(shard.param)
+            grad = shard.param.grad
+            flat = local(grad).reshape(-1) if grad is not None else local(shard.param).new_zeros(shard.numel)
+            pieces.append(shard.padded(flat, self.dp).view(self.dp, shard.size))
+        # (dp, sum of slots): row r is what rank r receives, contiguous as the collective wants
+        send = torch.cat(pieces, dim=1).reshape(-1)
+        out = send.new_empty(send.numel() // self.dp)
+        work = _reduce_scatter(out, send, group=self.group, async_op=True)
+        if self.zero == 2:
+            for shard in shards:
+                shard.param.grad = None  # the point of stage 2: no full-size gradient survives
 
-        return reduce_and_free
+        def done() -> None:
+            out.div_(self.dp)
+            offset = 0
+            for shard in shards:
+                part = out[offset : offset + shard.stop - shard.start]  # a view: the slots are the buffer
+                offset += shard.size
+                grad = shard.param.grad
+                if self.zero == 1 and grad is not None:
+                    # keep the slice inside the full gradient buffer: stage 1 stores no extra bytes
+                    own = local(grad).view(-1)[shard.start : shard.stop]
+                    own.copy_(part)
+                    shard.master.grad = own
+                elif shard.master.grad is None:
+                    shard.master.grad = part
+                else:
+                    shard.master.grad.add_(part)
+
+        return work, done
 
     def sync_grads(self) -> None:
-        if self.zero == 2:
-            return  # the hooks already reduced every micro-batch
-        for shard in self.shards:
-            align_grad(shard.param)
-            full = local(shard.param.grad).view(-1)
-            part = shard.reduce_scatter(full, self.dp, self.group)
-            # keep the slice inside the full gradient buffer: stage 1 stores no extra bytes
-            own = full[shard.start : shard.stop]
-            own.copy_(part)
-            shard.master.grad = own
+        self.reducer.finish()
 
     def step(self) -> None:
         self.optimizer.step()
@@ -113,6 +138,7 @@ class ShardedDP(DataParallelBase):
                 shard.all_gather(self.dp, self.group)
 
     def zero_grad(self) -> None:
+        self.reducer.reset()
         for shard in self.shards:
             shard.master.grad = None
         super().zero_grad()
