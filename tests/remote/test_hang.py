@@ -7,7 +7,8 @@ import re
 import subprocess
 
 from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
-from tests.launcher.test_hang import LATE
+from tests.launcher.scripts.nccl_dumper import dump_bytes
+from tests.launcher.test_hang import DUMPER, LATE
 from tests.remote.test_multihost import cli_env
 
 
@@ -33,3 +34,22 @@ def test_a_late_rank_on_a_remote_host_is_named_with_its_host_and_the_job_exits_1
     assert stacks["rank1.txt"].startswith("# rank 1 on node1 ") and "all_reduce" in stacks["rank1.txt"]
     assert f"full stacks: {job / 'stacks'}" in r.stderr
     assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job.name), 10), "job processes left behind"
+
+
+def test_nccl_flight_recorder_dumps_of_remote_ranks_reach_the_job_folder(sshd_cluster, tmp_path):
+    hostfile = sshd_cluster.write_hostfile(tmp_path / "hosts", nhosts=2)
+    logs = tmp_path / "logs"
+    r = subprocess.run(
+        distlaunch_cmd(
+            "run", "-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--hang-timeout", "3",
+            "--grace-period", "1", "--log-dir", str(logs), DUMPER,
+        ),
+        capture_output=True, text=True, env=cli_env(COLUMNS="300"), timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 124, r.stderr
+    (folder,) = logs.glob("dl-*/stacks")
+    for rank in range(2):  # on node1: rank 0 dumped at once, rank 1 through its pipe; rank 2 (node2) was cut
+        assert (folder / f"nccl_trace_rank_{rank}").read_bytes() == dump_bytes(rank)
+    assert (folder / "nccl_trace_rank_2").read_bytes() == dump_bytes(2)[: 4 << 20]
+    assert f"NCCL flight recorder dumps of ranks 0-2: {folder} " in r.stderr
+    assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", folder.parent.name), 10), "left behind"
