@@ -13,6 +13,7 @@ start fast.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -47,6 +48,11 @@ STACKS_SIGNAL = signal.SIGRTMIN + 5
 STACKS_WAIT_S = 1.0  # faulthandler writes from the signal handler: a second is plenty
 STACKS_MAX_BYTES = 256 * 1024
 PROGRESS_POLL_S = 1.0
+# PyTorch's NCCL watchdog makes a pipe <stem><global rank>.pipe when TORCH_NCCL_DEBUG_INFO_PIPE_FILE names a
+# stem, polls it about once a second and dumps its flight recorder when anything is written to it: how a
+# hang gets its dumps long before NCCL's own collective timeout would write them.
+NCCL_DUMP_PIPE_STEM = "nccl_dump_pipe_rank"
+NCCL_DUMP_WAIT_S = 5.0  # for the dumps asked for through the pipes, before the stacks are sent
 
 
 def _text(data: bytes) -> str:
@@ -184,8 +190,10 @@ class Agent:
             env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
             env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
             env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-            env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.scratch, "nccl_trace_rank_"))
+            # The dumps are sent to the launcher at the end (send_nccl_traces), before the scratch folder goes.
+            env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.scratch, p.NCCL_TRACE_PREFIX))
             env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", env["TORCH_FR_DUMP_TEMP_FILE"])
+            env.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", os.path.join(self.scratch, NCCL_DUMP_PIPE_STEM))
         return env
 
     def rank_argv(self, spec: dict) -> list[str]:
@@ -300,9 +308,12 @@ class Agent:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rank.proc.pid, STACKS_SIGNAL)  # the leader only: its children are not armed
                 armed[rank.rank] = path
+        asked_at = time.time()
+        dumping = self.ask_nccl_dumps(running)
         pyspy = shutil.which("py-spy")
         if armed:
             time.sleep(STACKS_WAIT_S)
+        self.wait_nccl_dumps(dumping, asked_at)
         for rank in running:
             text, tool = "", "none"
             if pyspy:
@@ -316,6 +327,62 @@ class Agent:
                 with open(armed[rank.rank], "rb") as f:
                     text, tool = _text(f.read(STACKS_MAX_BYTES)), "faulthandler"
             self.emit(ev=p.STACKS, rank=rank.rank, tool=tool, text=text)
+
+    def ask_nccl_dumps(self, running: list[Rank]) -> list[str]:
+        """Write to each running rank's NCCL dump pipe (where its watchdog made one); the dump files to expect."""
+        expected = []
+        for rank in running:
+            pipe = os.path.join(self.scratch, f"{NCCL_DUMP_PIPE_STEM}{rank.rank}.pipe")
+            try:  # non-blocking: no reader (the watchdog is gone) is ENXIO, never a wait
+                fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                os.write(fd, b"1")
+                expected.append(os.path.join(self.scratch, f"{p.NCCL_TRACE_PREFIX}{rank.rank}"))
+            os.close(fd)
+        return expected
+
+    def wait_nccl_dumps(self, paths: list[str], since: float) -> None:
+        """Until every file in ``paths`` was written after ``since`` and stopped growing (NCCL_DUMP_WAIT_S at most):
+        the ranks are stopped right after their stacks are in, and a dump cut short cannot be read."""
+        deadline, sizes = time.monotonic() + NCCL_DUMP_WAIT_S, {}
+        while paths and time.monotonic() < deadline:
+            now = {}
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    st = os.stat(path)
+                    if st.st_mtime >= since - 1:  # mtime granularity
+                        now[path] = st.st_size
+            if len(now) == len(paths) and now == sizes:
+                return
+            sizes = now
+            time.sleep(0.2)
+
+    def send_nccl_traces(self) -> None:
+        """Every NCCL flight recorder dump in the scratch folder, to the launcher (the folder goes next)."""
+        try:
+            names = sorted(os.listdir(self.scratch))
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.scratch, name)
+            if not name.startswith(p.NCCL_TRACE_PREFIX) or not os.path.isfile(path):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    data = f.read(p.NCCL_TRACE_MAX_BYTES)
+            except OSError:
+                continue
+            suffix = name[len(p.NCCL_TRACE_PREFIX) :]
+            self.emit(
+                ev=p.NCCL_TRACE,
+                rank=int(suffix) if suffix.isdigit() else None,
+                name=name,
+                size=size,
+                data=base64.b64encode(data).decode("ascii"),
+            )
 
     def check_progress(self) -> None:
         """Report ranks' distlaunch.progress() calls (the mtime of their progress files), once a second."""
@@ -383,6 +450,7 @@ class Agent:
         ended = self.end_stragglers()
         if ended:
             self.emit(ev=p.STRAGGLERS, count=len(ended), pids=ended)
+        self.send_nccl_traces()
         self.emit(ev=p.DONE)
         self.drain_out()
         shutil.rmtree(self.scratch, ignore_errors=True)

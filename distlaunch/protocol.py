@@ -10,6 +10,10 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
     {"ev": "stacks", "rank": 3, "tool": "faulthandler", "text": "..."}
     {"ev": "exit", "rank": 3, "code": 1, "error": {...}}       negative code: killed by that signal
     {"ev": "stragglers", "count": 2, "pids": [..]}             processes of the job left after its ranks ended
+    {"ev": "nccl-trace", "rank": 3, "name": "nccl_trace_rank_3", "size": 81920, "data": "<base64>"}
+                                                               a rank's NCCL flight recorder dump, sent once its
+                                                               ranks are gone; data holds at most
+                                                               NCCL_TRACE_MAX_BYTES of the size bytes
     {"ev": "hb"}                                               heartbeat
     {"ev": "done"}                                             the agent is finished; nothing follows
 
@@ -29,13 +33,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 # events, agent → launcher
-HELLO, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, HEARTBEAT, DONE = (
-    "hello", "started", "out", "progress", "stacks", "exit", "stragglers", "hb", "done"
+HELLO, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEARTBEAT, DONE = (
+    "hello", "started", "out", "progress", "stacks", "exit", "stragglers", "nccl-trace", "hb", "done"
 )  # fmt: skip
 # events the launcher's side of a connection makes itself
 AGENT_OUT, LOST = "agent-out", "lost"
 # commands, launcher → agent
 STOP, KILL, ASK_STACKS, PING = "stop", "kill", "stacks", "hb"
+
+# NCCL flight recorder dumps (written by PyTorch as <prefix><global rank>, a pickle): the agent points the
+# ranks' TORCH_FR_DUMP_TEMP_FILE at <its scratch folder>/NCCL_TRACE_PREFIX and sends what is there at the end.
+# The launcher stores the bytes as they came (never unpickles them) under the same name.
+NCCL_TRACE_PREFIX = "nccl_trace_rank_"
+NCCL_TRACE_MAX_BYTES = 4 << 20  # per rank: bounds the event and the launcher's memory; a longer dump is cut
 
 GRACE_PERIOD_S = 10.0  # SIGTERM to SIGKILL, unless --grace-period says otherwise
 

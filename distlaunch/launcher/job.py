@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from distlaunch import protocol as p
 from distlaunch.errors import UsageError
+from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.report import (
     HANG_CODE,
@@ -29,7 +30,7 @@ from distlaunch.launcher.report import (
     exit_code_of,
 )
 from distlaunch.launcher.signals import SignalTrap, StackRequests
-from distlaunch.launcher.stacks import write_rank_stacks
+from distlaunch.launcher.stacks import ranges, write_rank_stacks
 from distlaunch.protocol import AgentConnection
 
 TAIL_LINES = 10
@@ -98,6 +99,8 @@ class _Attempt:
         self.hang: HangReport | None = None
         self.asked: dict[int, dict] | None = None  # stacks asked for by 'distlaunch stacks', while they come in
         self.asked_deadline = 0.0
+        self.folder: Path | None = None  # this attempt's stacks folder, once something is written there
+        self.nccl_traces: list[int | None] = []  # ranks whose NCCL flight recorder dumps were stored
 
     def payload(self, node: NodePlan) -> dict:
         return {
@@ -118,6 +121,13 @@ class _Attempt:
                 conns.append(conn)
                 conn.start(self.payload(node))
             self.loop(conns)
+            if self.nccl_traces:
+                ranks = sorted(r for r in self.nccl_traces if r is not None)
+                folder = self.stacks_folder()
+                self.sink.notice(
+                    f"NCCL flight recorder dumps{f' of ranks {ranges(ranks)}' if ranks else ''}: {folder} "
+                    f"(read them with: {READ_HINT.format(folder=folder)})"
+                )
         finally:
             # Readers still posting (the loop ended early) must not block on the full queue while we close.
             threading.Thread(target=_discard, args=(self.events,), daemon=True).start()
@@ -163,6 +173,8 @@ class _Attempt:
                 self.stragglers += event["count"]
                 host = self.plan.nodes[node_rank].host
                 self.sink.notice(f"ended {event['count']} stray process(es) of this job on {host}: {event['pids']}")
+            elif kind == p.NCCL_TRACE:
+                self.on_nccl_trace(event)
             elif kind in (p.DONE, p.LOST) and node_rank in pending:
                 del pending[node_rank]
                 if kind == p.LOST:
@@ -184,10 +196,29 @@ class _Attempt:
             return
         if self.waiting_ranks(pending) - set(self.stacks) and now < self.stacks_deadline:
             return
-        self.hang = write_hang_report(self.plan, self.options, self.stacks, self.host_of, self.restart_count)
+        self.hang = write_hang_report(self.stacks_folder(), self.options, self.stacks, self.host_of)
         self.sink.notice(f"hang: {self.hang.summary}")
         self.sink.notice(f"full stacks: {self.hang.folder}")
         self.stop(conns, f"the job hung (no progress for {timeout:g}s, --hang-timeout)")
+
+    def stacks_folder(self) -> Path:
+        """Where this attempt's stacks and NCCL flight recorder dumps go (one folder, made once)."""
+        if self.folder is None:
+            restart = self.restart_count
+            self.folder = job_folder(self.plan, self.options) / (f"stacks-restart{restart}" if restart else "stacks")
+        return self.folder
+
+    def on_nccl_trace(self, event: dict) -> None:
+        """Store a rank's flight recorder dump; a full disk or a broken event costs the dump, never the job."""
+        try:
+            path = store_nccl_trace(self.stacks_folder(), event)
+            note = cut_note(event, path)
+        except (OSError, BadTrace) as exc:
+            self.sink.notice(f"cannot store the NCCL flight recorder dump of rank {event.get('rank')}: {exc}")
+            return
+        self.nccl_traces.append(event.get("rank"))
+        if note:
+            self.sink.notice(note)
 
     def waiting_ranks(self, pending: dict[int, AgentConnection]) -> set[int]:
         """Ranks still running under an agent that still answers: those whose stacks can come."""
@@ -353,10 +384,9 @@ def open_rank_log(plan: LaunchPlan, options: ExecOptions, rank: int, restart_cou
 
 
 def write_hang_report(
-    plan: LaunchPlan, options: ExecOptions, stacks: dict[int, dict], host_of: dict[int, str], restart: int
+    folder: Path, options: ExecOptions, stacks: dict[int, dict], host_of: dict[int, str]
 ) -> HangReport:
-    """Write every rank's full stack into the job folder and summarise where the ranks wait."""
-    folder = job_folder(plan, options) / (f"stacks-restart{restart}" if restart else "stacks")
+    """Write every rank's full stack into ``folder`` (in the job's) and summarise where the ranks wait."""
     groups, text = write_rank_stacks(folder, stacks, host_of)
     return HangReport(timeout_s=options.hang_timeout, summary=text, folder=str(folder), groups=groups)
 

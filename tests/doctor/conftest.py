@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures.sshd import SshdCluster, start_sshd
+from fixtures.netns import need_root_netns, netns_sshd
+from fixtures.sshd import SshdCluster
 from helpers import invoke
 
 
@@ -74,46 +72,6 @@ def host_block(alias: str, hostname: str, port: int, identity: Path, known_hosts
     )
 
 
-def need_root_netns() -> str | None:
-    """Why a network namespace cannot be made here (None when it can)."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "iptables"):
-        if not shutil.which(tool):
-            return f"{tool} not found (apt-get install -y iproute2 iptables)"
-    probe = f"dlprobe{os.getpid() % 10000}"
-    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"the kernel refuses network namespaces: {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-@dataclass
-class NetnsHost:
-    """An sshd inside a private network namespace, reached from here over a veth pair."""
-
-    name: str
-    outside: str  # the veth end here
-    inside: str  # the veth end in the namespace
-    address: str  # the namespace's address (10.99.N.2)
-    cluster: SshdCluster
-    hosts_file: Path  # /etc/netns/NAME/hosts: the namespace's /etc/hosts (ip netns exec bind-mounts it)
-
-    def ns(self, *argv: str) -> None:
-        subprocess.run(["ip", "netns", "exec", self.name, *argv], check=True, capture_output=True)
-
-    def set_hosts(self, text: str) -> None:
-        """Rewrite the namespace's /etc/hosts in place (the same inode stays bind-mounted for running sshd)."""
-        with open(self.hosts_file, "r+", encoding="utf-8") as f:
-            f.truncate(0)
-            f.write(text)
-
-
-def _sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def netns_host(tmp_path_factory):
     """A namespace with lo, a veth to this side (10.99.N.1 here, 10.99.N.2 there) and its own sshd."""
@@ -122,31 +80,5 @@ def netns_host(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but {reason}", pytrace=False)
         pytest.skip(reason)
-    tag = f"{os.getpid() % 1000}{random.randrange(100)}"
-    name, outside, inside, net = f"dldoc{tag}", f"dld{tag}a", f"dld{tag}b", f"10.99.{random.randrange(1, 254)}"
-    hosts_dir = Path("/etc/netns") / name
-    cluster = None
-    try:
-        _sh("ip", "netns", "add", name)
-        hosts_dir.mkdir(parents=True)
-        (hosts_dir / "hosts").write_text("127.0.0.1 localhost\n", encoding="utf-8")
-        _sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-        _sh("ip", "link", "set", inside, "netns", name)
-        _sh("ip", "addr", "add", f"{net}.1/24", "dev", outside)
-        _sh("ip", "link", "set", outside, "up")
-        for argv in (
-            ["ip", "addr", "add", f"{net}.2/24", "dev", inside],
-            ["ip", "link", "set", inside, "up"],
-            ["ip", "link", "set", "lo", "up"],
-        ):
-            _sh("ip", "netns", "exec", name, *argv)
-        cluster = start_sshd(
-            tmp_path_factory.mktemp("netns-sshd"), addresses=[f"{net}.2"], prefix=("ip", "netns", "exec", name)
-        )
-        yield NetnsHost(name, outside, inside, f"{net}.2", cluster, hosts_dir / "hosts")
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        subprocess.run(["ip", "link", "del", outside], capture_output=True)  # gVisor keeps the peer otherwise
-        shutil.rmtree(hosts_dir, ignore_errors=True)
+    with netns_sshd(tmp_path_factory.mktemp("netns-sshd"), "dldoc") as host:
+        yield host

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from distlaunch.launcher.stacks import group_stacks, summary
 from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
+from tests.launcher.scripts.nccl_dumper import dump_bytes
 
 LATE = str(Path(__file__).parent / "scripts" / "late_rank.py")
+DUMPER = str(Path(__file__).parent / "scripts" / "nccl_dumper.py")
 
 
 def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(tmp_path):
@@ -44,3 +46,27 @@ def test_grouping_names_the_odd_ranks_out_with_their_host():
     hosts = {r: f"node{r // 4 + 1}" for r in range(8)}
     text = summary(group_stacks(stacks, hosts))
     assert text == "ranks 0-2,4-7 wait in all_reduce (y.py:42); rank 3 in <module> (y.py:40) on node1"
+
+
+def test_nccl_flight_recorder_dumps_reach_the_job_folder_byte_for_byte(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(NO_COLOR="1", COLUMNS="300", DLTEST_MARK=tmp_path.name)
+    logs = tmp_path / "logs"
+    r = subprocess.run(
+        distlaunch_cmd("run", "-n", "4", "--hang-timeout", "3", "--grace-period", "1", "--log-dir", str(logs), DUMPER),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 124, r.stderr
+    (folder,) = logs.glob("dl-*/stacks")
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [*(f"nccl_trace_rank_{r}" for r in range(3)), *(f"rank{r}.txt" for r in range(4))], names
+    assert (folder / "nccl_trace_rank_0").read_bytes() == dump_bytes(0)  # written before the hang
+    assert (folder / "nccl_trace_rank_1").read_bytes() == dump_bytes(1)  # asked for through its pipe
+    assert (folder / "nccl_trace_rank_2").read_bytes() == dump_bytes(2)[: 4 << 20]  # cut at the bound
+    assert f"nccl_trace_rank_2 was cut to its first {4 << 20} of {len(dump_bytes(2))} bytes" in r.stderr
+    assert f"NCCL flight recorder dumps of ranks 0-2: {folder} " in r.stderr
+    assert f"python -m torch.distributed.flight_recorder.fr_trace {folder} -p nccl_trace_rank_" in r.stderr
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"
