@@ -185,14 +185,13 @@ class Agent:
             env["DISTLAUNCH_STACKS_SIGNAL"] = str(int(STACKS_SIGNAL))
         if self.hang_timeout:
             env["DISTLAUNCH_PROGRESS_FILE"] = base + ".progress"
-            # PyTorch's NCCL flight recorder (current names first, older ones after): recorded collectives,
-            # dumped per rank into the scratch folder on a collective timeout. Inert without NCCL.
+            # PyTorch's NCCL flight recorder (its current names, torch >= 2.6; setting the older aliases too makes
+            # every rank print a deprecation warning): recorded collectives, dumped per rank into the scratch
+            # folder on a collective timeout. Inert without NCCL.
             env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-            env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", env["TORCH_FR_BUFFER_SIZE"])
             env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
             # The dumps are sent to the launcher at the end (send_nccl_traces), before the scratch folder goes.
             env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.scratch, p.NCCL_TRACE_PREFIX))
-            env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", env["TORCH_FR_DUMP_TEMP_FILE"])
             env.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", os.path.join(self.scratch, NCCL_DUMP_PIPE_STEM))
         return env
 
