@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from distlaunch.errors import DistlaunchError, ExitCode, HostError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
+from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.signals import StackRequests
 from distlaunch.launcher.spec import (
@@ -15,6 +17,7 @@ from distlaunch.launcher.spec import (
     check_master_port,
     check_script,
     is_local_host,
+    is_loopback,
     make_spec,
     resolve_hosts,
 )
@@ -82,7 +85,21 @@ def launch(
     plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink, command: list[str] | None = None
 ) -> RunReport:
     """Execute a plan built from ``opts``, keep its job record (``distlaunch jobs``) and report how it ended."""
-    check_launch(plan, opts)
+    with master_port_held(plan, opts):
+        check_launch(plan, opts)
+        return _recorded(plan, opts, exec_opts, sink, command)
+
+
+def master_port_held(plan: LaunchPlan, opts: LaunchOptions) -> AbstractContextManager:
+    """A fixed master port on this machine is held for the whole job (launcher/portlock.py)."""
+    if opts.master_port == "auto" or not (plan.nodes[0].local or is_loopback(plan.master_addr)):
+        return nullcontext()
+    return hold_port(plan.master_port, plan.job_id)
+
+
+def _recorded(
+    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink, command: list[str] | None
+) -> RunReport:
     from distlaunch.jobs.journal import Journal
     from distlaunch.jobs.store import jobs_dir
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 from tests.helpers import run_cli
 
@@ -24,3 +26,32 @@ def test_a_taken_fixed_master_port_is_refused_before_start(tmp_path):
         assert not marker.exists()  # no rank started
     free = run_cli("run", "-n", "2", "--master-port", str(port), str(script), timeout=60)
     assert free.returncode == 0 and marker.exists(), free.stderr
+
+
+def test_two_jobs_started_at_once_on_one_fixed_port_never_share_it(tmp_path):
+    """Nothing listens on the port until rank 0 starts its store: the first job holds the port from its
+    launch on, so a second launch at that moment is refused instead of joining the first job's store."""
+    from distlaunch.contract.endpoint import free_port
+    from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
+
+    port, mark = free_port(), tmp_path.name
+    slow = tmp_path / "slow.py"  # waits before it would bind the store, holding the window open
+    slow.write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
+    first = subprocess.Popen(
+        distlaunch_cmd("run", "-n", "1", "--master-port", str(port), "--env", f"DLTEST_MARK={mark}", str(slow)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "up" in first.stdout.readline()  # the first job runs; nothing listens on the port yet
+        second = run_cli("run", "-n", "1", "--master-port", str(port), str(slow), timeout=60)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stderr.startswith(f"error: --master-port {port} is held by distlaunch job dl-"), second.stderr
+        assert second.stderr.count("\n") == 1
+    finally:
+        first.terminate()  # our own child
+        first.communicate(timeout=30)
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10)
+    again = run_cli("run", "-n", "1", "--master-port", str(port), "--", sys.executable, "-c", "pass", timeout=60)
+    assert again.returncode == 0, again.stderr  # released when the first job ended
