@@ -19,12 +19,12 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.jobs.store import JobRecord
 from distlaunch.launcher.job import ExecOptions, Sink
 from distlaunch.launcher.pernode import NodeOptions
 from distlaunch.launcher.report import RunReport
-from distlaunch.launcher.spec import LaunchOptions
 
 LAUNCHERS = ("auto", "slurm", "agent")
 

@@ -14,10 +14,10 @@ from distlaunch.backends import LaunchRequest, select
 from distlaunch.cli import options as o
 from distlaunch.cli.output import RankPrinter
 from distlaunch.cli.render import masked, print_json, render_plan, render_report
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.jobs.store import JobRecord
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.pernode import NodeOptions
-from distlaunch.launcher.spec import LaunchOptions
 from distlaunch.protocol import GRACE_PERIOD_S
 
 

@@ -14,10 +14,10 @@ from rich.table import Table
 from distlaunch.backends import LaunchRequest
 from distlaunch.cli import options as o
 from distlaunch.cli.run import command_line, start
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.engine.planner import MemoryPlan
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.spec import LaunchOptions
 from distlaunch.launcher.train import TrainPlan, default_nproc, engine_program, parallel_spec, train_config, train_plan
 from distlaunch.protocol import GRACE_PERIOD_S
 

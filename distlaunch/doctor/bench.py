@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.doctor.gather import HostResult
 from distlaunch.doctor.model import LOCAL, BenchResult, BenchRow, Check, DoctorOptions, check
 from distlaunch.errors import DistlaunchError, UsageError
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.launch import launch, plan_for
-from distlaunch.launcher.spec import LaunchOptions
 
 RESULT_PREFIX = "distlaunch-bench "  # as allreduce_bench prints it (that module imports torch, so not imported here)
 GPU_MAX_BYTES = 256 << 20

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import DistlaunchError, ExitCode, HostError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
@@ -13,7 +14,6 @@ from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.signals import StackRequests
 from distlaunch.launcher.spec import (
-    LaunchOptions,
     check_master_port,
     check_script,
     is_local_host,

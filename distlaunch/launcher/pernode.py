@@ -17,6 +17,7 @@ import time
 from pydantic import BaseModel
 
 from distlaunch.contract.endpoint import choose_port
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import ExecOptions, Sink
@@ -24,7 +25,7 @@ from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
 from distlaunch.launcher.report import RankExit, RunReport
-from distlaunch.launcher.spec import LaunchOptions, is_loopback, make_spec
+from distlaunch.launcher.spec import is_loopback, make_spec
 
 POLL_S = 0.5  # how often a node looks for another node's failure
 

@@ -15,8 +15,9 @@ from pydantic import BaseModel, Field
 
 from distlaunch.contract.endpoint import parse_port
 from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import LaunchOptions, build_command, check_script, parse_env
+from distlaunch.launcher.spec import build_command, check_script, parse_env
 
 
 class SlurmJobOptions(BaseModel):

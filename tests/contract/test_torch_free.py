@@ -15,6 +15,7 @@ TORCH_FREE = [
     "distlaunch.contract.layout",
     "distlaunch.contract.env",
     "distlaunch.contract.endpoint",
+    "distlaunch.contract.options",
     "distlaunch.launcher.launch",
     "distlaunch.launcher.pernode",
     "distlaunch.launcher.train",

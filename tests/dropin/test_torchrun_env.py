@@ -7,10 +7,11 @@ import textwrap
 from pathlib import Path
 
 from distlaunch.contract.layout import layout_spec
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.pernode import node_plan
 from distlaunch.launcher.plan import LaunchSpec, build_plan
-from distlaunch.launcher.spec import LaunchOptions, make_spec
+from distlaunch.launcher.spec import make_spec
 from distlaunch.slurm.env import map_rank
 from distlaunch.slurm.step import read_step
 from distlaunch.slurm.task import task_env
