@@ -368,20 +368,31 @@ class Agent:
             path = os.path.join(self.scratch, name)
             if not name.startswith(p.NCCL_TRACE_PREFIX) or not os.path.isfile(path):
                 continue
+            suffix = name[len(p.NCCL_TRACE_PREFIX) :]
+            rank = int(suffix) if suffix.isdigit() else None
             try:
                 with open(path, "rb") as f:
                     size = os.fstat(f.fileno()).st_size
-                    data = f.read(p.NCCL_TRACE_MAX_BYTES)
+                    end = min(size, p.NCCL_TRACE_MAX_BYTES)
+                    offset = 0
+                    while True:  # in pieces, each handed over before the next is read: memory stays flat
+                        data = f.read(min(p.NCCL_TRACE_CHUNK_BYTES, end - offset))
+                        last = offset + len(data) >= end or not data
+                        self.emit(
+                            ev=p.NCCL_TRACE,
+                            rank=rank,
+                            name=name,
+                            size=size,
+                            offset=offset,
+                            data=base64.b64encode(data).decode("ascii"),
+                            last=last,
+                        )
+                        self.drain_out()
+                        offset += len(data)
+                        if last:
+                            break
             except OSError:
                 continue
-            suffix = name[len(p.NCCL_TRACE_PREFIX) :]
-            self.emit(
-                ev=p.NCCL_TRACE,
-                rank=int(suffix) if suffix.isdigit() else None,
-                name=name,
-                size=size,
-                data=base64.b64encode(data).decode("ascii"),
-            )
 
     def check_progress(self) -> None:
         """Report ranks' distlaunch.progress() calls (the mtime of their progress files), once a second."""

@@ -10,10 +10,11 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
     {"ev": "stacks", "rank": 3, "tool": "faulthandler", "text": "..."}
     {"ev": "exit", "rank": 3, "code": 1, "error": {...}}       negative code: killed by that signal
     {"ev": "stragglers", "count": 2, "pids": [..]}             processes of the job left after its ranks ended
-    {"ev": "nccl-trace", "rank": 3, "name": "nccl_trace_rank_3", "size": 81920, "data": "<base64>"}
-                                                               a rank's NCCL flight recorder dump, sent once its
-                                                               ranks are gone; data holds at most
-                                                               NCCL_TRACE_MAX_BYTES of the size bytes
+    {"ev": "nccl-trace", "rank": 3, "name": "nccl_trace_rank_3", "size": 81920, "offset": 0,
+     "data": "<base64>", "last": false}                        a piece of a rank's NCCL flight recorder dump,
+                                                               sent once its ranks are gone: pieces of at most
+                                                               NCCL_TRACE_CHUNK_BYTES, in order, the whole
+                                                               holding at most NCCL_TRACE_MAX_BYTES of size
     {"ev": "hb"}                                               heartbeat
     {"ev": "done"}                                             the agent is finished; nothing follows
 
@@ -45,7 +46,9 @@ STOP, KILL, ASK_STACKS, PING = "stop", "kill", "stacks", "hb"
 # ranks' TORCH_FR_DUMP_TEMP_FILE at <its scratch folder>/NCCL_TRACE_PREFIX and sends what is there at the end.
 # The launcher stores the bytes as they came (never unpickles them) under the same name.
 NCCL_TRACE_PREFIX = "nccl_trace_rank_"
-NCCL_TRACE_MAX_BYTES = 4 << 20  # per rank: bounds the event and the launcher's memory; a longer dump is cut
+NCCL_TRACE_MAX_BYTES = 4 << 20  # per rank: a longer dump is cut
+# per event: what one event costs the agent and the launcher, whatever the dump's size and the ranks' count
+NCCL_TRACE_CHUNK_BYTES = 48 << 10
 
 GRACE_PERIOD_S = 10.0  # SIGTERM to SIGKILL, unless --grace-period says otherwise
 

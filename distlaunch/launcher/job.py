@@ -212,10 +212,12 @@ class _Attempt:
         """Store a rank's flight recorder dump; a full disk or a broken event costs the dump, never the job."""
         try:
             path = store_nccl_trace(self.stacks_folder(), event)
-            note = cut_note(event, path)
+            note = cut_note(event, path) if event.get("last", True) else None
         except (OSError, BadTrace) as exc:
             self.sink.notice(f"cannot store the NCCL flight recorder dump of rank {event.get('rank')}: {exc}")
             return
+        if not event.get("last", True):
+            return  # more pieces follow
         self.nccl_traces.append(event.get("rank"))
         if note:
             self.sink.notice(note)

@@ -19,7 +19,8 @@ class BadTrace(ValueError):
 
 
 def store_nccl_trace(folder: Path, event: dict) -> Path:
-    """Write the dump into ``folder``; a name that is not a plain ``nccl_trace_rank_*`` file name is replaced."""
+    """Write one piece of a dump into ``folder`` at its offset; a name that is not a plain
+    ``nccl_trace_rank_*`` file name is replaced."""
     name = Path(str(event.get("name") or "")).name
     if not name.startswith(p.NCCL_TRACE_PREFIX):
         name = f"{p.NCCL_TRACE_PREFIX}{event.get('rank')}"
@@ -29,7 +30,10 @@ def store_nccl_trace(folder: Path, event: dict) -> Path:
         raise BadTrace(f"the dump {name} is not base64: {exc}") from None
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    path.write_bytes(data)
+    offset = int(event.get("offset") or 0)
+    with open(path, "r+b" if offset else "wb") as f:
+        f.seek(offset)
+        f.write(data)
     return path
 
 
