@@ -91,8 +91,10 @@ def launch(
 
 
 def master_port_held(plan: LaunchPlan, opts: LaunchOptions) -> AbstractContextManager:
-    """A fixed master port on this machine is held for the whole job (launcher/portlock.py)."""
-    if opts.master_port == "auto" or not (plan.nodes[0].local or is_loopback(plan.master_addr)):
+    """A fixed master port is held for the whole job (launcher/portlock.py) by the launch that starts rank 0
+    on this machine: in the per-node mode, only node 0's (the other nodes' launches share its port)."""
+    first = plan.nodes[0]
+    if opts.master_port == "auto" or first.node_rank != 0 or not (first.local or is_loopback(plan.master_addr)):
         return nullcontext()
     return hold_port(plan.master_port, plan.job_id)
 
