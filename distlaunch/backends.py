@@ -116,7 +116,8 @@ class SrunStep(Backend):
             )
 
     def plan(self, request: LaunchRequest):
-        """This task's rank, with every variable distlaunch adds or changes (not only the contract)."""
+        """This task's rank, with every variable distlaunch adds or changes (not only the contract): what the
+        dry-run shows, and what ``run`` execs with."""
         from distlaunch.slurm.task import rank_for_task, task_env
 
         rank = rank_for_task(request.opts, os.environ)
@@ -125,9 +126,9 @@ class SrunStep(Backend):
         return rank.model_copy(update={"env": added})
 
     def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
-        from distlaunch.slurm.task import exec_rank, rank_for_task
+        from distlaunch.slurm.task import exec_rank
 
-        exec_rank(rank_for_task(request.opts, os.environ), request.opts, os.environ)  # never returns
+        exec_rank(plan, request.opts, os.environ)  # never returns
 
 
 def slurm_step_wanted(launcher: str) -> bool:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -48,12 +49,12 @@ class JobBackend(Protocol):
         ...
 
 
-class _FileOutput:
+class _FileOutput(ABC):
     """Backends whose job writes its output to one file here."""
 
+    @abstractmethod
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
         """The file that holds the job's output (or its stderr alone)."""
-        raise NotImplementedError
 
     def lines(self, record: JobRecord, follow: bool, ranks: set[int], tail: int | None, stderr: bool) -> Iterator[str]:
         return _file_lines(record, self.output(record, stderr), follow, _keep(ranks), tail)

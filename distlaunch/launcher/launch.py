@@ -78,7 +78,8 @@ def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Conn
 def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
     """What must hold on this machine right before a plan starts (foreground or detached): exit 2 otherwise."""
     check_local_script(plan, opts)
-    check_master_port(opts, plan.nodes[0].host, plan.master_addr, plan.master_port)
+    if starts_rank0_here(plan):
+        check_master_port(opts, plan.master_port)
 
 
 def launch(
@@ -90,11 +91,16 @@ def launch(
         return _recorded(plan, opts, exec_opts, sink, command)
 
 
-def master_port_held(plan: LaunchPlan, opts: LaunchOptions) -> AbstractContextManager:
-    """A fixed master port is held for the whole job (launcher/portlock.py) by the launch that starts rank 0
-    on this machine: in the per-node mode, only node 0's (the other nodes' launches share its port)."""
+def starts_rank0_here(plan: LaunchPlan) -> bool:
+    """Whether this launch starts rank 0, whose store listens on the master port, on this machine. In the
+    per-node mode only node 0's launch does; the other nodes' launches use its port."""
     first = plan.nodes[0]
-    if opts.master_port == "auto" or first.node_rank != 0 or not (first.local or is_loopback(plan.master_addr)):
+    return first.node_rank == 0 and (first.local or is_loopback(plan.master_addr))
+
+
+def master_port_held(plan: LaunchPlan, opts: LaunchOptions) -> AbstractContextManager:
+    """A fixed master port is held for the whole job (launcher/portlock.py) where rank 0 starts."""
+    if opts.master_port == "auto" or not starts_rank0_here(plan):
         return nullcontext()
     return hold_port(plan.master_port, plan.job_id)
 

@@ -204,10 +204,11 @@ def job_env(opts: LaunchOptions, all_local: bool) -> dict[str, str]:
     return env
 
 
-def check_master_port(opts: LaunchOptions, master_host: str, master_addr: str, port: int) -> None:
-    """A fixed --master-port that something already listens on here (the master's machine) is refused
-    before any rank starts: rank 0 could not bind it, and ranks could join another job's store."""
-    if opts.master_port == "auto" or not (is_local_host(master_host) or is_loopback(master_addr)):
+def check_master_port(opts: LaunchOptions, port: int) -> None:
+    """A fixed --master-port that something already listens on here (the master's machine: call it only
+    there) is refused before any rank starts: rank 0 could not bind it, and ranks could join another job's
+    store."""
+    if opts.master_port == "auto":
         return
     from distlaunch.doctor.listener_script import holders  # stdlib only: who listens on a port, from /proc
 

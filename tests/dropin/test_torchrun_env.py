@@ -16,6 +16,7 @@ from distlaunch.slurm.env import map_rank
 from distlaunch.slurm.step import read_step
 from distlaunch.slurm.task import task_env
 from tests.helpers import run_cli
+from tests.slurm.test_slurm_env import task_env as srun_task_env
 
 TORCHRUN_KEYS = {
     "MASTER_ADDR",
@@ -37,24 +38,6 @@ TORCHRUN_KEYS = {
 }
 
 
-def srun_task(rank: int, node_id: int, local_id: int) -> dict[str, str]:
-    """What srun -N 2 --ntasks-per-node 2 gives task ``rank``."""
-    return {
-        "SLURM_JOB_ID": "42",
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": str(rank),
-        "SLURM_LOCALID": str(local_id),
-        "SLURM_NODEID": str(node_id),
-        "SLURM_NTASKS": "4",
-        "SLURM_NNODES": "2",
-        "SLURM_JOB_NODELIST": "gpu[07-08]",
-        "SLURM_STEP_NODELIST": "gpu[07-08]",
-        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-        "SLURM_TASKS_PER_NODE": "2(x2)",
-        "SLURMD_NODENAME": f"gpu0{7 + node_id}",
-    }
-
-
 def test_local_per_node_and_srun_step_ranks_carry_the_same_variables(tmp_path, monkeypatch):
     for name in ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
         monkeypatch.delenv(name, raising=False)
@@ -66,7 +49,7 @@ def test_local_per_node_and_srun_step_ranks_carry_the_same_variables(tmp_path, m
         local = build_plan(make_spec(opts)).nodes[0].ranks[1].env
         srun = task_env(
             map_rank(
-                read_step(srun_task(1, 0, 1)),
+                read_step(srun_task_env(1, 0, 1)),
                 "gpu07",
                 backend=backend,
                 parallel=layout_spec("tp=2"),
@@ -177,7 +160,7 @@ def test_a_dry_run_inside_an_srun_step_shows_every_added_variable(tmp_path, monk
     from tests.helpers import invoke
 
     monkeypatch.chdir(tmp_path)
-    environ = {**srun_task(1, 0, 1), "MASTER_ADDR": "10.0.0.7", "OMP_NUM_THREADS": "", "PYTHONUNBUFFERED": ""}
+    environ = {**srun_task_env(1, 0, 1), "MASTER_ADDR": "10.0.0.7", "OMP_NUM_THREADS": "", "PYTHONUNBUFFERED": ""}
     for name in ("OMP_NUM_THREADS", "PYTHONUNBUFFERED"):
         monkeypatch.delenv(name, raising=False)
         environ.pop(name)

@@ -5,7 +5,6 @@ namespace of its own. Mid-job a DROP rule inside that namespace makes every pack
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import time
 
@@ -13,6 +12,7 @@ import pytest
 from fixtures.netns import need_root_netns, netns_sshd
 
 from tests.doctor.conftest import host_block, write_config
+from tests.fixtures import require
 from tests.helpers import distlaunch_cmd, wait_until
 from tests.remote.test_multihost import WORKER, Job, cli_env
 
@@ -22,10 +22,7 @@ HEARTBEAT_S = 3.0
 @pytest.fixture(scope="module")
 def partitionable(tmp_path_factory):
     reason = need_root_netns()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but {reason}", pytrace=False)
-        pytest.skip(reason)
+    require(reason)
     with netns_sshd(tmp_path_factory.mktemp("partition-sshd"), "dlpart") as host:
         yield host
 
