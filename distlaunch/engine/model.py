@@ -104,18 +104,22 @@ def num_params(cfg: GPTConfig) -> int:
         return sum(p.numel() for p in GPT(cfg).parameters())
 
 
+def initial_value(cfg: GPTConfig, name: str, shape: torch.Size, seed: int) -> torch.Tensor:
+    """The whole initial fp32 value of parameter ``name``, on the CPU, from (seed, name) alone, so
+    any subset or shard of the model (a pipeline stage, a tp or ZeRO-3 shard) gets exactly the
+    values the full model would have."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    if name.endswith("norm.bias"):
+        return torch.zeros(shape)
+    residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale residual projections
+    std = residual_std if name.endswith(("wo.weight", "proj.weight")) else 0.02
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+
 def init_weights(model: GPT, seed: int) -> None:
-    """Initialise every parameter from (seed, its name) alone, so any subset of the model
-    (a pipeline stage) gets exactly the values the full model would have."""
-    residual_std = 0.02 / math.sqrt(2 * model.cfg.n_layer)  # GPT-2: scale residual projections
+    """Initialise every parameter of a plain (undistributed) model with ``initial_value``."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.endswith("norm.bias"):
-                param.zero_()
-            else:
-                gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-                std = residual_std if name.endswith(("wo.weight", "proj.weight")) else 0.02
-                full = torch.empty(param.shape).normal_(0.0, std, generator=gen)
-                param.copy_(full.to(param.dtype))
+            param.copy_(initial_value(model.cfg, name, param.shape, seed).to(param.dtype))

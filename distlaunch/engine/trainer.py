@@ -2,14 +2,18 @@
 
 Parallelism is applied to the built model in a fixed order, each step one small function:
 
-1. pipeline split: this pp rank keeps its stage(s) (``split_pipeline``); the model is built on
-   the meta device first, so a rank only ever allocates its own stage,
-2. weights: every parameter initialised from (seed, name), identical in any layout,
-3. tensor parallel: shard the stage's weights over the tp group (``apply_tp``),
-4. activation checkpointing (``train.activation_checkpointing``), then ``train.compile``
+1. the whole model on the meta device (shapes only), of which this pp rank keeps its stage(s)
+   (``split_pipeline``),
+2. tensor parallel: shard the stage's weights over the tp group (``apply_tp``),
+3. activation checkpointing (``train.activation_checkpointing``), then ``train.compile``
    (``torch.compile`` per block),
-5. ZeRO / FSDP over the dp group, which also builds the optimizer (``build_data_parallel``);
-   ZeRO-0/1/2 reduce gradients in buckets launched from backward (``parallel/buckets.py``).
+4. ZeRO-3 only: ``fully_shard`` every block and the stage over the dp group (``shard_fully``),
+5. ``materialize``: allocate this rank's shards on the device and fill each with its slice of
+   the parameter's initial value (from seed and name, identical in any layout); no rank ever
+   holds more than its shards plus one whole parameter,
+6. the ZeRO stage's strategy over the dp group, which also builds the optimizer
+   (``build_data_parallel``); ZeRO-0/1/2 reduce gradients in buckets launched from backward
+   (``parallel/buckets.py``).
 
 A step (``train_step``): ``grad_accum_steps`` forward/backward rounds under autocast, one
 gradient sync, one all-reduce for the loss and the global gradient norm (with plain data
@@ -31,7 +35,7 @@ from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleSte
 from distlaunch.engine.config import TrainingConfig, TrainSection
 from distlaunch.engine.data import build_samplers
 from distlaunch.engine.memory import storage_bytes
-from distlaunch.engine.model import GPT, GPTConfig, init_weights
+from distlaunch.engine.model import GPT, GPTConfig
 from distlaunch.engine.optim import (
     CLIP_EPS,
     build_scheduler,
@@ -43,8 +47,9 @@ from distlaunch.engine.optim import (
 from distlaunch.engine.parallel.activation import apply_activation_checkpointing
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.compile import apply_compile, compile_enabled
-from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP
+from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP, shard_fully
 from distlaunch.engine.parallel.dims import ParallelDims
+from distlaunch.engine.parallel.materialize import materialize
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
 from distlaunch.engine.parallel.zero import ShardedDP
@@ -85,15 +90,10 @@ def read_results(results: list[StepResult]) -> list[tuple[float, float]]:
     return [(loss, norm) for loss, norm in values.tolist()]
 
 
-def build_chunks(model_cfg: GPTConfig, dims: ParallelDims, pp_rank: int, seed: int, device) -> list[GPT]:
-    """This pp rank's model chunks with their weights initialised on ``device``."""
+def build_chunks(model_cfg: GPTConfig, dims: ParallelDims, pp_rank: int) -> list[GPT]:
+    """This pp rank's model chunks, on the meta device (no memory yet: see ``materialize``)."""
     with torch.device("meta"):
-        full = GPT(model_cfg)
-    chunks = split_pipeline(full, pp_rank, dims)
-    for chunk in chunks:
-        chunk.to_empty(device=device)
-        init_weights(chunk, seed)
-    return chunks
+        return split_pipeline(GPT(model_cfg), pp_rank, dims)
 
 
 def build_data_parallel(
@@ -101,7 +101,7 @@ def build_data_parallel(
 ) -> DataParallelBase:
     """The ZeRO stage's strategy (which also owns the optimizer)."""
     if dims.zero == 3:
-        return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer, train.precision)
+        return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer)
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
     # every parameter's gradient is accumulated once per backward: micro-batches x rounds a step
     reduction = Reduction(train.bucket_mb, rounds=dims.microbatches * dims.accum_steps)
@@ -126,14 +126,17 @@ class Engine:
         self.pp_rank = mesh["pp"].get_local_rank()
         self.dp_rank = mesh["dp"].get_local_rank()
         self.tp_mesh = mesh["tp"] if dims.tp > 1 else None
-        self.chunks = build_chunks(self.model_cfg, dims, self.pp_rank, cfg.train.seed, device)
+        train = cfg.train
+        self.chunks = build_chunks(self.model_cfg, dims, self.pp_rank)
         for chunk in self.chunks:
             apply_tp(chunk, mesh["tp"])
-        if cfg.train.activation_checkpointing:
+        if train.activation_checkpointing:
             apply_activation_checkpointing(self.chunks)
-        if compile_enabled(cfg.train.compile, device):
+        if compile_enabled(train.compile, device):
             apply_compile(self.chunks)
-        train = cfg.train
+        if dims.zero == 3:
+            shard_fully(self.chunks, mesh["dp"], train.precision)
+        materialize(self.chunks, device, train.seed)
         make_optimizer = make_optimizer_factory(train.lr, train.weight_decay, (train.beta1, train.beta2))
         self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer, train)
         self.scheduler = build_scheduler(self.data_parallel.optimizer, train)

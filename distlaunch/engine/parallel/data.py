@@ -10,7 +10,7 @@ must follow it), ``zero_grad``, and read-only views for the gradient norm, memor
   hooks as soon as its bucket is complete (``parallel/buckets.py``). Not DDP itself: DDP cannot hold DTensor (tp)
   parameters and its reducer expects one backward per forward, which pipeline schedules break.
 - zero=1/2: ``distlaunch.engine.parallel.zero.ShardedDP``.
-- zero=3 (``FullyShardedDP``): PyTorch's ``fully_shard`` (FSDP2) per block and per stage.
+- zero=3 (``shard_fully``, ``FullyShardedDP``): PyTorch's ``fully_shard`` (FSDP2) per block and per stage.
 """
 
 from __future__ import annotations
@@ -176,21 +176,27 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
 
 
+def shard_fully(chunks: list[nn.Module], dp_mesh: DeviceMesh, precision: str = "fp32") -> None:
+    """ZeRO-3: ``fully_shard`` (FSDP2) every block, then every chunk (embeddings, norm and head
+    form the root unit), so only one block's parameters are unsharded at a time. Applied to the
+    model while it is still on the meta device, before ``materialize``."""
+    mp_policy = mixed_precision_policy(precision)
+    # with tp the root returns its vocab shard of the logits as a view (DTensor.to_local);
+    # the loss only reads it out of place, so FSDP's in-place warning does not apply
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    for chunk in chunks:
+        for block in chunk.blocks.values():
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy)
+        fully_shard(chunk, mesh=dp_mesh, mp_policy=mp_policy)
+
+
 class FullyShardedDP(DataParallelBase):
-    """zero=3: ``fully_shard`` shards parameters, gradients (reduce-scatter) and Adam state."""
+    """zero=3: chunks sharded by ``shard_fully``; FSDP2 reduce-scatters the gradients, and the
+    optimizer holds Adam state for this rank's shards only."""
 
     zero = 3
 
-    def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory, precision="fp32"):
-        mp_policy = mixed_precision_policy(precision)
-        # with tp the root returns its vocab shard of the logits as a view (DTensor.to_local);
-        # the loss only reads it out of place, so FSDP's in-place warning does not apply
-        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-        for chunk in chunks:
-            # one FSDP unit per block: only one block's parameters are unsharded at a time
-            for block in chunk.blocks.values():
-                fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy)
-            fully_shard(chunk, mesh=dp_mesh, mp_policy=mp_policy)  # embeddings, norm and head form the root unit
+    def __init__(self, chunks: list[nn.Module], dp_mesh, tp, make_optimizer: OptimizerFactory):
         named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
         super().__init__(named, dp_mesh, tp)
         self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])

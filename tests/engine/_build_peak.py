@@ -1,0 +1,55 @@
+"""One rank of the build-memory test: builds the engine for a layout under ``allocation_peak``.
+
+Writes ``<out>/<layout>.rank<r>.json``: the peak bytes allocated while the engine was built, the
+parameter bytes the rank keeps, the bytes of one whole block and of the whole stage.
+
+    python tests/engine/_build_peak.py OUT_DIR PRESET LAYOUT...   (a layout: overrides joined by '+')
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from distlaunch.engine.config import load_config
+from distlaunch.engine.model import PRESETS
+from distlaunch.engine.parallel.dims import resolve_parallel_dims
+from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
+from distlaunch.engine.trainer import Engine
+from tests.engine.allocations import allocation_peak
+
+
+def first_block_params(engine: Engine):
+    """The parameters of the first block this rank holds."""
+    return next(iter(engine.chunks[0].blocks.values())).parameters()
+
+
+def main(out_dir: str, preset: str, layouts: list[str]) -> None:
+    env = read_env()
+    init_process_group(env, torch.device("cpu"))
+    for layout in layouts:
+        cfg = load_config(None, [f"model.preset='{preset}'", "train.seq_len=64", *layout.split("+")])
+        dims = resolve_parallel_dims(cfg, PRESETS[preset], env.world_size)
+        mesh = build_mesh(dims, torch.device("cpu"))
+        with allocation_peak() as peak:
+            engine = Engine(cfg, dims, mesh, torch.device("cpu"))
+        params = [p for chunk in engine.chunks for p in chunk.parameters()]
+        result = {
+            "peak": peak.bytes,
+            "kept_params": engine.state_bytes()["params"],
+            # a whole transformer block (numel of a DTensor is the whole tensor's)
+            "layer": sum(p.numel() * p.element_size() for p in first_block_params(engine)),
+            "stage_params": sum(p.numel() * p.element_size() for p in params),
+        }
+        (Path(out_dir) / f"{layout}.rank{env.rank}.json").write_text(json.dumps(result))
+        del engine
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
