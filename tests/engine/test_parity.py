@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distlaunch.engine.model import PRESETS
 from tests.engine.harness import run_layouts
 
 BASE = [
@@ -42,6 +43,8 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
         "pp2-gpipe": ["parallel.pp=2", "parallel.schedule='gpipe'"],
         "pp2-interleaved": ["parallel.pp=2", "parallel.schedule='interleaved'"],
         "dp2-zero3-ac": ["parallel.zero=3", "train.activation_checkpointing=true"],
+        # DTensor shards inside the compiled blocks (~30 s of inductor on this CPU, once)
+        "tp2-compiled": ["parallel.tp=2", "train.compile=true"],
     },
     4: {
         "dp4": [],
@@ -118,6 +121,12 @@ def test_step1_gradients_match_single_process(world_size, name, reference, layou
             )
             seen.add(param)
     assert seen == set(reference["grads"]), "some parameters are held by no rank"
+
+
+def test_compiled_blocks_train_like_eager(layout_results):
+    ranks = layout_results(2)["tp2-compiled"]
+    assert all(r["compiled_blocks"] == PRESETS["tiny"].n_layer for r in ranks)
+    assert all(r["compiled_blocks"] == 0 for r in layout_results(2)["tp2"])  # auto is off on CPU
 
 
 @pytest.mark.parametrize("world_size", sorted(LAYOUTS))
