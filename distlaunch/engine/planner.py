@@ -2,8 +2,10 @@
 from the preset's shapes alone (pure arithmetic, no torch), for ``distlaunch train --dry-run``.
 
 The state parts follow what the engine really allocates, tensor by tensor, so they match the
-measured bytes (``Engine.state_bytes``): every kept tensor is fp32 in every precision (bf16/fp16
-use autocast, or ZeRO-3's 16-bit all-gather; the fp32 parameters are the master weights), AdamW holds two moments and a 4-byte step
+measured bytes (``Engine.state_bytes``): gradients and AdamW state are fp32 in every precision;
+the parameters are in ``precision.model_dtype_name``'s dtype (bf16 with ZeRO-0/1/2, then with
+fp32 master weights, counted as optimizer state: whole for ZeRO-0, this rank's slice for
+ZeRO-1/2; else fp32, their own master weights), AdamW holds two moments and a 4-byte step
 counter per tensor, ZeRO-1/2 slice each flattened tensor into dp slots of ceil(numel/dp), ZeRO-3
 (FSDP2) shards dim 0 into dp padded rows. Activations are an estimate (Korthikanti et al. 2022,
 without dropout; fused attention keeps no score matrix), see docs/train.md.
@@ -17,6 +19,7 @@ from math import ceil
 from pydantic import BaseModel
 
 from distlaunch.engine.parallel.dims import ParallelDims, stage_layer_counts
+from distlaunch.engine.precision import ELEMENT_BYTES, model_dtype_name
 from distlaunch.engine.presets import GPTConfig
 
 FP32 = 4
@@ -87,17 +90,21 @@ def rank_tensors(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> list[Ten
     return [t for s in stages for t in stage_tensors(model, s, dims.n_stages, dims.tp)]
 
 
-def state_bytes(tensors: list[Tensor], zero: int, dp: int, dp_rank: int) -> tuple[int, int, int]:
+def state_bytes(
+    tensors: list[Tensor], zero: int, dp: int, dp_rank: int, precision: str = "fp32"
+) -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes of one rank for ZeRO stage ``zero``."""
     full = sum(t.numel for t in tensors)
     steps = ADAM_STEP_BYTES * len(tensors)
+    param = ELEMENT_BYTES[model_dtype_name(precision, zero)]
+    per_owned = 2 * FP32 + (FP32 if param != FP32 else 0)  # Adam moments (+ the fp32 master)
     if zero == 0:
-        return FP32 * full, FP32 * full, 2 * FP32 * full + steps
+        return param * full, FP32 * full, per_owned * full + steps
     if zero in (1, 2):
         slots = [ceil(t.numel / dp) for t in tensors]
         owned = sum(max(0, min(s, t.numel - dp_rank * s)) for s, t in zip(slots, tensors, strict=False))
         grads = FP32 * (full if zero == 1 else sum(slots))  # stage 1 keeps the full gradient
-        return FP32 * full, grads, 2 * FP32 * owned + steps
+        return param * full, grads, per_owned * owned + steps
     rows = [ceil(t.rows / dp) for t in tensors]  # FSDP2: dim 0 padded to dp equal rows
     padded = sum(r * t.cols for r, t in zip(rows, tensors, strict=False))
     owned = sum(max(0, min(r, t.rows - dp_rank * r)) * t.cols for r, t in zip(rows, tensors, strict=False))
@@ -120,7 +127,7 @@ def in_flight_microbatches(dims: ParallelDims, pp_rank: int) -> float:
 def activation_bytes(
     model: GPTConfig, dims: ParallelDims, pp_rank: int, seq_len: int, precision: str, checkpointing: bool
 ) -> int:
-    """Estimated peak activation bytes of one rank (plus autocast's 16-bit weight copies)."""
+    """Estimated peak activation bytes of one rank (plus 16-bit weight copies, if any)."""
     b, s, h, t = dims.micro_batch_size, seq_len, model.d_model, dims.tp
     elem = FP32 if precision == "fp32" else 2
     # per layer and micro-batch: s*b*h*(10 + 24/t) 16-bit values (Korthikanti et al.), less the
@@ -135,7 +142,7 @@ def activation_bytes(
     if dims.n_stages - 1 in stages:  # fp32 logits of one micro-batch and their gradient
         kept += 2 * FP32 * b * s * model.vocab_size // t
     if elem == 2:
-        kept += unsharded_16bit_weights(model, dims, pp_rank)
+        kept += unsharded_16bit_weights(model, dims, pp_rank, precision)
     return int(kept)
 
 
@@ -145,16 +152,20 @@ def block_numel(model: GPTConfig, tp: int) -> int:
     return 4 * d + (3 * d * d + d * d + 2 * f * d) // tp
 
 
-def unsharded_16bit_weights(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
-    """Bytes of 16-bit weight copies a 16-bit step holds besides the fp32 state.
+def unsharded_16bit_weights(model: GPTConfig, dims: ParallelDims, pp_rank: int, precision: str) -> int:
+    """Bytes of 16-bit weight copies a 16-bit step holds besides the kept state.
 
-    ZeRO-0/1/2: autocast caches a 16-bit copy of every weight matrix it used, for the forward.
+    bf16 with ZeRO-0/1/2: none, the parameters themselves are bf16 (counted as state).
+    fp16 with ZeRO-0/1/2: autocast caches a 16-bit copy of every fp32 weight matrix it used, for
+    the forward.
     ZeRO-3 (FSDP2 ``MixedPrecisionPolicy``): the units are all-gathered in 16 bits, so only the
     unsharded units exist: the stage root (kept from forward to backward) and two blocks (the one
     running and the next one prefetched).
     """
     tensors = rank_tensors(model, dims, pp_rank)
     if dims.zero != 3:
+        if model_dtype_name(precision, dims.zero) != "fp32":
+            return 0
         return 2 * sum(x.numel for x in tensors if x.rows > 1)
     layers = sum(
         stage_layer_counts(model.n_layer, dims.n_stages)[pp_rank + k * dims.pp] for k in range(dims.virtual_stages)
@@ -177,7 +188,7 @@ def rank_memory(
     tp_rank = rank % dims.tp
     dp_rank = rank // dims.tp % dims.dp
     pp_rank = rank // (dims.tp * dims.dp)
-    params, grads, optimizer = state_bytes(rank_tensors(model, dims, pp_rank), dims.zero, dims.dp, dp_rank)
+    params, grads, optimizer = state_bytes(rank_tensors(model, dims, pp_rank), dims.zero, dims.dp, dp_rank, precision)
     activations = activation_bytes(model, dims, pp_rank, seq_len, precision, checkpointing)
     total = params + grads + optimizer + activations
     fits = None if capacity is None else total <= capacity * HEADROOM

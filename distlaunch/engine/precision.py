@@ -1,30 +1,65 @@
-"""Mixed precision: autocast for the compute, fp32 for everything that is kept.
+"""Mixed precision: which dtype the model holds, autocast for the compute, fp32 for the updates.
 
-bf16 and fp16 use ``torch.autocast``: parameters, gradients and AdamW state stay fp32 (they are
-the master weights; nothing is cast and copied back), while matmuls and attention run in the
-low precision. fp16 also needs loss scaling: small gradients underflow in fp16, so the loss is
-multiplied by a scale before backward and the gradients divided by it before the update.
+``model_dtype_name`` is the one rule for the dtype of the model's own parameters:
+
+- bf16 with ZeRO-0/1/2: the model holds bf16 parameters. The strategy (``parallel/data.py``,
+  ``parallel/zero.py``) keeps fp32 master weights for the optimizer (ZeRO-0 a copy of every
+  parameter, ZeRO-1/2 of this rank's slice only), accumulates and reduces the gradients in fp32,
+  and casts the updated master back into the bf16 parameter after each step (ZeRO-1/2 all-gather
+  bf16 slots: half the bytes). Nothing casts a weight per forward.
+- bf16/fp16 with ZeRO-3: the sharded fp32 parameters are the master weights; FSDP2 all-gathers
+  16-bit copies (``parallel/data.py: mixed_precision_policy``).
+- fp16 with ZeRO-0/1/2 and fp32 everywhere: fp32 parameters, which are their own master weights.
+
+The forward runs under ``torch.autocast`` for bf16 and fp16 (matmuls and attention in 16 bits,
+the loss policy in fp32); with bf16 parameters autocast has no weight to cast. fp16 also needs
+loss scaling: small gradients underflow in fp16, so the loss is multiplied by a scale before
+backward and the gradients divided by it before the update.
 
 ``DynamicLossScaler`` works with sharded gradients because it never looks at a gradient itself:
 the trainer hands it the *global* gradient norm, which is already all-reduced over every group
 (tp, pp, dp); a non-finite element anywhere makes that sum non-finite on every rank, so all
 ranks skip the same step and shrink the scale together.
+
+torch is imported inside the functions: the memory planner reads ``model_dtype_name`` without it.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def model_dtype_name(precision: str, zero: int) -> str:
+    """The dtype of the model's parameters for ``train.precision`` and ZeRO stage ``zero``
+    (ZeRO-3's are the sharded fp32 masters; FSDP2 casts its all-gathers)."""
+    return "bf16" if precision == "bf16" and zero in (0, 1, 2) else "fp32"
+
+
+def dtype(precision: str) -> torch.dtype:
+    """The torch dtype of ``fp32`` / ``bf16`` / ``fp16``."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def model_dtype(precision: str, zero: int) -> torch.dtype:
+    """``model_dtype_name`` as a torch dtype."""
+    return dtype(model_dtype_name(precision, zero))
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The forward pass's autocast context (a no-op for fp32)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=DTYPES[precision])
+    import torch
+
+    return torch.autocast(device.type, dtype=dtype(precision))
 
 
 class DynamicLossScaler:

@@ -13,7 +13,8 @@ Parallelism is applied to the built model in a fixed order, each step one small 
    holds more than its shards plus one whole parameter,
 6. the ZeRO stage's strategy over the dp group, which also builds the optimizer
    (``build_data_parallel``); ZeRO-0/1/2 reduce gradients in buckets launched from backward
-   (``parallel/buckets.py``).
+   (``parallel/buckets.py``). bf16 with ZeRO-0/1/2: the strategy takes fp32 master copies of
+   the parameters, then casts them to bf16 (``precision.model_dtype``).
 
 A step (``train_step``): ``grad_accum_steps`` forward/backward rounds under autocast, one
 gradient sync, one all-reduce for the loss and the global gradient norm (with plain data
@@ -53,7 +54,7 @@ from distlaunch.engine.parallel.materialize import materialize
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
 from distlaunch.engine.parallel.zero import ShardedDP
-from distlaunch.engine.precision import DynamicLossScaler, autocast
+from distlaunch.engine.precision import DynamicLossScaler, autocast, model_dtype
 from distlaunch.engine.presets import model_config
 
 
@@ -99,17 +100,28 @@ def build_chunks(model_cfg: GPTConfig, dims: ParallelDims, pp_rank: int) -> list
 def build_data_parallel(
     chunks: list[GPT], dims: ParallelDims, dp_mesh: DeviceMesh, make_optimizer, train: TrainSection
 ) -> DataParallelBase:
-    """The ZeRO stage's strategy (which also owns the optimizer)."""
+    """The ZeRO stage's strategy (which also owns the optimizer and, for 16-bit parameters, the
+    fp32 master weights; it casts the parameters to ``model_dtype``)."""
     if dims.zero == 3:
         return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer)
+    param_dtype = model_dtype(train.precision, dims.zero)
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
     # every parameter's gradient is accumulated once per backward: micro-batches x rounds a step
     reduction = Reduction(train.bucket_mb, rounds=dims.microbatches * dims.accum_steps)
     groups = [list(chunk.parameters()) for chunk in chunks]
     if dims.zero == 0:
         replicas_only = dims.tp == 1 and dims.pp == 1  # the loss rides in the last bucket
-        return ReplicatedDP(named, dp_mesh, dims.tp, make_optimizer, reduction, groups, carry_loss=replicas_only)
-    return ShardedDP(named, dp_mesh, dims.tp, make_optimizer, dims.zero, reduction, groups)
+        return ReplicatedDP(
+            named,
+            dp_mesh,
+            dims.tp,
+            make_optimizer,
+            reduction,
+            groups,
+            carry_loss=replicas_only,
+            param_dtype=param_dtype,
+        )
+    return ShardedDP(named, dp_mesh, dims.tp, make_optimizer, dims.zero, reduction, groups, param_dtype=param_dtype)
 
 
 class Engine:
@@ -162,7 +174,7 @@ class Engine:
     def _loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # divided by the micro-batch count of the whole step, so the accumulated gradient is that
         # of the batch mean; times the fp16 loss scale (1 otherwise). fp32 logits: the softmax
-        # of a 16-bit autocast forward is computed in full precision.
+        # of a 16-bit forward is computed in full precision.
         rounds = self.dims.microbatches * self.dims.accum_steps
         return cross_entropy(logits.float(), targets, self.tp_mesh) * (self.scaler.scale / rounds)
 

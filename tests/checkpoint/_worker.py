@@ -3,7 +3,9 @@
 Started by ``tests/engine/harness.spawn`` with the torchrun environment. Each phase builds the
 engine for its layout and runs the real training loop (``distlaunch.engine.loop.train``) with
 its checkpoint hooks: resume (``checkpoint.resume``), saves, the lot. Rank 0 writes
-``<out>/<phase>.json``: the loss of every step it ran.
+``<out>/<phase>.json``: the loss of every step it ran. For the phases listed under ``masters``
+every rank also writes what its optimizer updates at the end, ``<out>/<phase>.masters.rank<r>.pt``:
+name -> (start of its slice in the flattened parameter, fp32 values).
 
     python tests/checkpoint/_worker.py OUT_DIR SPEC_JSON
 """
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from distlaunch.engine.checkpoint.session import Checkpointing
+from distlaunch.engine.checkpoint.shards import param_entries
 from distlaunch.engine.config import load_config
 from distlaunch.engine.loop import train
 from distlaunch.engine.metrics import MetricsWriter
@@ -27,7 +30,7 @@ from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read
 from distlaunch.engine.trainer import Engine
 
 
-def run_phase(overrides: list[str], rank: int, world_size: int, metrics: Path) -> None:
+def run_phase(overrides: list[str], rank: int, world_size: int, metrics: Path, masters: Path | None) -> None:
     """Build the engine for one layout and train it through the real loop."""
     cfg = load_config(None, overrides)
     dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
@@ -39,6 +42,10 @@ def run_phase(overrides: list[str], rank: int, world_size: int, metrics: Path) -
         train(engine, writer, rank, first_step, checkpoints)
     finally:
         writer.close()
+    if masters is not None:
+        entries = param_entries(engine.data_parallel)
+        state = {e.name: (e.shard.start if e.shard else 0, e.opt_param.detach().clone()) for e in entries}
+        torch.save(state, masters)
 
 
 def main(out_dir: str, spec_json: str) -> None:
@@ -47,7 +54,8 @@ def main(out_dir: str, spec_json: str) -> None:
     init_process_group(env, torch.device("cpu"))
     for name, overrides in spec["phases"].items():
         metrics = Path(out_dir) / f"{name}.jsonl"
-        run_phase(spec["base"] + overrides, env.rank, env.world_size, metrics)
+        masters = Path(out_dir) / f"{name}.masters.rank{env.rank}.pt" if name in spec.get("masters", ()) else None
+        run_phase(spec["base"] + overrides, env.rank, env.world_size, metrics, masters)
         dist.barrier()
     dist.destroy_process_group()
 

@@ -28,6 +28,7 @@ TORCH_FREE = [
     "distlaunch.cli.app",
     "distlaunch.engine.config",
     "distlaunch.engine.planner",
+    "distlaunch.engine.precision",
 ]
 
 

@@ -100,6 +100,11 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
         "dims": dims.describe(),
         "reduction": stats,
         "compute_dtypes": sorted(compute_dtypes),
+        # what the model holds and what the optimizer updates (its master weights)
+        "param_dtypes": sorted({str(p.dtype) for p in engine.data_parallel.params}),
+        "optimizer_dtypes": sorted(
+            {str(p.dtype) for group in engine.data_parallel.optimizer.param_groups for p in group["params"]}
+        ),
         "compiled_blocks": sum(is_compiled(b) for chunk in engine.chunks for b in chunk.blocks.values()),
     }
 

@@ -66,6 +66,15 @@ def test_buckets_with_tensor_and_pipeline_parallel(mixed, name):
         assert stats["in_backward"] == stats["collectives"], stats  # nothing waited for the sync
 
 
+def test_fp32_layouts_hold_fp32_parameters_updated_in_place(dp_only, mixed):
+    """fp32: the parameters are their own master weights (the optimizer updates them, or views
+    into them for ZeRO-1/2); bf16's separate masters are tests/engine/test_precision.py's."""
+    for results in (dp_only, mixed):
+        for name, ranks in results.items():
+            for rank in ranks:
+                assert rank["param_dtypes"] == rank["optimizer_dtypes"] == ["torch.float32"], name
+
+
 def test_bucketed_layouts_agree_with_each_other(dp_only, mixed):
     """Same global batch, same steps: every layout reports the same losses (the single-process
     comparison for each layout is test_parity.py's)."""

@@ -11,7 +11,7 @@ import pytest
 
 from distlaunch.engine.config import load_config
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.planner import plan_memory
+from distlaunch.engine.planner import plan_memory, rank_tensors
 from distlaunch.engine.presets import PRESETS
 from distlaunch.launcher.train import EMBEDDED_CONFIG, parse_size
 from tests.helpers import invoke
@@ -141,22 +141,23 @@ def test_dry_run_table_says_whether_it_fits_the_gpu():
 
 
 def test_planner_state_per_zero_stage():
-    """Adam state per rank for Ψ parameters on N ranks. The engine keeps fp32 weights as the master
-    copy (autocast, no 16-bit copy), so: 16Ψ -> 8Ψ+8Ψ/N -> 4Ψ+12Ψ/N -> 16Ψ/N; the paper's
-    16-bit-weight variant reaches the same 16Ψ and 16Ψ/N at the ends."""
+    """Adam state per rank for Ψ parameters on N ranks. fp32: the weights are their own master
+    copy, 16Ψ -> 8Ψ+8Ψ/N -> 4Ψ+12Ψ/N -> 16Ψ/N. bf16: ZeRO-0/1/2 hold 2-byte weights, fp32
+    gradients and an fp32 master beside the moments (sharded with them); ZeRO-3's sharded fp32
+    weights are the master."""
     model, n = PRESETS["1.3b"], 8
-    totals = {}
-    for zero in range(4):
-        cfg = load_config(None, [f"parallel.zero={zero}", "train.global_batch_size=8", "train.seq_len=2048"])
-        dims = resolve_parallel_dims(cfg, model, n)
-        rank = plan_memory(model, dims, 2048, "bf16", False, "gpu", None, "unknown").ranks[0]
-        totals[zero] = (rank.params, rank.grads, rank.optimizer)
-    psi = totals[0][0] / 4
-    state = {z: sum(parts) / psi for z, parts in totals.items()}
-    assert abs(state[0] - 16) < 1e-3
-    assert abs(state[1] - (8 + 8 / n)) < 1e-2  # fp32 weights + full fp32 gradient, sharded moments
-    assert abs(state[2] - (4 + 12 / n)) < 1e-2
-    assert abs(state[3] - 16 / n) < 1e-2
+    expected = {
+        "fp32": {0: 16, 1: 8 + 8 / n, 2: 4 + 12 / n, 3: 16 / n},
+        "bf16": {0: 18, 1: 6 + 12 / n, 2: 2 + 16 / n, 3: 16 / n},
+    }
+    for precision, per_stage in expected.items():
+        for zero, bytes_per_param in per_stage.items():
+            cfg = load_config(None, [f"parallel.zero={zero}", "train.global_batch_size=8", "train.seq_len=2048"])
+            dims = resolve_parallel_dims(cfg, model, n)
+            rank = plan_memory(model, dims, 2048, precision, False, "gpu", None, "unknown").ranks[0]
+            psi = sum(t.numel for t in rank_tensors(model, dims, 0))
+            state = (rank.params + rank.grads + rank.optimizer) / psi
+            assert abs(state - bytes_per_param) < 1e-2, (precision, zero, state, bytes_per_param)
 
 
 def test_sizes():

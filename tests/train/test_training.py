@@ -167,7 +167,7 @@ def test_planner_matches_measured_state_bytes(four_ranks, name):
     model = PRESETS["tiny"]
     dims = resolve_parallel_dims(cfg, model, 4)
     for measured in four_ranks[name]:
-        estimate = rank_memory(model, dims, measured["rank"], cfg.train.seq_len, "fp32", False, None)
+        estimate = rank_memory(model, dims, measured["rank"], cfg.train.seq_len, cfg.train.precision, False, None)
         for part in ("params", "grads", "optimizer"):
             got, want = getattr(estimate, part), measured["mem"][part]
             assert abs(got - want) <= STATE_RTOL * want, (name, measured["rank"], part, got, want)

@@ -8,6 +8,10 @@ reads, on load, whatever chunks overlap the reader's own shard.
 - Parameters: already in that form. Replicated tensors are whole; tensor-parallel ones are
   DTensors over the tp mesh; ZeRO-3's are DTensors over dp (and tp); pipeline stages hold disjoint
   names. DCP saves one copy of replicated chunks (its plan de-duplicates them).
+- Weights are always saved in fp32: with 16-bit parameters (bf16, ZeRO-0/1/2) the fp32 master
+  weights are saved instead of the parameters (ZeRO-0's are shaped like the parameter; ZeRO-1/2's
+  slices are gathered like their optimizer state, below), so a resume loses no precision. On load
+  they go into the masters and, rounded, into the parameters (``apply_model_weights``).
 - Optimizer state of ZeRO 0 and 3: shaped (and placed) like its parameter, saved as it is.
 - Optimizer state of ZeRO 1/2: a flat 1/dp slice of the parameter's local tensor, which is not a
   rectangular chunk of the global tensor. It is all-gathered over dp, one parameter at a time,
@@ -37,18 +41,31 @@ class ParamEntry:
 
     name: str
     param: nn.Parameter
-    opt_param: torch.Tensor  # the parameter itself, or its ZeRO-1/2 slice
+    opt_param: torch.Tensor  # the parameter itself, its fp32 master, or its ZeRO-1/2 slice
     shard: _ParamShard | None  # set for ZeRO-1/2
+    master: bool = False  # opt_param is an fp32 master copy of a 16-bit parameter
 
 
 def param_entries(data_parallel: DataParallelBase) -> list[ParamEntry]:
     """Every parameter this rank holds, whatever the ZeRO stage."""
+    master = data_parallel.master_weights
     if isinstance(data_parallel, ShardedDP):
         return [
-            ParamEntry(n, p, s.master, s)
+            ParamEntry(n, p, s.master, s, master)
             for (n, p), s in zip(data_parallel.named_params, data_parallel.shards, strict=False)
         ]
-    return [ParamEntry(n, p, p, None) for n, p in data_parallel.named_params]
+    master_of = getattr(data_parallel, "master_of", {})
+    return [ParamEntry(n, p, master_of.get(p, p), None, master) for n, p in data_parallel.named_params]
+
+
+def _saved_weights(entry: ParamEntry, data_parallel: DataParallelBase) -> torch.Tensor:
+    """What ``model.<name>`` holds: the fp32 master weights (gathered for ZeRO-1/2), or the
+    parameter when it is its own master."""
+    if not entry.master:
+        return entry.param.detach()
+    if entry.shard is None:
+        return entry.opt_param.detach()
+    return _gather_slice(entry.opt_param.detach(), entry, data_parallel)
 
 
 def _is_elementwise(value: Any, entry: ParamEntry) -> bool:
@@ -80,7 +97,7 @@ def save_tensors(data_parallel: DataParallelBase) -> dict[str, Any]:
     out: dict[str, Any] = {}
     optimizer_state = data_parallel.optimizer.state
     for entry in param_entries(data_parallel):
-        out[MODEL + entry.name] = entry.param.detach()
+        out[MODEL + entry.name] = _saved_weights(entry, data_parallel)
         # sorted: every dp rank runs the gathers of one parameter in the same order
         for key, value in sorted(optimizer_state.get(entry.opt_param, {}).items()):
             if entry.shard is not None and _is_elementwise(value, entry):
@@ -90,8 +107,9 @@ def save_tensors(data_parallel: DataParallelBase) -> dict[str, Any]:
 
 
 def load_templates(data_parallel: DataParallelBase, saved: dict[str, Any]) -> dict[str, Any]:
-    """Destinations for DCP's load: the parameters themselves (loaded in place) and empty
-    optimizer state shaped as saved. ``saved`` is the checkpoint's fqn -> storage metadata.
+    """Destinations for DCP's load: the parameters themselves (loaded in place; 16-bit ones: their
+    ZeRO-0 master, or an fp32 tensor shaped like the parameter, see ``apply_model_weights``) and
+    empty optimizer state shaped as saved. ``saved`` is the checkpoint's fqn -> storage metadata.
 
     Raises UsageError when the checkpoint lacks a parameter this rank holds.
     """
@@ -101,7 +119,7 @@ def load_templates(data_parallel: DataParallelBase, saved: dict[str, Any]) -> di
         if MODEL + entry.name not in saved:
             missing.append(entry.name)
             continue
-        out[MODEL + entry.name] = entry.param.detach()
+        out[MODEL + entry.name] = _weights_template(entry)
         prefix = f"{OPTIM}{entry.name}."
         for key, meta in saved.items():
             if key.startswith(prefix) and "." not in key[len(prefix) :]:
@@ -112,6 +130,28 @@ def load_templates(data_parallel: DataParallelBase, saved: dict[str, Any]) -> di
             "resume with the same model.preset the checkpoint was written with",
         )
     return out
+
+
+def _weights_template(entry: ParamEntry) -> torch.Tensor:
+    """Where the saved fp32 weights of ``entry`` are loaded."""
+    if not entry.master:
+        return entry.param.detach()
+    if entry.shard is None:
+        return entry.opt_param.detach()  # ZeRO-0: the master itself
+    return torch.empty_like(entry.param.detach(), dtype=torch.float32)  # placed like the parameter
+
+
+@torch.no_grad()
+def apply_model_weights(data_parallel: DataParallelBase, loaded: dict[str, Any]) -> None:
+    """After the load, with 16-bit parameters: this rank's slice of the loaded fp32 weights into
+    its ZeRO-1/2 master, and the weights rounded into every parameter (no collective)."""
+    for entry in param_entries(data_parallel):
+        if not entry.master:
+            continue
+        weights = local(loaded[MODEL + entry.name])
+        if entry.shard is not None:
+            entry.opt_param.copy_(weights.reshape(-1)[entry.shard.start : entry.shard.stop])
+        local(entry.param).copy_(weights)
 
 
 def _optimizer_template(entry: ParamEntry, meta: Any) -> Any:

@@ -35,7 +35,12 @@ from distlaunch.engine.checkpoint.manifest import (
     write_meta,
 )
 from distlaunch.engine.checkpoint.safe import SafeLoadPlanner, SafeReader, load_value, read_dcp_metadata
-from distlaunch.engine.checkpoint.shards import apply_optimizer_state, load_templates, save_tensors
+from distlaunch.engine.checkpoint.shards import (
+    apply_model_weights,
+    apply_optimizer_state,
+    load_templates,
+    save_tensors,
+)
 from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
 from distlaunch.errors import UsageError
 
@@ -146,6 +151,7 @@ def load_checkpoint(engine, train_state: TrainState, path: Path) -> CheckpointMe
         raise DamagedCheckpoint(
             f"cannot load {path}: {first}", "verify it with 'distlaunch checkpoint verify'"
         ) from None
+    apply_model_weights(engine.data_parallel, state)
     apply_optimizer_state(engine.data_parallel, state)
     for name in extras:
         train_state.parts[name].load_state_dict(_from_bytes(state[EXTRA + name]))

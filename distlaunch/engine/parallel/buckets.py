@@ -21,6 +21,8 @@ rounds times a step, whether the backwards come from the plain loop or a pipelin
 
 What a collective does with a bucket is the strategy's: ``launch(params, extra)`` returns a
 (work handle, finish callback) pair; ``params`` is empty when only ``extra`` scalars travel.
+Gradients travel in fp32 whatever the parameters' dtype (16-bit parameters have fp32 gradient
+accumulators, ``parallel/data.py: Fp32Gradients``), so buckets are sized at 4 bytes an element.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
+REDUCE_BYTES = 4  # gradients are reduced in fp32
 
 Launch = Callable[[list[nn.Parameter], list[torch.Tensor]], tuple[object, Callable[[], None]]]
+GradOf = Callable[[nn.Parameter], "torch.Tensor | None"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,15 @@ class Reduction:
     rounds: int = 1
 
     def reducer(
-        self, groups: Iterable[list[nn.Parameter]], launch: Launch, per_round: bool = False, hold_last: bool = False
+        self,
+        groups: Iterable[list[nn.Parameter]],
+        launch: Launch,
+        per_round: bool = False,
+        hold_last: bool = False,
+        grad_of: GradOf | None = None,
     ) -> GradReducer:
-        return GradReducer(groups, int(self.bucket_mb * 2**20), self.rounds, launch, per_round, hold_last)
+        bucket_bytes = int(self.bucket_mb * 2**20)
+        return GradReducer(groups, bucket_bytes, self.rounds, launch, per_round, hold_last, grad_of)
 
 
 class Bucket:
@@ -70,7 +80,7 @@ def plan_buckets(groups: Iterable[list[nn.Parameter]], bucket_bytes: int) -> lis
         size = 0
         for p in reversed(params):
             shard = p._local_tensor if isinstance(p, DTensor) else p  # what the collective carries
-            nbytes = shard.numel() * shard.element_size()
+            nbytes = shard.numel() * REDUCE_BYTES
             if bucket and size + nbytes > bucket_bytes:
                 out.append(bucket)
                 bucket, size = [], 0
@@ -92,11 +102,13 @@ class GradReducer:
         launch: Launch,
         per_round: bool = False,
         hold_last: bool = False,
+        grad_of: GradOf | None = None,
     ):
         self.buckets = [Bucket(i, ps) for i, ps in enumerate(plan_buckets(groups, bucket_bytes))]
         self.rounds = rounds
         self.launch_fn = launch
         self.per_round = per_round
+        self.grad_of = grad_of or (lambda p: p.grad)  # the strategy's (fp32) gradient of a parameter
         # the last bucket fills at the very end of backward: holding it until ``finish`` costs no
         # overlap and lets a scalar (the loss) ride in its collective
         self.hold_last = hold_last
@@ -158,7 +170,9 @@ class GradReducer:
         for bucket in self.buckets:
             if bucket.launched and not (self.per_round and bucket.ready):
                 continue
-            if not any(p.grad is not None for p in bucket.params) and not (extra and bucket is self.buckets[-1]):
+            if not any(self.grad_of(p) is not None for p in bucket.params) and not (
+                extra and bucket is self.buckets[-1]
+            ):
                 continue
             self._launch(bucket, extra if bucket is self.buckets[-1] else [])
             if bucket is self.buckets[-1]:

@@ -11,6 +11,11 @@ must follow it), ``zero_grad``, and read-only views for the gradient norm, memor
   parameters and its reducer expects one backward per forward, which pipeline schedules break.
 - zero=1/2: ``distlaunch.engine.parallel.zero.ShardedDP``.
 - zero=3 (``shard_fully``, ``FullyShardedDP``): PyTorch's ``fully_shard`` (FSDP2) per block and per stage.
+
+16-bit parameters (bf16 with ZeRO-0/1/2, ``precision.model_dtype_name``): the strategy is built on
+the fp32 parameters ``materialize`` filled, takes its fp32 master copies from them, then casts the
+parameters (``cast_parameters``); their gradients are accumulated in fp32 (``Fp32Gradients``) and
+reduced in fp32, and the optimizer updates the masters.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from distlaunch.engine.parallel.buckets import Reduction
-from distlaunch.engine.precision import DTYPES
+from distlaunch.engine.precision import dtype
 
 OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], torch.optim.Optimizer]
 
@@ -63,6 +68,59 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+@torch.no_grad()
+def cast_parameters(params: list[nn.Parameter], dtype_: torch.dtype) -> None:
+    """Cast every parameter to ``dtype_`` in place, keeping each ``Parameter`` object (the
+    modules, tp's DTensor wrappers and the strategy keep referring to it). Swapped, as
+    ``Module.to`` does for DTensors: ``.data =`` would leave a DTensor's local tensor fp32.
+    Called before any gradient hook is registered on them."""
+    for p in params:
+        if p.dtype != dtype_:
+            torch.utils.swap_tensors(p, nn.Parameter(p.detach().to(dtype_), requires_grad=p.requires_grad))
+
+
+class Fp32Gradients:
+    """Where a strategy reads a parameter's gradient: ``param.grad`` itself (fp32 parameters), or,
+    for 16-bit parameters, an fp32 accumulator.
+
+    With 16-bit parameters a post-accumulate-grad hook (registered before the reducer's, so it
+    runs first) adds each backward's 16-bit gradient into the fp32 accumulator and drops it:
+    summing micro-batches and rounds in 16 bits would lose the small contributions, and only
+    one parameter's 16-bit gradient exists at a time.
+    """
+
+    def __init__(self, params: list[nn.Parameter], accumulate: bool):
+        self.accumulate = accumulate
+        self.acc: dict[nn.Parameter, torch.Tensor] = {}
+        if accumulate:
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._add)
+
+    @torch.no_grad()
+    def _add(self, param: nn.Parameter) -> None:
+        align_grad(param)
+        grad, param.grad = param.grad, None
+        acc = self.acc.get(param)
+        if acc is None:
+            self.acc[param] = grad.float()
+        else:
+            acc.add_(grad)
+
+    def get(self, param: nn.Parameter) -> torch.Tensor | None:
+        """The fp32 gradient of ``param`` so far (None: no backward reached it)."""
+        return self.acc.get(param) if self.accumulate else param.grad
+
+    def drop(self, param: nn.Parameter) -> None:
+        """Free ``param``'s full-size gradient (ZeRO-2, once it is in a send buffer)."""
+        if self.accumulate:
+            self.acc.pop(param, None)
+        else:
+            param.grad = None
+
+    def clear(self) -> None:
+        self.acc = {}
+
+
 class DataParallelBase:
     """What every ZeRO stage shares: parameters by name, the dp group, the optimizer."""
 
@@ -74,6 +132,15 @@ class DataParallelBase:
         self.dp = dp_mesh.size()
         self.tp = tp
         self.optimizer: torch.optim.Optimizer
+        self.grads = Fp32Gradients(self.params, accumulate=False)
+        # fp32 copies the optimizer updates, when the parameters are 16-bit: whole (ZeRO-0) or
+        # this rank's slices (ZeRO-1/2); none when the parameters are their own master weights
+        self.masters: list[torch.Tensor] = []
+
+    @property
+    def master_weights(self) -> bool:
+        """Whether the optimizer updates fp32 copies instead of the (16-bit) parameters."""
+        return bool(self.masters)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -96,9 +163,10 @@ class DataParallelBase:
         """(local gradient, weight) pairs: weight 1/copies, so summing weighted squares over the
         whole world counts every gradient element exactly once."""
         for p in self.params:
-            if p.grad is not None:
+            grad = self.grads.get(p)
+            if grad is not None:
                 copies = (1 if tp_sharded(p) else self.tp) * self._dp_copies()
-                yield local(p.grad), 1.0 / copies
+                yield local(grad), 1.0 / copies
 
     def _dp_copies(self) -> int:
         return self.dp
@@ -106,16 +174,21 @@ class DataParallelBase:
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """Local tensors of parameters, gradients and optimizer state (for memory accounting)."""
         opt = [local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        opt += [local(m) for m in self.masters]  # fp32 master weights count as optimizer state
+        grads = [local(g) for g in map(self.grads.get, self.params) if g is not None]
         return {"params": [local(p) for p in self.params], "grads": grads, "optimizer": opt}
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Name -> whole gradient of every parameter this rank holds (collective over tp/dp)."""
-        return {name: full_tensor(p.grad) for name, p in self.named_params if p.grad is not None}
+        grads = {name: self.grads.get(p) for name, p in self.named_params}
+        return {name: full_tensor(g) for name, g in grads.items() if g is not None}
 
 
 class ReplicatedDP(DataParallelBase):
-    """zero=0: replicated state, gradients averaged by bucketed all-reduces launched from backward."""
+    """zero=0: replicated state, gradients averaged by bucketed all-reduces launched from backward.
+
+    ``param_dtype`` 16-bit: an fp32 master copy of every parameter, updated by the optimizer and
+    copied into the parameter after each step."""
 
     zero = 0
 
@@ -128,18 +201,28 @@ class ReplicatedDP(DataParallelBase):
         reduction: Reduction | None = None,
         groups: list[list[nn.Parameter]] | None = None,
         carry_loss: bool = False,
+        param_dtype: torch.dtype = torch.float32,
     ):
         super().__init__(named_params, dp_mesh, tp)
-        self.optimizer = make_optimizer([(p, p.ndim >= 2) for p in self.params])
+        low = param_dtype != torch.float32
+        # the masters are taken from the fp32 values before the cast, so they start exact
+        self.master_of = {p: nn.Parameter(p.detach().float().clone()) for p in self.params} if low else {}
+        self.masters = list(self.master_of.values())
+        self.optimizer = make_optimizer([(self.master_of.get(p, p), p.ndim >= 2) for p in self.params])
+        cast_parameters(self.params, param_dtype)
+        self.grads = Fp32Gradients(self.params, accumulate=low)  # its hooks run before the reducer's
         self.reducer = None
         if self.dp > 1:  # groups: one per pipeline chunk (a bucket never spans two)
             reduction = reduction or Reduction()
-            self.reducer = reduction.reducer(groups or [self.params], self._launch, hold_last=carry_loss)
+            self.reducer = reduction.reducer(
+                groups or [self.params], self._launch, hold_last=carry_loss, grad_of=self.grads.get
+            )
 
     def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
         for p in params:
             align_grad(p)
-        tensors = [local(p.grad) for p in params if p.grad is not None] + [t.view(1) for t in extra]
+        grads = [self.grads.get(p) for p in params]
+        tensors = [local(g) for g in grads if g is not None] + [t.view(1) for t in extra]
         flat = _flatten_dense_tensors(tensors)
         work = dist.all_reduce(flat, group=self.dp_mesh.get_group(), async_op=True)
 
@@ -153,7 +236,14 @@ class ReplicatedDP(DataParallelBase):
     def zero_grad(self) -> None:
         if self.reducer is not None:
             self.reducer.reset()
+        self.grads.clear()
         super().zero_grad()
+
+    def step(self) -> None:
+        self.optimizer.step()
+        with torch.no_grad():
+            for p, master in self.master_of.items():
+                local(p).copy_(local(master))  # the updated fp32 master, rounded into the parameter
 
     def sync_grads(self, loss: torch.Tensor | None = None) -> None:
         """Wait for the bucket all-reduces (launching any a hook did not); ``loss`` (a scalar) is
@@ -162,8 +252,10 @@ class ReplicatedDP(DataParallelBase):
         if self.reducer is None:
             for p in self.params:
                 align_grad(p)
-            return
-        self.reducer.finish([loss] if loss is not None else [])
+        else:
+            self.reducer.finish([loss] if loss is not None else [])
+        for p, master in self.master_of.items():
+            master.grad = self.grads.get(p)  # the fp32 accumulator, reduced in place
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
@@ -173,7 +265,7 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
     in fp32: the dp sum of many 16-bit gradients would lose the small ones."""
     if precision == "fp32":
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=dtype(precision), reduce_dtype=torch.float32)
 
 
 def shard_fully(chunks: list[nn.Module], dp_mesh: DeviceMesh, precision: str = "fp32") -> None:

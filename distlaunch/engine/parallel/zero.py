@@ -1,11 +1,14 @@
 """ZeRO stages 1 and 2: the optimizer updates a 1/dp slice of every parameter.
 
 Every parameter's local tensor (its tp shard, if any) is flattened and cut into dp equal slices
-(the last one shorter when dp does not divide it). dp rank r keeps Adam state only for slice r;
-the slice it optimises is a view into the parameter's own storage, so no extra fp32 copy of the
-weights exists. After the step each slice is all-gathered back into the parameter.
+(the last one shorter when dp does not divide it). dp rank r keeps Adam state only for slice r.
+With fp32 parameters the slice it optimises is a view into the parameter's own storage, so no
+extra copy of the weights exists; with 16-bit parameters (bf16, ``precision.model_dtype_name``)
+it is an fp32 master copy of that slice only. After the step each slice is all-gathered back
+into the parameter, in the parameter's dtype (bf16: half the bytes of fp32).
 
-Gradients travel in buckets (``parallel/buckets.py``): one reduce-scatter per bucket, launched
+Gradients travel in buckets (``parallel/buckets.py``), always in fp32 (16-bit parameters'
+gradients are accumulated in fp32, ``data.Fp32Gradients``): one reduce-scatter per bucket, launched
 asynchronously from the backward hooks as soon as the bucket is complete; the bucket's send
 buffer is laid out (dp, slots) so that rank r receives slot r of every parameter in it.
 
@@ -31,7 +34,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from distlaunch.engine.parallel.buckets import Reduction
-from distlaunch.engine.parallel.data import DataParallelBase, OptimizerFactory, align_grad, local, tp_sharded
+from distlaunch.engine.parallel.data import (
+    DataParallelBase,
+    Fp32Gradients,
+    OptimizerFactory,
+    align_grad,
+    cast_parameters,
+    local,
+    tp_sharded,
+)
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -41,7 +52,7 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 class _ParamShard:
     """One parameter's slice on this dp rank, and the buffers to move it around."""
 
-    def __init__(self, param: nn.Parameter, dp_rank: int, dp: int):
+    def __init__(self, param: nn.Parameter, dp_rank: int, dp: int, copy: bool = False):
         self.param = param
         flat = local(param).detach().view(-1)  # a view: the parameter's own storage
         self.numel = flat.numel()
@@ -49,8 +60,10 @@ class _ParamShard:
         start = min(dp_rank * self.size, self.numel)
         stop = min(start + self.size, self.numel)
         self.start, self.stop = start, stop
-        # the optimizer's parameter aliases this rank's slice of the weights
-        self.master = nn.Parameter(flat[start:stop], requires_grad=True)
+        # the optimizer's parameter aliases this rank's slice of the weights, or (``copy``: the
+        # parameter is about to become 16-bit) is an fp32 copy of it taken before the cast
+        piece = flat[start:stop]
+        self.master = nn.Parameter(piece.float().clone() if copy else piece, requires_grad=True)
 
     def padded(self, flat: torch.Tensor, dp: int) -> torch.Tensor:
         """``flat`` zero-padded to dp equal slots (itself when dp divides it)."""
@@ -59,8 +72,8 @@ class _ParamShard:
         return torch.cat([flat, flat.new_zeros(self.size * dp - self.numel)])
 
     def all_gather(self, dp: int, group) -> None:
-        """Copy every rank's updated slice back into the full local parameter."""
-        slot = self.master.detach().new_zeros(self.size)
+        """Copy every rank's updated slice back into the full local parameter (in its dtype)."""
+        slot = local(self.param).detach().new_zeros(self.size)
         slot[: self.stop - self.start] = self.master.detach()
         gathered = slot.new_empty(self.size * dp)
         _all_gather(gathered, slot, group=group)
@@ -79,18 +92,25 @@ class ShardedDP(DataParallelBase):
         zero: int,
         reduction: Reduction | None = None,
         groups: list[list[nn.Parameter]] | None = None,
+        param_dtype: torch.dtype = torch.float32,
     ):
         super().__init__(named_params, dp_mesh, tp)
         self.zero = zero
         self.group = dp_mesh.get_group()
         rank = dp_mesh.get_local_rank()
-        self.shards = [_ParamShard(p, rank, self.dp) for p in self.params]
+        low = param_dtype != torch.float32
+        self.shards = [_ParamShard(p, rank, self.dp, copy=low) for p in self.params]
         self.shard_of = {s.param: s for s in self.shards}
+        self.masters = [s.master for s in self.shards] if low else []
         self.optimizer = make_optimizer([(s.master, s.param.ndim >= 2) for s in self.shards])
+        cast_parameters(self.params, param_dtype)
+        self.grads = Fp32Gradients(self.params, accumulate=low)  # its hooks run before the reducer's
         # stage 2 reduces every round (the full gradient is freed as soon as its bucket is
         # flattened); stage 1 once per step, after the last round
         reduction = reduction or Reduction()
-        self.reducer = reduction.reducer(groups or [self.params], self._launch, per_round=zero == 2)
+        self.reducer = reduction.reducer(
+            groups or [self.params], self._launch, per_round=zero == 2, grad_of=self.grads.get
+        )
 
     def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
         """One reduce-scatter for a bucket: rank r receives slot r of every parameter in it."""
@@ -98,8 +118,12 @@ class ShardedDP(DataParallelBase):
         pieces = []
         for shard in shards:
             align_grad(shard.param)
-            grad = shard.param.grad
-            flat = local(grad).reshape(-1) if grad is not None else local(shard.param).new_zeros(shard.numel)
+            grad = self.grads.get(shard.param)
+            flat = (
+                local(grad).reshape(-1)
+                if grad is not None
+                else shard.master.new_zeros(shard.numel, dtype=torch.float32)
+            )
             pieces.append(shard.padded(flat, self.dp).view(self.dp, shard.size))
         # (dp, sum of slots): row r is what rank r receives, contiguous as the collective wants
         send = torch.cat(pieces, dim=1).reshape(-1)
@@ -107,7 +131,7 @@ class ShardedDP(DataParallelBase):
         work = _reduce_scatter(out, send, group=self.group, async_op=True)
         if self.zero == 2:
             for shard in shards:
-                shard.param.grad = None  # the point of stage 2: no full-size gradient survives
+                self.grads.drop(shard.param)  # the point of stage 2: no full-size gradient survives
 
         def done() -> None:
             out.div_(self.dp)
@@ -115,7 +139,7 @@ class ShardedDP(DataParallelBase):
             for shard in shards:
                 part = out[offset : offset + shard.stop - shard.start]  # a view: the slots are the buffer
                 offset += shard.size
-                grad = shard.param.grad
+                grad = self.grads.get(shard.param)
                 if self.zero == 1 and grad is not None:
                     # keep the slice inside the full gradient buffer: stage 1 stores no extra bytes
                     own = local(grad).view(-1)[shard.start : shard.stop]
@@ -139,6 +163,7 @@ class ShardedDP(DataParallelBase):
 
     def zero_grad(self) -> None:
         self.reducer.reset()
+        self.grads.clear()
         for shard in self.shards:
             shard.master.grad = None
         super().zero_grad()
