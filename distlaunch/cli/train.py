@@ -84,7 +84,7 @@ def train(
 ) -> int:
     """Train the bundled GPT on every rank: config validated first, then the same launch as `run`.
 
-    With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state, activations) against the GPU's memory.
+    With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state kept between steps; a step's activations, buffers and peak) against the GPU's memory.
 
     Exit code: 0 on success, 2 for a bad config or option (before any process starts), 3 when a host cannot be reached, the first failing rank's code otherwise, 130/143 after Ctrl-C / SIGTERM.
     """
@@ -147,20 +147,25 @@ def render_memory(memory: MemoryPlan, console: Console) -> None:
     """Per-rank memory estimate; ranks with identical numbers share one row."""
     table = Table(
         title=f"memory per rank ({memory.precision}, zero={memory.zero}, micro-batch {memory.micro_batch_size}"
-        f"{', activation checkpointing' if memory.activation_checkpointing else ''})"
+        f"{', activation checkpointing' if memory.activation_checkpointing else ''})",
+        caption="params, grads, optimizer: kept between steps; activations, buffers: the most each takes in a step; "
+        "step peak: the most alive at once, at the moment named",
     )
-    for col in ("ranks", "params", "grads", "optimizer", "activations (est.)", "total", "fits"):
-        table.add_column(col, justify="right" if col != "ranks" else "left")
+    columns = ("ranks", "params", "grads", "optimizer", "activations (est.)", "buffers", "step peak", "at", "fits")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("ranks", "at") else "right")
     rows: dict[tuple, list[int]] = {}
     for r in memory.ranks:
-        rows.setdefault((r.params, r.grads, r.optimizer, r.activations, r.total, r.fits), []).append(r.rank)
-    for (params, grads, opt, act, total, fits), ranks in rows.items():
+        key = (r.params, r.grads, r.optimizer, r.activations, r.buffers, r.peak, r.peak_at, r.fits)
+        rows.setdefault(key, []).append(r.rank)
+    for (params, grads, opt, act, buffers, peak, peak_at, fits), ranks in rows.items():
         verdict = "?" if fits is None else ("yes" if fits else "[red]no[/red]")
-        table.add_row(_ranks(ranks), _gib(params), _gib(grads), _gib(opt), _gib(act), _gib(total), verdict)
+        sizes = (_gib(n) for n in (params, grads, opt, act, buffers, peak))
+        table.add_row(_ranks(ranks), *sizes, peak_at, verdict)
     console.print(table)
     capacity = "unknown" if memory.capacity_bytes is None else _gib(memory.capacity_bytes)
     verdict = {None: "cannot tell", True: "[green]fits[/green]", False: "[red]does not fit[/red]"}[memory.fits]
     console.print(
         f"  device: {memory.device}, {capacity} per rank ({memory.capacity_source}); "
-        f"the plan {verdict} within 90% of it"
+        f"the step peak {verdict} within 90% of it"
     )

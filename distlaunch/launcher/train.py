@@ -157,14 +157,5 @@ def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_m
     dims = resolve_parallel_dims(cfg, model, plan.world_size)
     ranks_per_node = max(len(node.ranks) for node in plan.nodes)
     device, capacity, source = device_capacity(plan.backend, gpu_memory, ranks_per_node)
-    memory = plan_memory(
-        model,
-        dims,
-        cfg.train.seq_len,
-        cfg.train.precision,
-        cfg.train.activation_checkpointing,
-        device,
-        capacity,
-        source,
-    )
+    memory = plan_memory(model, dims, cfg.train, plan.backend, device, capacity, source)
     return TrainPlan(**plan.model_dump(), config=str((config or EMBEDDED_CONFIG).resolve()), memory=memory)

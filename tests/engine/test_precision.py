@@ -85,7 +85,7 @@ def test_planner_matches_measured_state_bytes(results, name):
     model = PRESETS["tiny"]
     dims = resolve_parallel_dims(cfg, model, 2)
     for rank, measured in enumerate(results[name]):
-        estimate = rank_memory(model, dims, rank, cfg.train.seq_len, cfg.train.precision, False, None)
+        estimate = rank_memory(model, dims, rank, cfg.train, "gloo", None)
         for part in ("params", "grads", "optimizer"):
             got, want = getattr(estimate, part), measured["mem"][part]
             assert abs(got - want) <= STATE_RTOL * want, (name, rank, part, got, want)

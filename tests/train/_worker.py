@@ -3,8 +3,9 @@
 
 For each named config it writes ``<out>/<name>.rank<r>.pt``: per-step loss, grad norm, lr,
 skipped flag and loss scale, the whole parameters this rank holds after the last step, its
-measured state bytes, its place in the mesh, and step 1's gradients after clipping. The single-process run (no launch environment)
-also writes ``plain.pt``: the same steps done by plain PyTorch (one GPT,
+measured state bytes, the peak of live tensor bytes inside steps 2 and 3 (``_live_memory``), its
+place in the mesh, and step 1's gradients after clipping. The single-process run (no launch
+environment) also writes ``plain.pt``: the same steps done by plain PyTorch (one GPT,
 ``clip_grad_norm_``, AdamW), the reference for clipping.
 
     python tests/train/_worker.py OUT_DIR SPEC_JSON
@@ -12,6 +13,7 @@ also writes ``plain.pt``: the same steps done by plain PyTorch (one GPT,
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -21,22 +23,43 @@ import torch.distributed as dist
 
 from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
+from distlaunch.engine.memory import storage_bytes
 from distlaunch.engine.model import GPT, PRESETS, init_weights
 from distlaunch.engine.optim import build_scheduler, make_optimizer_factory
 from distlaunch.engine.parallel.data import full_tensor
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
+from tests.train._live_memory import PeakLiveBytes, count_allocations
+
+MEASURED_STEPS = (2, 3)  # after a warm-up step, so the optimizer state exists
 
 
 def run_config(overrides: list[str], world_size: int) -> dict:
     """Train one config; returns what the tests compare."""
     cfg = load_config(None, overrides)
     dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
+    # earlier configs' garbage goes now, not inside a measured step (freezing the survivors keeps
+    # the next collect short)
+    gc.collect()
+    gc.freeze()
+    with PeakLiveBytes() as before:  # what the process holds before the engine exists
+        pass
     engine = Engine(cfg, dims, build_mesh(dims, torch.device("cpu")), torch.device("cpu"))
     steps = [engine.train_step(1)]
     clipped = engine.full_gradients()  # step 1's gradients as the optimizer used them
-    steps += [engine.train_step(step) for step in range(2, cfg.train.steps + 1)]
+    # bytes that are not the engine's: the process's before it, and the copies of step 1's
+    # gradients kept for the test (with plain data parallelism the gradients themselves, which a
+    # step would otherwise free)
+    outside = before.start + storage_bytes({"params": clipped.values()})["total"]
+    peaks = []
+    for step in range(2, cfg.train.steps + 1):
+        if step not in MEASURED_STEPS:
+            steps.append(engine.train_step(step))
+            continue
+        with PeakLiveBytes() as live:
+            steps.append(engine.train_step(step))
+        peaks.append(live.peak - outside)
     params = {n: full_tensor(p).detach().clone() for chunk in engine.chunks for n, p in chunk.named_parameters()}
     return {
         "losses": [s.loss for s in steps],
@@ -47,6 +70,7 @@ def run_config(overrides: list[str], world_size: int) -> dict:
         "params": params,
         "clipped_grads": clipped,
         "mem": engine.state_bytes(),
+        "step_peaks": peaks,
         "dims": dims.describe(),
         "rank": dist.get_rank(),
     }
@@ -82,6 +106,7 @@ def plain_pytorch(overrides: list[str]) -> dict:
 
 
 def main(out_dir: str, spec_json: str) -> None:
+    count_allocations()  # before anything the peaks count is made
     spec = json.loads(spec_json)
     env = read_env()
     init_process_group(env, torch.device("cpu"))
