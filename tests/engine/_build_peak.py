@@ -1,4 +1,4 @@
-"""One rank of the build-memory test: builds the engine for a layout under ``allocation_peak``.
+"""One rank of the build-memory test: builds the engine for a layout under ``PeakLiveBytes``.
 
 Writes ``<out>/<layout>.rank<r>.json``: the peak bytes allocated while the engine was built, the
 parameter bytes the rank keeps, the bytes of one whole block and of the whole stage.
@@ -20,7 +20,7 @@ from distlaunch.engine.model import PRESETS
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
-from tests.engine.allocations import allocation_peak
+from tests.live_memory import PeakLiveBytes, count_allocations
 
 
 def first_block_params(engine: Engine):
@@ -29,17 +29,18 @@ def first_block_params(engine: Engine):
 
 
 def main(out_dir: str, preset: str, layouts: list[str]) -> None:
+    count_allocations()
     env = read_env()
     init_process_group(env, torch.device("cpu"))
     for layout in layouts:
         cfg = load_config(None, [f"model.preset='{preset}'", "train.seq_len=64", *layout.split("+")])
         dims = resolve_parallel_dims(cfg, PRESETS[preset], env.world_size)
         mesh = build_mesh(dims, torch.device("cpu"))
-        with allocation_peak() as peak:
+        with PeakLiveBytes() as live:
             engine = Engine(cfg, dims, mesh, torch.device("cpu"))
         params = [p for chunk in engine.chunks for p in chunk.parameters()]
         result = {
-            "peak": peak.bytes,
+            "peak": live.peak - live.start,
             "kept_params": engine.state_bytes()["params"],
             # a whole transformer block (numel of a DTensor is the whole tensor's)
             "layer": sum(p.numel() * p.element_size() for p in first_block_params(engine)),

@@ -2,7 +2,7 @@
 sharded there, and materialised shard by shard (``parallel/materialize.py``).
 
 Real gloo ranks build the ``small`` preset (~32M parameters, ~127 MB in fp32) and the CPU
-allocator's peak during the build is measured. Building whole and sharding after would peak at
+allocator's peak during the build is measured (its own count of live bytes, `tests/live_memory.py`). Building whole and sharding after would peak at
 the whole stage, 2-4x the bound here.
 """
 

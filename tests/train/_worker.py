@@ -3,7 +3,7 @@
 
 For each named config it writes ``<out>/<name>.rank<r>.pt``: per-step loss, grad norm, lr,
 skipped flag and loss scale, the whole parameters this rank holds after the last step, its
-measured state bytes, the peak of live tensor bytes inside steps 2 and 3 (``_live_memory``), its
+measured state bytes, the peak of live tensor bytes inside steps 2 and 3 (``tests/live_memory.py``), its
 place in the mesh, and step 1's gradients after clipping. The single-process run (no launch
 environment) also writes ``plain.pt``: the same steps done by plain PyTorch (one GPT,
 ``clip_grad_norm_``, AdamW), the reference for clipping.
@@ -30,7 +30,7 @@ from distlaunch.engine.parallel.data import full_tensor
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
-from tests.train._live_memory import PeakLiveBytes, count_allocations
+from tests.live_memory import PeakLiveBytes, count_allocations
 
 MEASURED_STEPS = (2, 3)  # after a warm-up step, so the optimizer state exists
 

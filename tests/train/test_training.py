@@ -21,8 +21,8 @@ from distlaunch.engine.model import GPT, PRESETS, init_weights
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.planner import rank_memory
 from tests.engine.harness import spawn
+from tests.live_memory import PeakLiveBytes, count_allocations
 from tests.train import _worker
-from tests.train._live_memory import PeakLiveBytes, count_allocations
 
 BASE = [
     "model.preset='tiny'",
