@@ -137,6 +137,13 @@ class DataParallelBase:
         # this rank's slices (ZeRO-1/2); none when the parameters are their own master weights
         self.masters: list[torch.Tensor] = []
 
+    def _hold_parameters_in(self, param_dtype: torch.dtype) -> None:
+        """Cast the parameters to ``param_dtype`` (after the fp32 masters were copied from them);
+        16-bit parameters get their gradients accumulated in fp32. Before any reducer hook, so
+        the fp32 accumulator is filled first."""
+        cast_parameters(self.params, param_dtype)
+        self.grads = Fp32Gradients(self.params, accumulate=param_dtype != torch.float32)
+
     @property
     def master_weights(self) -> bool:
         """Whether the optimizer updates fp32 copies instead of the (16-bit) parameters."""
@@ -209,8 +216,7 @@ class ReplicatedDP(DataParallelBase):
         self.master_of = {p: nn.Parameter(p.detach().float().clone()) for p in self.params} if low else {}
         self.masters = list(self.master_of.values())
         self.optimizer = make_optimizer([(self.master_of.get(p, p), p.ndim >= 2) for p in self.params])
-        cast_parameters(self.params, param_dtype)
-        self.grads = Fp32Gradients(self.params, accumulate=low)  # its hooks run before the reducer's
+        self._hold_parameters_in(param_dtype)
         self.reducer = None
         if self.dp > 1:  # groups: one per pipeline chunk (a bucket never spans two)
             reduction = reduction or Reduction()

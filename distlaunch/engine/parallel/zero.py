@@ -36,10 +36,8 @@ from torch.distributed.tensor import DTensor
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.data import (
     DataParallelBase,
-    Fp32Gradients,
     OptimizerFactory,
     align_grad,
-    cast_parameters,
     local,
     tp_sharded,
 )
@@ -103,8 +101,7 @@ class ShardedDP(DataParallelBase):
         self.shard_of = {s.param: s for s in self.shards}
         self.masters = [s.master for s in self.shards] if low else []
         self.optimizer = make_optimizer([(s.master, s.param.ndim >= 2) for s in self.shards])
-        cast_parameters(self.params, param_dtype)
-        self.grads = Fp32Gradients(self.params, accumulate=low)  # its hooks run before the reducer's
+        self._hold_parameters_in(param_dtype)
         # stage 2 reduces every round (the full gradient is freed as soon as its bucket is
         # flattened); stage 1 once per step, after the last round
         reduction = reduction or Reduction()
