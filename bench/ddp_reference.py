@@ -7,6 +7,7 @@ The same GPT, initial weights, batches, AdamW settings, clipping and schedule as
         --global-batch-size 16 --seq-len 128 --out ref.json
 
 Rank 0 writes ``{"tokens_per_s": median over steps 2.., "losses": [...]}`` to ``--out``.
+``Reference`` is also the DDP half of bench/step_interleaved.py.
 """
 
 from __future__ import annotations
@@ -41,47 +42,69 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+class Reference:
+    """The tutorial loop's state on one rank: DDP model, AdamW, schedule, sampler."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = device
+        # the engine's defaults for everything the command line does not set
+        train = load_config(None, [f"train.steps={args.steps}"]).train
+        model = GPT(PRESETS[args.preset]).to(device)
+        init_weights(model, train.seed)
+        self.model, self.ddp = model, DistributedDataParallel(model)
+        decay = [p for p in model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in model.parameters() if p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=train.lr,
+            betas=(train.beta1, train.beta2),
+        )
+        self.scheduler = build_scheduler(self.optimizer, train)
+        self.grad_clip = train.grad_clip
+        tokens, _ = load_split(None, "auto", "uint16", 0.1)
+        self.sampler = BatchSampler(tokens, args.seq_len, args.global_batch_size, train.seed)
+        self.precision = args.precision
+
+    def step(self, step: int) -> float:
+        """One training step; returns the loss."""
+        x, y = (t.to(self.device) for t in self.sampler.local_batch(step, self.rank, self.world))
+        self.optimizer.zero_grad(set_to_none=True)
+        autocast = (
+            torch.autocast(self.device.type, DTYPES[self.precision])
+            if self.precision != "fp32"
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = self.ddp(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss.item()  # a real loop logs the loss: one device sync per step
+
+
+def init(backend: str | None = None) -> torch.device:
+    """The process group (NCCL on GPUs, else gloo) and this rank's device."""
+    cuda = torch.cuda.is_available()
+    dist.init_process_group(backend or ("nccl" if cuda else "gloo"))
+    if not cuda:
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    return device
+
+
 def main() -> None:
     args = parse_args()
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    # the engine's defaults for everything the command line does not set
-    train = load_config(None, [f"train.steps={args.steps}"]).train
-    model = GPT(PRESETS[args.preset]).to(device)
-    init_weights(model, train.seed)
-    ddp = DistributedDataParallel(model)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=train.lr,
-        betas=(train.beta1, train.beta2),
-    )
-    scheduler = build_scheduler(optimizer, train)
-    tokens, _ = load_split(None, "auto", "uint16", 0.1)
-    sampler = BatchSampler(tokens, args.seq_len, args.global_batch_size, train.seed)
-    autocast = (
-        torch.autocast(device.type, DTYPES[args.precision]) if args.precision != "fp32" else contextlib.nullcontext()
-    )
+    reference = Reference(args, init())
     times, losses = [], []
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
-        x, y = (t.to(device) for t in sampler.local_batch(step, rank, world))
-        optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            logits = ddp(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())  # a real loop logs the loss: one device sync per step
+        losses.append(reference.step(step))
         times.append(time.perf_counter() - start)
-    if rank == 0:
+    if reference.rank == 0:
         tokens_per_step = args.global_batch_size * args.seq_len
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"tokens_per_s": statistics.median(tokens_per_step / t for t in times[1:]), "losses": losses}, f)
