@@ -41,6 +41,17 @@ def model_dtype_name(precision: str, zero: int) -> str:
     return "bf16" if precision == "bf16" and zero in (0, 1, 2) else "fp32"
 
 
+def hidden_dtype_name(precision: str, zero: int) -> str:
+    """The dtype of the hidden states between and around the blocks (the residual stream, and
+    the layer norms' inputs): that of the weights the blocks compute with. 16-bit parameters
+    make 16-bit hidden states, and so does ZeRO-3 in 16 bits (FSDP2 casts its all-gathered
+    weights and each unit's inputs); fp32 parameters under autocast (fp16 with ZeRO-0/1/2) keep
+    them fp32, and only the matmuls' inputs and outputs are 16-bit."""
+    if precision != "fp32" and zero == 3:
+        return precision
+    return model_dtype_name(precision, zero)
+
+
 def dtype(precision: str) -> torch.dtype:
     """The torch dtype of ``fp32`` / ``bf16`` / ``fp16``."""
     import torch

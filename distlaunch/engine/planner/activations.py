@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.engine.planner.shapes import FP32, holds_last_stage, rank_layers
+from distlaunch.engine.precision import ELEMENT_BYTES, hidden_dtype_name
 from distlaunch.engine.presets import GPTConfig
 
 
@@ -46,14 +47,35 @@ def activation_bytes(
     backward of its last ``done`` blocks has freed theirs and the logits; ``in_flight``: that many
     micro-batches instead of the schedule's most."""
     b, s, h, t = dims.micro_batch_size, seq_len, model.d_model, dims.tp
-    elem = FP32 if precision == "fp32" else 2
-    # per layer and micro-batch: s*b*h*(10 + 24/t) 16-bit values (Korthikanti et al.), less the
-    # 2 dropout masks this GPT does not have; scaled to the precision's element size
-    per_layer = s * b * h * (8 + 24 / t) * elem / 2
+    sbh = s * b * h  # one hidden state of one micro-batch, in elements
+    elem = ELEMENT_BYTES[precision]  # the matmuls' inputs and outputs (autocast's dtype)
+    hidden = ELEMENT_BYTES[hidden_dtype_name(precision, dims.zero)]
+    # What a block saves per micro-batch (Korthikanti et al. 2022, without dropout masks; the
+    # fused attention keeps no score matrix): its input and the attention block's output, the
+    # hidden states, and each norm's output as the next matmul's input (2 sbh each); q, k, v,
+    # the attention output, and the MLP's hidden layer before and after GELU (12 sbh / t).
+    per_layer = sbh * (2 * hidden + 2 * elem + 12 / t * elem)
     layers = rank_layers(model, dims, pp_rank) - done
     in_flight = in_flight_microbatches(dims, pp_rank) if in_flight is None else in_flight
-    # With checkpointing each block keeps its fp32 input, and one block is recomputed at a time.
-    kept = layers * in_flight * s * b * h * FP32 + per_layer if checkpointing else layers * in_flight * per_layer
-    if holds_last_stage(dims, pp_rank) and not done:  # fp32 logits of one micro-batch and their gradient
-        kept += 2 * FP32 * b * s * model.vocab_size // t
+    if checkpointing:
+        # each block keeps only its input, and one block is recomputed at a time. The input is
+        # counted at 4 bytes an element in every precision: the peaks measured with 16-bit
+        # hidden states (tests/train/test_training.py) are that much above 2 bytes' worth.
+        kept = layers * in_flight * sbh * FP32 + per_layer
+    else:
+        # a block's backward works beside what is saved: the gradient of the residual stream
+        # and of the MLP's hidden layer, in fp32 as autograd accumulates them
+        kept = layers * in_flight * per_layer + sbh * (1 + 4 / t) * FP32
+    last = holds_last_stage(dims, pp_rank)
+    if dims.pp > 1:
+        # the schedule keeps each in-flight micro-batch's stage output for its backward (on the
+        # last stage: the logits), and before the last stage, the output gradient it received
+        vocab = b * s * model.vocab_size // t
+        kept += in_flight * vocab * elem if last else (in_flight + 1) * sbh * hidden
+    if last and not done:
+        # the final norm's input and output, and the fp32 log-probabilities of one micro-batch
+        # and their gradient. Added to the blocks' backward working set although the loss's
+        # backward is over before the blocks' starts: with tp the sharded loss keeps more than
+        # these, and the sum covers it (measured in tests/train/test_training.py)
+        kept += 2 * sbh * hidden + 2 * FP32 * b * s * model.vocab_size // t
     return int(kept)

@@ -23,6 +23,7 @@ from distlaunch.engine.planner.shapes import (
     block_numel,
     gathered_numel,
     holds_last_stage,
+    rank_layers,
     rank_tensors,
     state_bytes,
     unsharded_numel,
@@ -120,6 +121,7 @@ def step_moments(
 
     - backward: a backward starts with the most activations in flight, and the gradients of
       earlier backwards (micro-batches, accumulation rounds) already exist;
+    - first block's backward (ZeRO-0/1/2): one block's activations beside nearly all gradients;
     - next block's backward (ZeRO-3 without pp), later backward (ZeRO-3 with pp): see
       ``zero3_moments``;
     - gradient sync: backward is over and the gradients are being reduced;
@@ -156,7 +158,11 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
         # stage 2 reduces after every backward: the previous one's buckets are in flight, and the
         # one launching holds its full-size gradients besides its send buffer
         backward |= {"gradients": grads, "buckets in flight": sends + bucket * (1 + step.copies)}
-    return {"backward": backward, "gradient sync": sync}
+    # the backward of the first block: one block's activations (checkpointing: recomputed) are
+    # alive again beside the gradients of all the others, most buckets already in flight
+    first_block = rank_layers(step.model, dims, step.pp_rank) - 1
+    end = sync | {"activations": step.activations(done=first_block, in_flight=1)}
+    return {"backward": backward, "first block's backward": end, "gradient sync": sync}
 
 
 def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
