@@ -1,0 +1,46 @@
+"""The test sshd's teardown: stopping the server ends its sessions too.
+
+A session is a forked child that leaves the server's process group, so killing the server alone
+leaves it behind; after a partition test such a session waits on a dead connection for hours.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from tests.fixtures import require
+from tests.fixtures.sshd import children, sshd_missing_reason, start_sshd, stop_sshd
+
+
+def test_stopping_the_server_ends_its_open_sessions(tmp_path):
+    require(sshd_missing_reason())
+    cluster = start_sshd(tmp_path / "sshd", nhosts=1)
+    client = subprocess.Popen(
+        ["ssh", "-F", str(cluster.ssh_config), "-o", "BatchMode=yes", cluster.aliases[0], "sleep 300"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (sessions := children(cluster.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sessions, "the ssh session never started"
+        stop_sshd(cluster.dir)
+        alive = [pid for pid in sessions if _running(pid)]
+        assert not alive, f"sessions outlived their server: {alive}"
+        assert client.wait(timeout=10) != 0  # the client saw its connection closed
+    finally:
+        client.kill()
+        client.wait()
+        stop_sshd(cluster.dir)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an ended session waits in /proc until init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
