@@ -10,8 +10,10 @@ and writes ``<out>/<layout>.rank<r>.pt``.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -63,9 +65,9 @@ def reduction_stats(engine: Engine, count_comms: bool, step: int) -> tuple[torch
     return local_loss, stats
 
 
-def run_layout(overrides: list[str], world_size: int, count_comms: bool = False) -> dict:
+def run_layout(overrides: list[str], world_size: int, count_comms: bool = False) -> tuple[dict, weakref.ref]:
     """Train one layout; returns losses, grad norms, step-1 gradients, state bytes and step 2's
-    gradient-reduction statistics."""
+    gradient-reduction statistics, and a weak reference to the engine's ZeRO strategy."""
     cfg = load_config(None, overrides)
     dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
     mesh = build_mesh(dims, torch.device("cpu"))
@@ -91,7 +93,7 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
         losses.append(loss)
         norms.append(norm)
     hook.remove()
-    return {
+    result = {
         "losses": losses,
         "grad_norms": norms,
         "grads": grads,
@@ -107,6 +109,7 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
         ),
         "compiled_blocks": sum(is_compiled(b) for chunk in engine.chunks for b in chunk.blocks.values()),
     }
+    return result, weakref.ref(engine.data_parallel)
 
 
 def main(out_dir: str, spec_json: str) -> None:
@@ -114,7 +117,9 @@ def main(out_dir: str, spec_json: str) -> None:
     env = read_env()
     init_process_group(env, torch.device("cpu"))
     for name, overrides in spec["layouts"].items():
-        result = run_layout(spec["base"] + overrides, env.world_size, spec.get("count_comms", False))
+        result, strategy = run_layout(spec["base"] + overrides, env.world_size, spec.get("count_comms", False))
+        gc.collect()
+        result["strategy_freed"] = strategy() is None  # the engine is gone: nothing may keep it alive
         torch.save(result, Path(out_dir) / f"{name}.rank{env.rank}.pt")
         dist.barrier()
     dist.destroy_process_group()

@@ -110,3 +110,11 @@ def test_planner_counts_16bit_weight_copies_by_precision_and_stage():
     assert units == 2 * (root + 2 * block_numel(model, 1))
     assert autocast_copies > 4 * units  # measured 2.84 GB against 0.62 GB (1.3b, one stage)
     assert unsharded_16bit_weights(model, dims[1], 0, "bf16") == 0
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_finished_engine_is_freed(results, name):
+    """Once the engine is dropped, its strategy goes too: the backward hooks on the parameters
+    (bucket reducer, fp32 gradient accumulator) must not keep it, its buffers and its
+    parameters alive for the rest of the process."""
+    assert all(rank["strategy_freed"] for rank in results[name])

@@ -34,6 +34,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from distlaunch.engine.parallel.hooks import register_weak_hook
+
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
 REDUCE_BYTES = 4  # gradients are reduced in fp32
 
@@ -119,7 +121,7 @@ class GradReducer:
         for bucket in self.buckets:
             for p in bucket.params:
                 self.bucket_of[p] = bucket
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                register_weak_hook(p, self._on_grad)
 
     def reset(self) -> None:
         """Start of a step: no contribution counted, nothing in flight."""

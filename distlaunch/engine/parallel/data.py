@@ -32,6 +32,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from distlaunch.engine.parallel.buckets import Reduction
+from distlaunch.engine.parallel.hooks import register_weak_hook
 from distlaunch.engine.precision import dtype
 
 OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], torch.optim.Optimizer]
@@ -94,7 +95,7 @@ class Fp32Gradients:
         self.acc: dict[nn.Parameter, torch.Tensor] = {}
         if accumulate:
             for p in params:
-                p.register_post_accumulate_grad_hook(self._add)
+                register_weak_hook(p, self._add)
 
     @torch.no_grad()
     def _add(self, param: nn.Parameter) -> None:
