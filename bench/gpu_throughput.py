@@ -140,6 +140,11 @@ def main() -> None:
         preset, seq_len, batch = args.reference
         print(json.dumps(reference_loop(preset, int(seq_len), int(batch), args.steps)))
         return
+    import torch
+
+    if not torch.cuda.is_available():
+        # the engine and the reference would both fall back to the CPU and run for hours
+        sys.exit("error: no CUDA GPU is visible (torch.cuda.is_available() is False); run this on a GPU machine")
     wanted = args.presets.split(",")
     figures = []
     with tempfile.TemporaryDirectory() as tmp:
