@@ -502,7 +502,7 @@ class Agent:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 1.0
-            while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(pid) for pid in found):
+            while sig == signal.SIGTERM and time.monotonic() < deadline and any(is_running(pid) for pid in found):
                 time.sleep(0.05)
         return found
 
@@ -558,7 +558,7 @@ def _pids_with(marks: set[bytes]) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def is_running(pid: int) -> bool:
     """True while ``pid`` runs (a zombie counts as gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

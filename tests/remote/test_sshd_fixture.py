@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 
+from distlaunch.agent import is_running
 from tests.fixtures import require
 from tests.fixtures.sshd import children, sshd_missing_reason, start_sshd, stop_sshd
 
@@ -28,19 +29,10 @@ def test_stopping_the_server_ends_its_open_sessions(tmp_path):
             time.sleep(0.1)
         assert sessions, "the ssh session never started"
         stop_sshd(cluster.dir)
-        alive = [pid for pid in sessions if _running(pid)]
+        alive = [pid for pid in sessions if is_running(pid)]
         assert not alive, f"sessions outlived their server: {alive}"
         assert client.wait(timeout=10) != 0  # the client saw its connection closed
     finally:
         client.kill()
         client.wait()
         stop_sshd(cluster.dir)
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an ended session waits in /proc until init reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
