@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,15 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fixtures.sshd import start_sshd
 
+from distlaunch.contract.endpoint import free_port
+
 HOST_COUNTS = (1, 8)
 RATIO_GOAL = 1.5
 SECONDS_GOAL = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.11", 0))
-        return s.getsockname()[1]
 
 
 def doctor(cluster, hostfile: Path) -> tuple[float, float]:
@@ -50,7 +45,7 @@ def doctor(cluster, hostfile: Path) -> tuple[float, float]:
         "--ssh-config",
         str(cluster.ssh_config),
         "--master-port",
-        str(free_port()),
+        str(free_port("127.0.0.11")),
         "--json",
     ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from distlaunch.contract.endpoint import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,12 +39,6 @@ def formula(zero: int, psi: int, n: int) -> dict[str, float]:
         "grads": 4 * psi / (n if zero >= 2 else 1),
         "optimizer": 8 * psi / (n if zero >= 1 else 1),
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_stage(zero: int, preset: str, ranks: int, out: Path) -> dict:
@@ -66,7 +61,7 @@ def run_stage(zero: int, preset: str, ranks: int, out: Path) -> dict:
         "--set",
         f"parallel.zero={zero}",
     ]
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(ranks):
         env = dict(

@@ -12,6 +12,7 @@ from fixtures.netns import need_root_netns, netns_sshd
 from fixtures.sshd import SshdCluster
 from helpers import invoke
 
+from distlaunch.contract import endpoint
 from tests.fixtures import require
 
 
@@ -43,11 +44,7 @@ def doctor(*args: str, env: dict[str, str] | None = None) -> DoctorRun:
 
 def free_port() -> int:
     """A port free on the test cluster's addresses."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.11", 0))
-        return s.getsockname()[1]
+    return endpoint.free_port("127.0.0.11")
 
 
 def assert_healthy(run: DoctorRun, host: str, local: bool = False) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from helpers import run_cli
 
+from distlaunch.contract.endpoint import free_port
 from tests.doctor.conftest import doctor, host_block, write_config
 
 
@@ -24,9 +25,7 @@ def two_networks(netns_host, sshd_cluster, tmp_path):
     )
     hostfile = tmp_path / "hosts"
     hostfile.write_text("nsnode slots=1\nnode1 slots=1\n", encoding="utf-8")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     netns_host.set_hosts(f"127.0.0.1 localhost\n{netns_host.address} {socket.gethostname()}\n")
     yield ["-H", str(hostfile), "--ssh-config", str(config), "--master-port", str(port)], port
     netns_host.ns("iptables", "-F", "INPUT")

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
 
+from distlaunch.contract.endpoint import free_port
+
 WORKER = Path(__file__).with_name("_worker.py")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -38,36 +36,86 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     return env
 
 
-def spawn(
-    argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None
-) -> list[subprocess.CompletedProcess]:
-    """Run ``argv`` as ``world_size`` ranks (0: one process without the launch environment)."""
+class RankResult(subprocess.CompletedProcess):
+    """A finished rank; ``stopped``: the harness ended it (a peer failed first, or time ran out)."""
+
+    stopped: bool = False
+
+
+def spawn(argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None) -> list[RankResult]:
+    """Run ``argv`` as ``world_size`` ranks (0: one process without the launch environment).
+
+    Like the launcher, the job stops as soon as one rank fails: its peers would otherwise wait in a
+    collective (or for a store that never came up) until the timeout. At the timeout every rank left
+    prints its Python stacks (faulthandler, on SIGABRT) before it ends, so a hang says where it was.
+    Output goes to files, not pipes: a rank never blocks on a full pipe while the harness waits.
+    """
     port = free_port()
-    procs = []
-    for rank in range(max(world_size, 1)):
-        env = rank_env(rank, world_size, port) | (extra_env or {})
-        procs.append(
-            subprocess.Popen(
-                argv,
-                env=env,
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
+    with contextlib.ExitStack() as files:
+        procs, outputs = [], []
+        for rank in range(max(world_size, 1)):
+            env = rank_env(rank, world_size, port) | {"PYTHONFAULTHANDLER": "1"} | (extra_env or {})
+            out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+            outputs.append((out, err))
+            procs.append(
+                subprocess.Popen(argv, env=env, cwd=REPO, stdout=out, stderr=err, text=True, start_new_session=True)
             )
-        )
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            results.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
-    finally:
-        for proc in procs:  # only our own children, by pid
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        stopped = _wait(procs, time.monotonic() + timeout)
+        results = []
+        for rank, (proc, streams) in enumerate(zip(procs, outputs, strict=True)):
+            for stream in streams:
+                stream.seek(0)
+            result = RankResult(argv, proc.returncode, *(stream.read() for stream in streams))
+            result.stopped = rank in stopped
+            results.append(result)
     return results
+
+
+def _wait(procs: list[subprocess.Popen], deadline: float) -> set[int]:
+    """Wait until every rank has exited, one has failed, or the deadline; end the rest. Returns the
+    ranks the harness ended."""
+    try:
+        while None in (codes := [proc.poll() for proc in procs]):  # a list: every rank polled
+            if any(code not in (None, 0) for code in codes):
+                return _end(procs)
+            if time.monotonic() > deadline:
+                ended = {rank for rank, proc in enumerate(procs) if proc.poll() is None}
+                for rank in ended:
+                    procs[rank].send_signal(signal.SIGABRT)  # faulthandler prints the stacks
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    for rank in ended:
+                        procs[rank].wait(timeout=10)
+                return ended | _end(procs)
+            time.sleep(0.1)
+        return set()
+    finally:
+        _end(procs)  # also on an interrupt or the test's own timeout: no rank is left behind
+
+
+def _end(procs: list[subprocess.Popen]) -> set[int]:
+    """Kill the ranks still running (only our own children, by pid); returns them."""
+    running = {rank for rank, proc in enumerate(procs) if proc.poll() is None}
+    for rank in running:
+        procs[rank].kill()
+        procs[rank].wait()
+    return running
+
+
+def spawn_ok(argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None) -> list[RankResult]:
+    """``spawn``, failing the test with the stderr of the rank that failed first (every rank's when
+    the job timed out: their stacks) unless every rank exits 0."""
+    results = spawn(argv, world_size, timeout, extra_env)
+    failed = [(rank, r) for rank, r in enumerate(results) if r.returncode != 0]
+    if not failed:
+        return results
+    first = [(rank, r) for rank, r in failed if not r.stopped]
+    if first:
+        rank, result = first[0]
+        raise AssertionError(
+            f"{world_size}-rank job failed: rank {rank} exited {result.returncode}:\n{result.stderr[-3000:]}"
+        )
+    stacks = "\n".join(f"--- rank {rank}:\n{r.stderr[-3000:]}" for rank, r in failed)
+    raise AssertionError(f"{world_size}-rank job timed out after {timeout:.0f}s; where each rank was:\n{stacks}")
 
 
 def run_layouts(
@@ -75,14 +123,11 @@ def run_layouts(
     world_size: int,
     base: list[str],
     layouts: dict[str, list[str]],
-    timeout: float = 600,
+    timeout: float = 270,
     count_comms: bool = False,
 ) -> dict[str, list[dict]]:
     """Train every layout in one job of ``world_size`` ranks; results per layout, per rank
     (``count_comms``: step 2 runs under CommDebugMode, see ``_worker.reduction_stats``)."""
     spec = json.dumps({"base": base, "layouts": layouts, "count_comms": count_comms})
-    results = spawn([sys.executable, str(WORKER), str(out_dir), spec], world_size, timeout)
-    failed = [(i, r.stderr[-3000:]) for i, r in enumerate(results) if r.returncode != 0]
-    if failed:
-        raise RuntimeError(f"{world_size}-rank job failed: rank {failed[0][0]}:\n{failed[0][1]}")
+    spawn_ok([sys.executable, str(WORKER), str(out_dir), spec], world_size, timeout)
     return {name: [torch.load(out_dir / f"{name}.rank{r}.pt") for r in range(max(world_size, 1))] for name in layouts}

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.engine import _pieces
-from tests.engine.harness import spawn
+from tests.engine.harness import spawn_ok
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -16,9 +16,7 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture(scope="module")
 def piece_results(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("pieces")
-    results = spawn([sys.executable, _pieces.__file__, str(out)], world_size=2, timeout=300)
-    for rank, result in enumerate(results):
-        assert result.returncode == 0, f"rank {rank} failed:\n{result.stderr[-3000:]}"
+    spawn_ok([sys.executable, _pieces.__file__, str(out)], world_size=2, timeout=300)
     return [json.loads((out / f"pieces.rank{r}.json").read_text()) for r in range(2)]
 
 

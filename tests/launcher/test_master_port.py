@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -55,3 +56,20 @@ def test_two_jobs_started_at_once_on_one_fixed_port_never_share_it(tmp_path):
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10)
     again = run_cli("run", "-n", "1", "--master-port", str(port), "--", sys.executable, "-c", "pass", timeout=60)
     assert again.returncode == 0, again.stderr  # released when the first job ended
+
+
+def test_an_auto_port_lies_outside_the_range_outgoing_connections_draw_from():
+    """An auto port is free when chosen and bound by rank 0 seconds later. Any outgoing connection
+    on the machine takes its local port from the kernel's ephemeral range, so a port from there could
+    be gone by then (rank 0: EADDRINUSE); one outside it can only be taken by an explicit bind."""
+    from distlaunch.contract.endpoint import ephemeral_ports, free_port
+
+    ephemeral = ephemeral_ports()
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as out:
+        assert out.getsockname()[1] in ephemeral  # where outgoing connections' ports come from
+    plan = json.loads(run_cli("run", "-n", "2", "--dry-run", "--json", "--", sys.executable, "-c", "pass").stdout)
+    ports = [plan["master_port"], *(free_port() for _ in range(200))]
+    assert [port for port in ports if port in ephemeral] == []
+    for port in ports[1:20]:  # and free: rank 0 can bind it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
