@@ -147,6 +147,9 @@ def render_report(report: RunReport, console: Console) -> None:
             # A rank's output and a host name are data, never rich markup: gloo prints "[/path/x.cc:12]".
             table.add_row(str(f.rank), Text(f.host), exit_text, f"{f.time_s:.1f}s", Text(failure_text(f)), style=style)
         console.print(table)
+        explained = next((f for f in report.failures if f.cause), None)
+        if explained is not None:
+            console.print(Text.assemble(("cause", "bold"), f" (rank {explained.rank}): {explained.cause}"))
         if report.restarts:
             console.print(f"gave up after {report.restarts} restart(s)")
     elif not report.interrupted:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import signal as _signal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
+from distlaunch.launcher.causes import explain
 from distlaunch.launcher.stacks import StackGroup
 
 
@@ -19,6 +20,13 @@ class RankExit(BaseModel):
     tail: list[str] = Field(default_factory=list)  # its last lines of output
     error: dict[str, str] | None = None  # from its TORCHELASTIC_ERROR_FILE (@record): type, message, frame
     time_s: float = 0.0  # seconds since the attempt started
+
+    @computed_field
+    @property
+    def cause(self) -> str | None:
+        """A known failure in plain words (launcher/causes.py), or None."""
+        message = self.error.get("message", "") if self.error else ""
+        return explain("\n".join([*self.tail, message]), self.host)
 
 
 HOST_SILENT_CODE = 3  # a host went silent mid-run: counted as unreachable

@@ -210,17 +210,24 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
     store."""
     if opts.master_port == "auto":
         return
-    from distlaunch.doctor.listener_script import holders  # stdlib only: who listens on a port, from /proc
+    from distlaunch.doctor.listener_script import bind, holders  # stdlib only
 
+    hint = (
+        "pick a free port, or leave --master-port auto (a free one is chosen); two jobs on one port would cross-connect"
+    )
     held = holders(port)
     if held:
         who = "; ".join(
             f"pid {h['pid']} ({h['command']})" if h.get("pid") else f"a process on {h['address']}" for h in held
         )
+        raise UsageError(f"--master-port {port} is already in use on this machine (the master): {who}", hint)
+    sock, status, _ = bind("0.0.0.0", port)  # as rank 0's store will: an outgoing connection's port counts too
+    if sock is not None:
+        sock.close()
+    elif status == "in-use":
         raise UsageError(
-            f"--master-port {port} is already in use on this machine (the master): {who}",
-            "pick a free port, or leave --master-port auto (a free one is chosen); two jobs on one port would "
-            "cross-connect",
+            f"--master-port {port} is already in use on this machine (the master): an open connection uses it as its local port",
+            hint,
         )
 
 

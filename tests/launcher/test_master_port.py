@@ -73,3 +73,18 @@ def test_an_auto_port_lies_outside_the_range_outgoing_connections_draw_from():
     for port in ports[1:20]:  # and free: rank 0 can bind it
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_a_fixed_port_an_open_connection_uses_is_refused_before_start(tmp_path):
+    """Nothing listens on a connection's local port, yet rank 0's store could not bind it."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(marker)!r}, 'a').close()\n")
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as out:
+        port = out.getsockname()[1]
+        r = run_cli("run", "-n", "2", "--master-port", str(port), str(script), timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert r.stderr.startswith(
+        f"error: --master-port {port} is already in use on this machine (the master): an open connection uses it"
+    )
+    assert not marker.exists()  # no rank started

@@ -1,0 +1,41 @@
+"""Plain words for the rank failures whose tracebacks users meet most, read from the last lines a rank
+printed (or its ``@record`` error): what happened, where, and what to do. A failure matching none of
+them is shown as its output alone.
+"""
+
+from __future__ import annotations
+
+import re
+
+# torch's TCPStore server (rank 0) and client (every rank) errors, as c10d words them
+_STORE_PORT_IN_USE = re.compile(
+    r"server socket has failed to listen on any local network address\..*?port: (\d+).*?EADDRINUSE"
+)
+_STORE_UNREACHABLE = re.compile(
+    r"client socket has timed out after (\d+)ms while trying to connect to \(([^,)]+), (\d+)\)"
+)
+_HOST_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
+
+
+def explain(text: str, host: str) -> str | None:
+    """One line for a known failure in a rank's ``text`` on ``host``, else None."""
+    if match := _STORE_PORT_IN_USE.search(text):
+        port = match[1]
+        return (
+            f"the rendezvous store could not start: port {port} is already in use on {host} (MASTER_PORT); "
+            "pick another --master-port, or leave it auto (a free port outside the range outgoing connections use)"
+        )
+    if match := _STORE_UNREACHABLE.search(text):
+        seconds, addr, port = int(match[1]) / 1000, match[2], match[3]
+        return (
+            f"could not reach the rendezvous store at {addr}:{port} in {seconds:g}s from {host}: rank 0 never "
+            "started it, or the network between them drops the connection; 'distlaunch doctor' with the same "
+            "hosts checks name resolution, routes and the port"
+        )
+    if match := _HOST_MEMORY.search(text):
+        gib = int(match[1]) / 2**30
+        return (
+            f"out of host memory on {host}: an allocation of {gib:,.1f} GiB failed; fewer ranks per host, a "
+            "smaller micro-batch, or more sharding (ZeRO, tp, pp) lowers what each rank holds"
+        )
+    return None

@@ -1,0 +1,70 @@
+"""A rank failure users meet often is named in plain words under the failure table, and in the JSON
+report; real ranks, real torch errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import run_cli
+
+SCRIPTS = {
+    # an outgoing connection takes MASTER_PORT between the launcher's check and rank 0's store
+    "port-taken": (
+        "import os, socket\n"
+        "import torch.distributed as dist\n"
+        "server = socket.create_server(('127.0.0.1', 0))\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    taker = socket.socket()\n"
+        "    taker.bind(('127.0.0.1', int(os.environ['MASTER_PORT'])))\n"
+        "    taker.connect(server.getsockname())\n"
+        "dist.init_process_group('gloo')\n"
+    ),
+    # the master never starts its store; rank 1 gives up after 2 s
+    "store-unreachable": (
+        "import datetime, os, sys\n"
+        "import torch.distributed as dist\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    sys.exit(0)\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=2))\n"
+    ),
+    "host-memory": "import os, torch\nif os.environ['RANK'] == '1':\n    torch.empty(2**44, dtype=torch.uint8)\n",
+}
+CAUSES = {
+    "port-taken": (0, "the rendezvous store could not start: port {port} is already in use on localhost"),
+    "store-unreachable": (1, "could not reach the rendezvous store at 127.0.0.1:{port} in 2s from localhost"),
+    "host-memory": (1, "out of host memory on localhost: an allocation of 16,384.0 GiB failed"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCRIPTS))
+def test_a_known_failure_is_named_in_plain_words(case, tmp_path):
+    script = tmp_path / f"{case}.py"
+    script.write_text(SCRIPTS[case])
+    r = run_cli("run", "-n", "2", "--json", str(script), timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    rank, words = CAUSES[case]
+    (failure,) = [f for f in report["failures"] if f["rank"] == rank]
+    expected = words.format(port=report_port(r.stderr))
+    assert failure["cause"].startswith(expected), failure
+    shown = run_cli("run", "-n", "2", str(script), timeout=120)
+    assert f"cause (rank {rank}): " in shown.stderr and f"[rank {rank}] Traceback" in shown.stderr, shown.stderr
+
+
+def report_port(stderr: str) -> str:
+    """The MASTER_PORT the job used, as its own ranks' torch errors name it."""
+    for marker in ("port: ", "127.0.0.1, "):
+        if marker in stderr:
+            return stderr.split(marker, 1)[1].split(",")[0].split(")")[0]
+    return "?"
+
+
+def test_an_unknown_failure_has_no_cause(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("raise ValueError('learning rate must be positive')\n")
+    r = run_cli("run", "-n", "1", "--json", str(script), timeout=60)
+    assert r.returncode == 1 and json.loads(r.stdout)["failures"][0]["cause"] is None
+    shown = run_cli("run", "-n", "1", str(script), timeout=60)
+    assert "learning rate must be positive" in shown.stderr and "cause (" not in shown.stderr
