@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from typer.testing import CliRunner
@@ -65,3 +66,20 @@ def run_cli(*args: str, timeout: float = 120, env: dict | None = None, cwd=None)
     """Run the real CLI in a subprocess and capture its output."""
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120", **(env or {})}
     return subprocess.run(distlaunch_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str, str]]:
+    """(returncode, stdout, stderr) of processes that run together, such as the nodes of one job. Their
+    pipes are read at once, so none blocks on a full pipe while another is waited for; past the timeout
+    every one still running is killed (our own children, by pid) and the test fails with their output."""
+    with ThreadPoolExecutor(max_workers=len(procs)) as pool:
+        readers = [pool.submit(proc.communicate) for proc in procs]
+        _, late = wait(readers, timeout=timeout)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        outputs = [reader.result() for reader in readers]
+    if late:
+        tails = "\n".join(f"--- process {i}:\n{err[-2000:]}" for i, (_, err) in enumerate(outputs))
+        raise AssertionError(f"{len(late)} of {len(procs)} processes still ran after {timeout:g}s (killed):\n{tails}")
+    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs, strict=True)]

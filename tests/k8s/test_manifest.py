@@ -12,7 +12,7 @@ import distlaunch.examples
 from distlaunch.contract.endpoint import free_port
 from distlaunch.k8s.manifest import expand
 from distlaunch.k8s.yaml import dump_all
-from tests.helpers import distlaunch_cmd, invoke
+from tests.helpers import distlaunch_cmd, finish, invoke
 
 ALLREDUCE = str(Path(distlaunch.examples.__file__).parent / "allreduce.py")
 BASE = ["k8s", "manifest", "--nodes", "2", "--nproc-per-node", "4", "--image", "registry.example/train:1"]
@@ -115,10 +115,10 @@ def test_the_pod_command_for_each_index_forms_a_working_job():
         argv = distlaunch_cmd(*expand(c["args"], env))
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env={**os.environ, **env}))  # fmt: skip
-    outputs = [p.communicate(timeout=240) for p in procs]
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err
-    out = "".join(o for o, _ in outputs)
+    results = finish(procs)
+    for code, _, err in results:
+        assert code == 0, err
+    out = "".join(o for _, o, _ in results)
     assert sum(f"rank {r}/4 (gloo): all_reduce(sum of rank+1) = 10 (ok)" in out for r in range(4)) == 4
 
 

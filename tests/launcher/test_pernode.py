@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 from distlaunch.contract.endpoint import free_port
-from tests.helpers import distlaunch_cmd, invoke, pids_with_env, wait_until
+from tests.helpers import distlaunch_cmd, finish, invoke, pids_with_env, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ALLREDUCE = ["-m", "distlaunch.examples.allreduce"]
@@ -23,11 +23,6 @@ def start_node(*args: str, **env) -> subprocess.Popen:
     return subprocess.Popen(
         distlaunch_cmd("run", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=node_env(**env)
     )
-
-
-def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str, str]]:
-    outputs = [p.communicate(timeout=timeout) for p in procs]
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
 
 
 def static_args(nnodes: int, node_rank: int, port: int, store: int, n: int = 2) -> list[str]:
