@@ -2,7 +2,8 @@
 on the master host (not from stdin: stdin stays open, and its end tells the listener to stop).
 
 It first looks for anything already listening on the port (on any address: rank 0 binds them all, so a
-process on another address still makes training fail), naming the holder from /proc. Then it binds
+process on another address still makes training fail), naming the holder from /proc, and binds the port on
+every address once, as rank 0 will (an open connection's local port fails there). Then it binds
 MASTER_ADDR:MASTER_PORT, prints one JSON line, and greets every host that connects with a nonce, so a
 host that reaches some other service on that address is told apart from one that reaches the master.
 It stops when its stdin closes (the doctor is done) or after a hard limit, so it can never linger.
@@ -126,7 +127,14 @@ def main():
         return
     address = next((i[4][0] for i in infos if i[0] == socket.AF_INET), infos[0][4][0])
     held = holders(port)
-    sock, reason, error = bind(address, port)
+    # Rank 0's store binds every address: a connection whose local port this is blocks it, though nothing
+    # listens there and MASTER_ADDR alone could still be bound.
+    sock, reason, error = bind("::" if ":" in address else "0.0.0.0", port)
+    if sock is not None:
+        sock.close()
+        sock, reason, error = bind(address, port)
+    elif reason == "in-use" and not held:
+        error = "a connection on this host uses it as its local port, and rank 0's store binds every address"
     print(
         json.dumps(
             {

@@ -216,3 +216,20 @@ def test_fixed_port_is_checked_as_given(sshd_cluster, tmp_path):
     assert rc == 0 and f":{port} is free" in get(report, "master-port", "node1")["detail"]
     rc, report, _err = doctor_cli("-H", str(hostfile), "--master-port", "http")
     assert rc == 2 and "--master-port 'http' is not a port" in get(report, "master-port", "(local)")["detail"]
+
+
+def test_a_port_an_open_connection_uses_fails_in_doctor_as_in_run(sshd_cluster, tmp_path):
+    """Nothing listens on it and MASTER_ADDR:PORT alone binds, but rank 0's store binds every address."""
+    hostfile = sshd_cluster.write_hostfile(tmp_path / "hosts", 1, slots=2)
+    config = str(sshd_cluster.ssh_config)
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as taker:
+        port = free_port()
+        taker.bind(("127.0.0.1", port))  # an outgoing connection from this port, as any client's
+        taker.connect(server.getsockname())
+        rc, report, err = doctor_cli("-H", str(hostfile), "--ssh-config", config, "--master-port", str(port))
+        job = run_cli("run", "-H", str(hostfile), "--ssh-config", config, "--master-port", str(port), *ALLREDUCE)
+    check = get(report, "master-port", "node1")
+    assert rc == 1 and check["status"] == "fail", check
+    assert "a connection on this host uses it as its local port" in check["detail"] and "Traceback" not in err
+    assert job.returncode != 0 and "all_reduce" not in job.stdout, job.stdout  # the job cannot run either
+    assert "an open connection uses it" in job.stderr, job.stderr
