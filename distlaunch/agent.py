@@ -318,7 +318,11 @@ class Agent:
             if pyspy:
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     done = subprocess.run(
-                        [pyspy, "dump", "--pid", str(rank.proc.pid)], capture_output=True, timeout=20, check=False
+                        # full filenames: shortened, a library's path looks like the user's own
+                        [pyspy, "dump", "--full-filenames", "--pid", str(rank.proc.pid)],
+                        capture_output=True,
+                        timeout=20,
+                        check=False,
                     )
                     if done.returncode == 0:
                         text, tool = _text(done.stdout[:STACKS_MAX_BYTES]), "py-spy"

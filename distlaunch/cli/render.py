@@ -152,7 +152,7 @@ def render_report(report: RunReport, console: Console) -> None:
             console.print(Text.assemble(("cause", "bold"), f" (rank {explained.rank}): {explained.cause}"))
         if report.restarts:
             console.print(f"gave up after {report.restarts} restart(s)")
-    elif not report.interrupted:
+    elif not report.interrupted and report.hang is None:
         extra = f" after {report.restarts} restart(s)" if report.restarts else ""
         console.print(
             f"[green]job {report.job_id} finished[/green]: {report.world_size} ranks exited 0 in "

@@ -77,7 +77,8 @@ def summary(groups: list[StackGroup]) -> str:
     parts = []
     for i, g in enumerate(groups):
         label = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else f"ranks {ranges(g.ranks)}"
-        text = f"{label} {'wait in' if i == 0 else 'in'} {g.where}"
+        verb = ("waits in" if len(g.ranks) == 1 else "wait in") if i == 0 else "in"
+        text = f"{label} {verb} {g.where}"
         if i > 0:
             text += f" on {', '.join(g.hosts)}"
         parts.append(text)

@@ -2,10 +2,14 @@
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from distlaunch.launcher.stacks import group_stacks, summary
+from tests.fixtures import require
 from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
 from tests.launcher.scripts.nccl_dumper import dump_bytes
 
@@ -13,8 +17,28 @@ LATE = str(Path(__file__).parent / "scripts" / "late_rank.py")
 DUMPER = str(Path(__file__).parent / "scripts" / "nccl_dumper.py")
 
 
-def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(tmp_path):
+def path_without(tool: str) -> str:
+    """$PATH less every folder that holds ``tool``."""
+    path = os.environ["PATH"]
+    while found := shutil.which(tool, path=path):
+        path = os.pathsep.join(
+            d for d in path.split(os.pathsep) if d and Path(d).resolve() != Path(found).parent.resolve()
+        )
+    return path
+
+
+# how each tool prints rank 3's waiting frame in its rank<N>.txt
+FRAME_AS_PRINTED = {"py-spy": f"<module> ({LATE}:15)", "faulthandler": 'late_rank.py", line 15 in <module>'}
+
+
+@pytest.mark.parametrize("tool", ["py-spy", "faulthandler"])
+def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(tmp_path, tool):
+    """With py-spy installed the agent uses it, else each rank's faulthandler: the same verdict either way."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if tool == "py-spy":
+        require(None if shutil.which("py-spy") else "py-spy not found: pip install -e '.[test]'")
+    else:
+        env["PATH"] = path_without("py-spy")
     env.update(NO_COLOR="1", COLUMNS="200", LATE_RANK="3", DLTEST_MARK=tmp_path.name)
     r = subprocess.run(
         distlaunch_cmd(
@@ -33,8 +57,10 @@ def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(t
     assert len(folders) == 1
     stacks = {p.name: p.read_text() for p in folders[0].iterdir()}
     assert sorted(stacks) == ["rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt"]
-    assert 'late_rank.py", line 15 in <module>' in stacks["rank3.txt"]
+    assert stacks["rank3.txt"].startswith(f"# rank 3 on localhost ({tool})\n"), stacks["rank3.txt"]
+    assert FRAME_AS_PRINTED[tool] in stacks["rank3.txt"]
     assert "all_reduce" in stacks["rank0.txt"]
+    assert "finished" not in r.stdout + r.stderr  # a hung job is reported hung, not finished
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"
 
 
