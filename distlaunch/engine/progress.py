@@ -7,6 +7,7 @@ matplotlib stays optional: ``pip install 'distlaunch[plot]'``).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,7 +92,10 @@ class ProgressReport:
             self.bar.stop()
         from rich.console import Console
 
-        Console(file=self.out).print(summary_table(summary))
+        console = Console(file=self.out)
+        console.print(summary_table(summary))
+        if summary.get("loss_curve"):  # on a line of its own: a path in a table cell is cut to the width
+            console.print(f"loss curve: {summary['loss_curve']}", soft_wrap=True, highlight=False, markup=False)
 
 
 def summary_table(summary: dict[str, Any]):
@@ -110,8 +114,6 @@ def summary_table(summary: dict[str, Any]):
         ("state bytes rank 0", f"{summary['mem_bytes_per_rank'][0]['total'] / 2**20:.1f} MiB"),
         ("wall time", f"{summary['wall_s']:.1f} s"),
     ]
-    if summary.get("loss_curve"):
-        rows.append(("loss curve", summary["loss_curve"]))
     for name, value in rows:
         table.add_row(name, value)
     return table
@@ -136,6 +138,8 @@ def write_loss_curve(records: list[dict[str, Any]], path: Path) -> Path | None:
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    partial = path.with_name(path.name + ".partial")  # renamed when whole: a reader never sees half a PNG
+    fig.savefig(partial, dpi=100, format="png")
     plt.close(fig)
+    os.replace(partial, path)
     return path

@@ -67,3 +67,26 @@ def test_engine_never_imports_cli_code():
     )
     (result,) = spawn([sys.executable, "-c", code], world_size=0, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_loss_curve_is_a_png_beside_the_metrics_with_matplotlib_and_absent_without(tmp_path):
+    with_plot, without = tmp_path / "with" / "m.jsonl", tmp_path / "without" / "m.jsonl"
+    (result,) = spawn(ENGINE + SMALL_RUN + ["--metrics-file", str(with_plot)], world_size=0, timeout=120)
+    assert result.returncode == 0, result.stderr
+    curve = with_plot.with_name("loss_curve.png")
+    assert curve.read_bytes().startswith(PNG_SIGNATURE) and sorted(p.name for p in curve.parent.iterdir()) == [
+        "loss_curve.png",
+        "m.jsonl",
+    ]  # and no partial file left
+    assert json.loads(with_plot.read_text().splitlines()[-1])["loss_curve"] == str(curve)
+    assert f"\nloss curve: {curve}\n" in result.stdout  # whole, however long the path
+    # a Python without matplotlib (the optional 'plot' extra): no curve, the run is no worse for it
+    code = "import runpy, sys; sys.modules['matplotlib'] = None; runpy.run_module('distlaunch.engine', run_name='__main__')"
+    args = [*SMALL_RUN, "--metrics-file", str(without)]
+    (bare,) = spawn([sys.executable, "-c", code, *args], world_size=0, timeout=120)
+    assert bare.returncode == 0, bare.stderr
+    assert json.loads(without.read_text().splitlines()[-1])["loss_curve"] is None
+    assert not without.with_name("loss_curve.png").exists()
