@@ -47,6 +47,9 @@ SPLIT_MARK = " [distlaunch: line continues]"
 STACKS_SIGNAL = signal.SIGRTMIN + 5
 STACKS_WAIT_S = 1.0  # faulthandler writes from the signal handler: a second is plenty
 STACKS_MAX_BYTES = 256 * 1024
+# py-spy dumps run side by side and get this long together: one by one, a py-spy that cannot attach would
+# keep the agent from answering heartbeats and outlast the launcher's wait for stacks on a host of 8 ranks
+PYSPY_TIMEOUT_S = 10.0
 PROGRESS_POLL_S = 1.0
 # PyTorch's NCCL watchdog makes a pipe <stem><global rank>.pipe when TORCH_NCCL_DEBUG_INFO_PIPE_FILE names a
 # stem, polls it about once a second and dumps its flight recorder when anything is written to it: how a
@@ -309,27 +312,42 @@ class Agent:
                 armed[rank.rank] = path
         asked_at = time.time()
         dumping = self.ask_nccl_dumps(running)
-        pyspy = shutil.which("py-spy")
+        pyspy = self.start_pyspy(running)
         if armed:
             time.sleep(STACKS_WAIT_S)
         self.wait_nccl_dumps(dumping, asked_at)
+        deadline = time.monotonic() + PYSPY_TIMEOUT_S
         for rank in running:
             text, tool = "", "none"
-            if pyspy:
-                with contextlib.suppress(OSError, subprocess.SubprocessError):
-                    done = subprocess.run(
-                        # full filenames: shortened, a library's path looks like the user's own
-                        [pyspy, "dump", "--full-filenames", "--pid", str(rank.proc.pid)],
-                        capture_output=True,
-                        timeout=20,
-                        check=False,
-                    )
-                    if done.returncode == 0:
-                        text, tool = _text(done.stdout[:STACKS_MAX_BYTES]), "py-spy"
+            dump = pyspy.get(rank.rank)
+            if dump is not None:
+                try:
+                    out, _ = dump.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                    if dump.returncode == 0:
+                        text, tool = _text(out[:STACKS_MAX_BYTES]), "py-spy"
+                except subprocess.TimeoutExpired:
+                    dump.kill()  # our own child
+                    dump.communicate()
             if not text and rank.rank in armed:
                 with open(armed[rank.rank], "rb") as f:
                     text, tool = _text(f.read(STACKS_MAX_BYTES)), "faulthandler"
             self.emit(ev=p.STACKS, rank=rank.rank, tool=tool, text=text)
+
+    @staticmethod
+    def start_pyspy(running: list[Rank]) -> dict[int, subprocess.Popen]:
+        """``py-spy dump`` of every running rank at once, where py-spy is installed."""
+        pyspy = shutil.which("py-spy")
+        dumps = {}
+        for rank in running if pyspy else ():
+            with contextlib.suppress(OSError):
+                dumps[rank.rank] = subprocess.Popen(
+                    # full filenames: shortened, a library's path looks like the user's own
+                    [pyspy, "dump", "--full-filenames", "--pid", str(rank.proc.pid)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                )
+        return dumps
 
     def ask_nccl_dumps(self, running: list[Rank]) -> list[str]:
         """Write to each running rank's NCCL dump pipe (where its watchdog made one); the dump files to expect."""

@@ -64,6 +64,29 @@ def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(t
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"
 
 
+def test_a_py_spy_that_never_answers_costs_one_timeout_and_each_rank_falls_back_to_faulthandler(tmp_path):
+    """py-spy stuck (it cannot attach, say) on every rank: the dumps run side by side and are given up
+    together, so the agent keeps answering heartbeats and every rank's stack still arrives in time."""
+    stuck = tmp_path / "bin"
+    stuck.mkdir()
+    (stuck / "py-spy").write_text("#!/bin/sh\nexec sleep 600\n")
+    (stuck / "py-spy").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(PATH=f"{stuck}{os.pathsep}{os.environ['PATH']}", NO_COLOR="1", COLUMNS="200", LATE_RANK="3")
+    env["DLTEST_MARK"] = tmp_path.name
+    argv = ["run", "-n", "4", "--hang-timeout", "5", "--grace-period", "1", "--log-dir", str(tmp_path / "logs"), LATE]
+    r = subprocess.run(distlaunch_cmd(*argv), capture_output=True, text=True, env=env, timeout=240)
+    assert r.returncode == 124, r.stderr  # not 3: the host never went silent
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("distlaunch: hang: "))
+    assert line.endswith(
+        "ranks 0-2 wait in all_reduce (late_rank.py:17); rank 3 in <module> (late_rank.py:15) on localhost"
+    )
+    (folder,) = (tmp_path / "logs").glob("dl-*/stacks")
+    heads = sorted(p.read_text().splitlines()[0] for p in folder.iterdir())
+    assert heads == [f"# rank {r} on localhost (faulthandler)" for r in range(4)]
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks or dumps left behind"
+
+
 def test_grouping_names_the_odd_ranks_out_with_their_host():
     def dump(func: str, line: int) -> str:
         return f'Thread 0x1 (most recent call first):\n  File "/x/y.py", line {line} in {func}\n'
