@@ -95,6 +95,15 @@ def bind(address, port):
     return sock, None, None
 
 
+def bind_every_address(port, ipv6=False):
+    """Bind ``port`` on every address and let it go, as rank 0's TCPStore will bind it: (reason, error), both
+    None when it can. A connection whose local port this is blocks it, though nothing listens there."""
+    sock, reason, error = bind("::" if ipv6 else "0.0.0.0", port)
+    if sock is not None:
+        sock.close()
+    return reason, error
+
+
 def serve(sock, nonce):
     """Greet every connection until stdin closes; return the peers that connected."""
     peers = []
@@ -127,11 +136,9 @@ def main():
         return
     address = next((i[4][0] for i in infos if i[0] == socket.AF_INET), infos[0][4][0])
     held = holders(port)
-    # Rank 0's store binds every address: a connection whose local port this is blocks it, though nothing
-    # listens there and MASTER_ADDR alone could still be bound.
-    sock, reason, error = bind("::" if ":" in address else "0.0.0.0", port)
-    if sock is not None:
-        sock.close()
+    sock = None
+    reason, error = bind_every_address(port, ":" in address)  # MASTER_ADDR alone may bind where rank 0 cannot
+    if reason is None:
         sock, reason, error = bind(address, port)
     elif reason == "in-use" and not held:
         error = "a connection on this host uses it as its local port, and rank 0's store binds every address"

@@ -210,7 +210,7 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
     store."""
     if opts.master_port == "auto":
         return
-    from distlaunch.doctor.listener_script import bind, holders  # stdlib only
+    from distlaunch.doctor.listener_script import bind_every_address, holders  # stdlib only
 
     hint = (
         "pick a free port, or leave --master-port auto (a free one is chosen); two jobs on one port would cross-connect"
@@ -221,10 +221,7 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
             f"pid {h['pid']} ({h['command']})" if h.get("pid") else f"a process on {h['address']}" for h in held
         )
         raise UsageError(f"--master-port {port} is already in use on this machine (the master): {who}", hint)
-    sock, status, _ = bind("0.0.0.0", port)  # as rank 0's store will: an outgoing connection's port counts too
-    if sock is not None:
-        sock.close()
-    elif status == "in-use":
+    if bind_every_address(port)[0] == "in-use":
         raise UsageError(
             f"--master-port {port} is already in use on this machine (the master): an open connection uses it as its local port",
             hint,
