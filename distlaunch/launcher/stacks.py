@@ -30,7 +30,10 @@ def main_thread_frames(text: str) -> list[Frame]:
             threads.append([])
         match = _FAULTHANDLER.match(raw) or _PYSPY.match(raw)
         if match:
-            threads[-1].append(Frame(func=match["func"], file=match["file"], line=int(match["line"])))
+            # py-spy names a method with its class ('Condition.wait'), faulthandler without: one name for both,
+            # so a host with py-spy and one without group the ranks that wait at the same place together
+            func = match["func"].rsplit(".", 1)[-1]
+            threads[-1].append(Frame(func=func, file=match["file"], line=int(match["line"])))
     with_main = [t for t in threads if any(f.func == "<module>" for f in t)]
     return (with_main or threads)[0]
 

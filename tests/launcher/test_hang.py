@@ -3,7 +3,10 @@
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +88,33 @@ def test_a_py_spy_that_never_answers_costs_one_timeout_and_each_rank_falls_back_
     heads = sorted(p.read_text().splitlines()[0] for p in folder.iterdir())
     assert heads == [f"# rank {r} on localhost (faulthandler)" for r in range(4)]
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks or dumps left behind"
+
+
+WAITER = "import threading\nprint('waiting', flush=True)\nthreading.Event().wait(60)\n"
+
+
+def test_a_dump_by_py_spy_and_one_by_faulthandler_of_the_same_place_are_one_group(tmp_path):
+    """Hosts with and without py-spy in one job: the same waiting place must not look like two."""
+    require(None if shutil.which("py-spy") else "py-spy not found: pip install -e '.[test]'")
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    dump_file = tmp_path / "faulthandler.txt"
+    code = f"import faulthandler, signal, runpy; faulthandler.register(signal.SIGUSR1, open({str(dump_file)!r}, 'w')); runpy.run_path({str(script)!r}, run_name='__main__')"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(0.5)  # into the wait
+        by_pyspy = subprocess.run(
+            ["py-spy", "dump", "--full-filenames", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
+        ).stdout
+        proc.send_signal(signal.SIGUSR1)
+        assert wait_until(lambda: "in wait" in dump_file.read_text(), 10)
+    finally:
+        proc.kill()  # our own child
+        proc.wait()
+    assert "Condition.wait" in by_pyspy, by_pyspy
+    groups = group_stacks({0: by_pyspy, 1: dump_file.read_text()}, {0: "node1", 1: "node2"})
+    assert [(g.ranks, g.where) for g in groups] == [([0, 1], "wait (waiter.py:3)")]
 
 
 def test_grouping_names_the_odd_ranks_out_with_their_host():
