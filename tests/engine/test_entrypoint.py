@@ -90,3 +90,17 @@ def test_the_loss_curve_is_a_png_beside_the_metrics_with_matplotlib_and_absent_w
     assert bare.returncode == 0, bare.stderr
     assert json.loads(without.read_text().splitlines()[-1])["loss_curve"] is None
     assert not without.with_name("loss_curve.png").exists()
+
+
+def test_a_rank_past_the_last_gpu_gets_one_clear_line():
+    """-n 4 on a host that shows 2 GPUs: ranks 2 and 3 say so, instead of CUDA's invalid device ordinal."""
+    from distlaunch.engine.parallel.mesh import gpu_of
+    from distlaunch.errors import UsageError
+
+    assert [gpu_of(rank, 2, None) for rank in (0, 1)] == [0, 1]
+    with pytest.raises(UsageError) as error:
+        gpu_of(2, 2, "4,5")
+    assert str(error.value) == (
+        "LOCAL_RANK 2 has no GPU: this host shows 2 GPU(s) (CUDA_VISIBLE_DEVICES=4,5), one per rank "
+        "(hint: start at most 2 rank(s) per host (-n 2, or the hostfile's slots), or make more GPUs visible)"
+    )

@@ -57,9 +57,22 @@ def read_env(environ: dict[str, str] | None = None) -> DistEnv:
 def pick_device(local_rank: int) -> torch.device:
     """``cuda:LOCAL_RANK`` when GPUs exist, else the CPU."""
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        index = gpu_of(local_rank, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
+
+
+def gpu_of(local_rank: int, visible: int, cuda_visible_devices: str | None) -> int:
+    """The GPU of a rank: its LOCAL_RANK, or one clear line when this host shows fewer GPUs (CUDA's own
+    'invalid device ordinal' would come from every rank past the last GPU, as a traceback)."""
+    if local_rank < visible:
+        return local_rank
+    shown = f" (CUDA_VISIBLE_DEVICES={cuda_visible_devices})" if cuda_visible_devices is not None else ""
+    raise UsageError(
+        f"LOCAL_RANK {local_rank} has no GPU: this host shows {visible} GPU(s){shown}, one per rank",
+        f"start at most {visible} rank(s) per host (-n {visible}, or the hostfile's slots), or make more GPUs visible",
+    )
 
 
 def init_process_group(env: DistEnv, device: torch.device) -> None:
