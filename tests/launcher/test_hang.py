@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -30,6 +31,14 @@ def path_without(tool: str) -> str:
     return path
 
 
+def installed_pyspy() -> str:
+    """py-spy as the test extras install it: on PATH, or in this interpreter's scripts folder (a virtual
+    environment used without activating it)."""
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=sysconfig.get_path("scripts"))
+    require(None if found else "py-spy not found: pip install -e '.[test]'")
+    return found
+
+
 # how each tool prints rank 3's waiting frame in its rank<N>.txt
 FRAME_AS_PRINTED = {"py-spy": f"<module> ({LATE}:15)", "faulthandler": 'late_rank.py", line 15 in <module>'}
 
@@ -38,8 +47,8 @@ FRAME_AS_PRINTED = {"py-spy": f"<module> ({LATE}:15)", "faulthandler": 'late_ran
 def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(tmp_path, tool):
     """With py-spy installed the agent uses it, else each rank's faulthandler: the same verdict either way."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    if tool == "py-spy":
-        require(None if shutil.which("py-spy") else "py-spy not found: pip install -e '.[test]'")
+    if tool == "py-spy":  # the agent looks for it on PATH
+        env["PATH"] = f"{Path(installed_pyspy()).parent}{os.pathsep}{env['PATH']}"
     else:
         env["PATH"] = path_without("py-spy")
     env.update(NO_COLOR="1", COLUMNS="200", LATE_RANK="3", DLTEST_MARK=tmp_path.name)
@@ -95,7 +104,7 @@ WAITER = "import threading\nprint('waiting', flush=True)\nthreading.Event().wait
 
 def test_a_dump_by_py_spy_and_one_by_faulthandler_of_the_same_place_are_one_group(tmp_path):
     """Hosts with and without py-spy in one job: the same waiting place must not look like two."""
-    require(None if shutil.which("py-spy") else "py-spy not found: pip install -e '.[test]'")
+    pyspy = installed_pyspy()
     script = tmp_path / "waiter.py"
     script.write_text(WAITER)
     dump_file = tmp_path / "faulthandler.txt"
@@ -105,7 +114,7 @@ def test_a_dump_by_py_spy_and_one_by_faulthandler_of_the_same_place_are_one_grou
         assert proc.stdout.readline() == "waiting\n"
         time.sleep(0.5)  # into the wait
         by_pyspy = subprocess.run(
-            ["py-spy", "dump", "--full-filenames", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
+            [pyspy, "dump", "--full-filenames", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
         ).stdout
         proc.send_signal(signal.SIGUSR1)
         assert wait_until(lambda: "in wait" in dump_file.read_text(), 10)
