@@ -62,7 +62,7 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: get SIGKILL if the agent dies (a second safety net behind the stdin watch)."""
     try:
         import ctypes
@@ -222,7 +222,7 @@ class Agent:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             except OSError as exc:
                 self.emit(

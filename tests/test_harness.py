@@ -3,9 +3,12 @@ rank's stack when it hangs; ``finish`` waits for processes that run together wit
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +57,39 @@ def test_finish_kills_what_outlives_its_timeout_and_fails():
     with pytest.raises(AssertionError, match=r"1 of 2 processes still ran after 2s \(killed\)"):
         finish([popen("pass"), late], timeout=2)
     assert late.returncode is not None  # gone, not left behind
+
+
+def test_ranks_die_with_a_harness_killed_from_outside(tmp_path):
+    # a pytest worker that CI's timeout kills never reaches the harness's cleanup: the ranks must go too
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    rank = (
+        f"import os, time\npath = os.path.join({str(pids)!r}, os.environ['RANK'])\n"
+        "open(path + '.tmp', 'w').write(str(os.getpid()))\nos.replace(path + '.tmp', path)\ntime.sleep(60)\n"
+    )
+    harness = f"import sys\nfrom tests.engine.harness import spawn\nspawn([sys.executable, '-c', {rank!r}], world_size=2, timeout=60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", harness], cwd=Path(__file__).parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pids.glob("[0-9]"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks = [int(p.read_text()) for p in pids.glob("[0-9]")]
+        assert len(ranks) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, ranks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in ranks if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"ranks {left} outlived their harness"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

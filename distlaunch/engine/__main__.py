@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         # imported here so that --help answers without loading torch
+        import torch
+
+        from distlaunch.engine.torch_floor import check_torch
+
+        check_torch(torch.__version__)
         from distlaunch.engine.config import load_config
         from distlaunch.engine.loop import run
         from distlaunch.engine.metrics import metrics_path

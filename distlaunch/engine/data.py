@@ -189,7 +189,9 @@ class BatchSampler:
                 f"token id {int(windows.max())} in data.path is outside the model's vocabulary of {self.vocab_size}",
                 "the byte tokenizer has ids 0-255: re-tokenize with distlaunch data prepare, or check data.token_dtype",
             )
-        return windows[:, :-1], windows[:, 1:]
+        # contiguous: the pipeline's first stage checks its input's strides against the (B, T)
+        # shape it was built for, and torch 2.11 refuses a (T + 1)-strided view (2.13 accepts it)
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
     def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets, each (B, T) int64, for ``step``."""

@@ -55,6 +55,14 @@ def test_one_token_tensor_samples_exactly_as_before():
     assert torch.equal(x, windows[:, :-1]) and torch.equal(y, windows[:, 1:])
 
 
+def test_batches_are_contiguous_for_the_pipelines_first_stage():
+    # torch 2.11's pipeline stage compares its input's strides with the (B, T) it was built for
+    shards = [torch.arange(400, dtype=torch.int64) % 256, torch.arange(90, dtype=torch.int64) % 256]
+    sampler = BatchSampler(shards, seq_len=16, global_batch_size=8, seed=3)
+    for x in (*sampler.global_batch(1), *sampler.local_batch(1, 1, 2)):
+        assert x.is_contiguous() and x.stride() == (16, 1)
+
+
 def test_a_prepared_folder_sets_the_vocabulary_and_holds_out_its_tail(tmp_path):
     out = prepared(tmp_path, "a", 0)
     assert model_config("tiny", str(out)).vocab_size == 512  # bpe:400 padded to a multiple of 128

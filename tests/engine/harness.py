@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from distlaunch.agent import die_with_parent
 from distlaunch.contract.endpoint import free_port
 
 WORKER = Path(__file__).with_name("_worker.py")
@@ -58,7 +59,17 @@ def spawn(argv: list[str], world_size: int, timeout: float, extra_env: dict | No
             out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
             outputs.append((out, err))
             procs.append(
-                subprocess.Popen(argv, env=env, cwd=REPO, stdout=out, stderr=err, text=True, start_new_session=True)
+                subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=REPO,
+                    stdout=out,
+                    stderr=err,
+                    text=True,
+                    start_new_session=True,
+                    # a pytest killed from outside (a CI timeout) takes its ranks with it
+                    preexec_fn=die_with_parent,
+                )
             )
         stopped = _wait(procs, time.monotonic() + timeout)
         results = []
