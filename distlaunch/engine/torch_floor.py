@@ -19,6 +19,7 @@ TORCH_FLOOR = (2, 11)
 
 
 def floor_text() -> str:
+    """The floor as pyproject and the error line write it: "2.11"."""
     return ".".join(map(str, TORCH_FLOOR))
 
 

@@ -10,14 +10,14 @@ import torch
 
 from distlaunch.engine.__main__ import main
 from distlaunch.engine.config import tomllib
-from distlaunch.engine.torch_floor import TORCH_FLOOR, check_torch
+from distlaunch.engine.torch_floor import TORCH_FLOOR, check_torch, floor_text
 from distlaunch.errors import UsageError
 
 
 def test_pyproject_declares_the_floor_the_ranks_check():
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     (torch_requirement,) = [d for d in project["dependencies"] if re.match(r"torch\b", d)]
-    assert torch_requirement == "torch>={}.{}".format(*TORCH_FLOOR)
+    assert torch_requirement == f"torch>={floor_text()}"
 
 
 @pytest.mark.parametrize("version", [f"{TORCH_FLOOR[0]}.{TORCH_FLOOR[1] - 1}.9+cu126", "2.6.0", "1.13.1"])
@@ -25,7 +25,7 @@ def test_older_releases_are_refused_with_the_version_and_the_floor(version):
     with pytest.raises(UsageError) as error:
         check_torch(version)
     assert f"torch {version} on " in str(error.value)
-    assert "older than {}.{}".format(*TORCH_FLOOR) in str(error.value)
+    assert f"older than {floor_text()}," in str(error.value)
 
 
 @pytest.mark.parametrize("version", ["{}.{}.0", "{}.{}.0a0+git1234", "{}.{}.3+cu130", "3.0.0"])
