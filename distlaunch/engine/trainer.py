@@ -5,8 +5,8 @@ Parallelism is applied to the built model in a fixed order, each step one small 
 1. the whole model on the meta device (shapes only), of which this pp rank keeps its stage(s)
    (``split_pipeline``),
 2. tensor parallel: shard the stage's weights over the tp group (``apply_tp``),
-3. activation checkpointing (``train.activation_checkpointing``), then ``train.compile``
-   (``torch.compile`` per block),
+3. ``train.compile`` (``torch.compile`` per block), then activation checkpointing
+   (``train.activation_checkpointing``) around each compiled block,
 4. ZeRO-3 only: ``fully_shard`` every block and the stage over the dp group (``shard_fully``),
 5. ``materialize``: allocate this rank's shards on the device and fill each with its slice of
    the parameter's initial value (from seed and name, identical in any layout); no rank ever
@@ -142,10 +142,10 @@ class Engine:
         self.chunks = build_chunks(self.model_cfg, dims, self.pp_rank)
         for chunk in self.chunks:
             apply_tp(chunk, mesh["tp"])
-        if train.activation_checkpointing:
-            apply_activation_checkpointing(self.chunks)
         if compile_enabled(train.compile, device):
             apply_compile(self.chunks)
+        if train.activation_checkpointing:
+            apply_activation_checkpointing(self.chunks)
         if dims.zero == 3:
             shard_fully(self.chunks, mesh["dp"], train.precision)
         materialize(self.chunks, device, train.seed)

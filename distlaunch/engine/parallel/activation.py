@@ -1,7 +1,8 @@
 """Activation checkpointing: keep only each block's input, recompute the rest in backward.
 
-Applied after tensor parallel and before ZeRO-3 (the documented order), by replacing each
-block's ``forward`` rather than wrapping the module, so parameter names (and with them
+Applied after tensor parallel and ``train.compile`` (around the compiled forward, see
+``parallel/compile.py``) and before ZeRO-3, by replacing each block's ``forward`` rather than
+wrapping the module, so parameter names (and with them
 checkpoints and the tp plan) stay those of the plain model.
 """
 
