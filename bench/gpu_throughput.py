@@ -6,7 +6,7 @@ For each preset, in the same run and on the same GPU, one after the other:
 
 - the engine: ``distlaunch train -n 1`` (the NCCL path with one rank), bf16, one micro-batch per
   step; its summary gives the median tokens/s over steps 2..N and the MFU, its step records the
-  CUDA allocator's peak;
+  CUDA allocator's peak, and ``--dry-run --json`` of the same job the planner's peak beside it;
 - the reference: the nanoGPT / torchtitan recipe in plain PyTorch on the same GPT shapes, the same
   batch and sequence length: ``torch.compile`` of the whole model, ``torch.optim.AdamW(fused=True)``,
   bf16 autocast, fp32 weights, random tokens; timed per step with CUDA events, median over the
@@ -109,11 +109,14 @@ def run_engine(preset: str, seq_len: int, batch: int, steps: int, out: Path) -> 
         "parallel.pp=1",
         "parallel.zero=0",
     ]
-    argv = [sys.executable, "-m", "distlaunch", "train", "-n", "1", "--metrics-file", str(metrics)]
+    argv = [sys.executable, "-m", "distlaunch", "train", "-n", "1"]
     for assignment in sets:
         argv += ["--set", assignment]
+    # the planner's peak for the same job (docs/train.md), beside the one the allocator measures
+    plan = subprocess.run([*argv, "--dry-run", "--json"], check=True, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    planned = json.loads(plan.stdout)["memory"]["ranks"][0]
     start = time.perf_counter()
-    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    subprocess.run([*argv, "--metrics-file", str(metrics)], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps_seen = [r for r in records if "step" in r and "event" not in r]
     summary = records[-1]
@@ -121,6 +124,7 @@ def run_engine(preset: str, seq_len: int, batch: int, steps: int, out: Path) -> 
         "tokens_per_s": summary["tokens_per_s"],
         "mfu": summary["mfu"],
         "peak_bytes": max((r.get("device_peak_bytes") or 0) for r in steps_seen) if steps_seen else None,
+        "planned_peak_bytes": planned["peak"],
         "device": records[0].get("device"),
         "wall_s": time.perf_counter() - start,
     }
@@ -155,6 +159,7 @@ def main() -> None:
             head = f"{preset:>5} bf16, batch {batch} x {seq_len}"
             print(
                 f"{head}, distlaunch train : {engine['tokens_per_s']:10.0f} tok/s  MFU {pct(engine['mfu'])}  peak {gib(engine['peak_bytes'])}"
+                f"  (planned {gib(engine['planned_peak_bytes'])})"
             )
             print(
                 f"{head}, reference loop   : {reference['tokens_per_s']:10.0f} tok/s  MFU {pct(reference['mfu'])}  peak {gib(reference['peak_bytes'])}"
