@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -268,7 +269,12 @@ class Engine:
             scale_gradients(self.data_parallel.grad_pieces(), factor)
             self.optimizer_step()
         self.scaler.update(found_inf)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # The rates follow the step number (``ScheduleStep``), so a skipped step uses up its
+            # rate on purpose. torch would warn, on every rank, that the schedule stepped before
+            # the optimizer did (a first step skipped) and tell users to swap calls they never made.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
         return not found_inf
 
     def train_step(self, step: int) -> StepResult:

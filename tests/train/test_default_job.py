@@ -85,3 +85,26 @@ def test_a_layout_on_the_command_line_runs_for_real(tmp_path):
     summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
     assert summary["layout"] == "dp=1,tp=2,pp=1,zero=1" and len(summary["mem_bytes_per_rank"]) == 2
     assert "2 ranks exited 0" in run.stdout + run.stderr
+
+
+def test_fp16_overflow_reads_as_skipped_steps_without_torch_warnings(tmp_path):
+    """Every fp16 step overflows (a loss scale no gradient survives): each step line says it was
+    skipped, and no rank prints torch's scheduler-before-optimizer warning, which would tell users
+    to reorder calls they never made."""
+    sets = ["train.precision='fp16'", "train.loss_scale=1e30", "train.steps=2", "train.log_every=1"]
+    args = ["train", "--parallel", "dp=2,tp=1,pp=1,zero=0", "--set", "train.eval_every=0"]
+    for assignment in sets:
+        args += ["--set", assignment]
+    run = subprocess.run(
+        distlaunch_cmd(*args, "--metrics-file", str(tmp_path / "m.jsonl")),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("skipped (fp16 overflow, loss scale halved)") == 2, run.stdout
+    assert "Warning" not in run.stdout + run.stderr, run.stdout + run.stderr
+    summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
+    assert summary["skipped_steps"] == 2

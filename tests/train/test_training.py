@@ -53,6 +53,14 @@ LOW_PRECISION = {
         "train.steps=8",
         "train.lr=3e-3",
     ],
+    # FSDP2 all-gathers fp16 units and reduce-scatters fp16 gradients under the loss scale
+    "fp16-dp2-tp2-zero3": [
+        "parallel.tp=2",
+        "parallel.zero=3",
+        "train.precision='fp16'",
+        "train.steps=8",
+        "train.lr=3e-3",
+    ],
     # a loss scale no fp16 gradient survives: every rank must skip every step, together
     "fp16-overflow": [
         "parallel.tp=2",
@@ -61,6 +69,8 @@ LOW_PRECISION = {
         "train.loss_scale=1e30",
         "train.steps=2",
     ],
+    # ... and with ZeRO-3, where each rank holds a quarter of every gradient
+    "fp16-overflow-zero3": ["parallel.zero=3", "train.precision='fp16'", "train.loss_scale=1e30", "train.steps=2"],
 }
 # shapes where activations, not the training state, make the step's peak (as in real training),
 # so the planner's activation terms are held to its bar too (the state is 3-6x smaller here):
@@ -168,15 +178,16 @@ def test_memory_mapped_token_file_trains_like_the_text(four_ranks, single):
     _assert_same_training(ranks[0], single["ref"], _merged(ranks), _merged(ranks, "clipped_grads"))
 
 
-@pytest.mark.parametrize("name", ["bf16-dp2-pp2", "fp16-dp2-tp2-zero2"])
+@pytest.mark.parametrize("name", ["bf16-dp2-pp2", "fp16-dp2-tp2-zero2", "fp16-dp2-tp2-zero3"])
 def test_low_precision_trains(four_ranks, name):
     losses = four_ranks[name][0]["losses"]
     assert not any(four_ranks[name][0]["skipped"])
     assert losses[-1] < losses[0] - 0.3, losses
 
 
-def test_fp16_overflow_skips_the_step_on_every_rank(four_ranks):
-    ranks = four_ranks["fp16-overflow"]
+@pytest.mark.parametrize("name", ["fp16-overflow", "fp16-overflow-zero3"])
+def test_fp16_overflow_skips_the_step_on_every_rank(four_ranks, name):
+    ranks = four_ranks[name]
     assert all(r["skipped"] == [True, True] and r["scales"] == 1e30 / 4 for r in ranks)
     init = GPT(PRESETS["tiny"])
     init_weights(init, seed=11)
