@@ -87,7 +87,8 @@ Backend = Annotated[
         "--backend",
         parser=parse_backend,
         metavar="auto|nccl|gloo",
-        help="auto | nccl | gloo (auto: nccl where GPUs are found, else gloo).",
+        help="auto | nccl | gloo (auto: nccl where GPUs are found, else gloo; `train` on this machine with fewer "
+        "GPUs than ranks: gloo, on the CPU).",
         rich_help_panel=LAUNCH,
     ),
 ]

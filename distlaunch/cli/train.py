@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +19,16 @@ from distlaunch.contract.options import LaunchOptions
 from distlaunch.engine.planner import MemoryPlan
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.train import TrainPlan, default_nproc, engine_program, parallel_spec, train_config, train_plan
+from distlaunch.launcher.spec import local_gpu_count
+from distlaunch.launcher.train import (
+    TrainPlan,
+    default_nproc,
+    engine_program,
+    parallel_spec,
+    train_backend,
+    train_config,
+    train_plan,
+)
 from distlaunch.protocol import GRACE_PERIOD_S
 
 Config = Annotated[
@@ -93,11 +103,15 @@ def train(
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
     cfg, rank_sets = train_config(config, overrides, parallel, nproc_per_node is not None or hostfile is not None)
     metrics = metrics_file or (log_dir / "metrics.jsonl" if log_dir else None)
+    nproc = default_nproc(cfg, hostfile, nproc_per_node)
+    backend, why = train_backend(backend, hostfile, nproc, local_gpu_count())
+    if why:
+        sys.stderr.write(f"distlaunch: {why}\n")
     opts = LaunchOptions(
         program=engine_program(config, rank_sets, metrics),
         module=True,
         hostfile=hostfile,
-        nproc_per_node=default_nproc(cfg, hostfile, nproc_per_node),
+        nproc_per_node=nproc,
         parallel=parallel_spec(cfg),
         include=include,
         exclude=exclude,

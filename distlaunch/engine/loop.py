@@ -157,7 +157,7 @@ def train(
 def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[str, Any]:
     """Validate the layout, start the process group, train, and tear down."""
     dims: ParallelDims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), env.world_size)
-    device = pick_device(env.local_rank)
+    device = pick_device(env.local_rank, env.backend)
     init_process_group(env, device)
     writer = MetricsWriter(metrics_file, enabled=env.rank == 0)
     try:

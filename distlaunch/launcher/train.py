@@ -78,6 +78,21 @@ def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: in
     return dp * model_parallel
 
 
+def train_backend(backend: str, hostfile: Path | None, nproc: int | None, gpus: int) -> tuple[str, str | None]:
+    """``--backend`` for a training job, and a line saying why when it is not the launcher's usual choice.
+
+    ``auto`` on this machine alone, where GPUs exist but fewer than the ranks (the embedded 4-rank
+    default on a 1-GPU workstation), is gloo on the CPU: nccl would stop every rank past the last GPU.
+    Everything else is ``run``'s rule (nccl where GPUs exist, else gloo).
+    """
+    if backend != "auto" or hostfile is not None or nproc is None or not 0 < gpus < nproc:
+        return backend, None
+    return "gloo", (
+        f"{nproc} ranks but {gpus} GPU(s) here: training on the CPU with gloo "
+        f"(for the GPUs: -n {gpus} with a layout of {gpus} rank(s), e.g. --parallel dp={gpus})"
+    )
+
+
 def parallel_spec(cfg: TrainingConfig) -> str:
     """The config's layout in --parallel spelling (what DISTLAUNCH_PARALLEL will carry)."""
     p = cfg.parallel

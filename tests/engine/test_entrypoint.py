@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.engine.harness import spawn, spawn_ok
+from tests.helpers import distlaunch_cmd
 
 ENGINE = [sys.executable, "-m", "distlaunch.engine"]
 SMALL_RUN = ["--set", "train.steps=3", "--set", "train.global_batch_size=4", "--set", "train.seq_len=32"]
@@ -102,5 +106,29 @@ def test_a_rank_past_the_last_gpu_gets_one_clear_line():
         gpu_of(2, 2, "4,5")
     assert str(error.value) == (
         "LOCAL_RANK 2 has no GPU: this host shows 2 GPU(s) (CUDA_VISIBLE_DEVICES=4,5), one per rank "
-        "(hint: start at most 2 rank(s) per host (-n 2, or the hostfile's slots), or make more GPUs visible)"
+        "(hint: start at most 2 rank(s) per host (-n 2, or the hostfile's slots), make more GPUs visible, "
+        "or launch with --backend gloo to train on the CPU)"
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the nccl case needs a host without a CUDA GPU")
+def test_the_launchers_backend_decides_the_device(tmp_path):
+    """The plan's backend is what the ranks use: gloo trains on the CPU (also where GPUs exist);
+    nccl on a host where torch sees no GPU is one line per rank, not NCCL's own failure."""
+    from distlaunch.engine.parallel.mesh import pick_device, read_env
+
+    assert read_env({"DISTLAUNCH_BACKEND": "gloo"}).backend == "gloo"
+    assert read_env({}).backend is None  # torchrun or a plain process: the device decides
+    assert pick_device(0, "gloo").type == "cpu"
+    args = ["train", "--parallel", "dp=2", "--backend", "nccl", "--set", "train.steps=2"]
+    run = subprocess.run(
+        distlaunch_cmd(*args, "--metrics-file", str(tmp_path / "m.jsonl")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    line = "the job's backend is nccl, but torch " + torch.__version__ + " sees no CUDA GPU on this host"
+    assert line in run.stdout + run.stderr and "Traceback" not in run.stdout + run.stderr
+    assert not (tmp_path / "m.jsonl").exists()

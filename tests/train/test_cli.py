@@ -177,3 +177,17 @@ def test_help_and_dry_run_never_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "TORCH False" in out.stdout and '"memory"' in out.stdout
+
+
+def test_auto_backend_trains_on_the_cpu_where_gpus_are_fewer_than_ranks():
+    """The embedded 4-rank default on a 1-GPU workstation trains on the CPU, and says so; a GPU per
+    rank, no GPU, a hostfile (other hosts' GPUs) or an explicit --backend keep the usual rule."""
+    from distlaunch.launcher.train import train_backend
+
+    backend, why = train_backend("auto", None, 4, 1)
+    assert backend == "gloo" and why.startswith("4 ranks but 1 GPU(s) here: training on the CPU with gloo")
+    assert "-n 1" in why
+    assert train_backend("auto", None, 4, 4) == ("auto", None)  # nccl, one GPU per rank
+    assert train_backend("auto", None, 4, 0) == ("auto", None)  # gloo, no GPU
+    assert train_backend("auto", Path("hosts"), 4, 1) == ("auto", None)
+    assert train_backend("nccl", None, 4, 1) == ("nccl", None)  # asked for: rank 1 on says it has no GPU

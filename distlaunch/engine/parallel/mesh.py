@@ -28,13 +28,15 @@ class DistEnv:
     world_size: int
     local_rank: int
     launched: bool  # False: no RANK/WORLD_SIZE, a plain single-process run
+    backend: str | None = None  # DISTLAUNCH_BACKEND, the launcher's choice; None under torchrun
 
 
 def read_env(environ: dict[str, str] | None = None) -> DistEnv:
     """RANK, WORLD_SIZE, LOCAL_RANK (and MASTER_ADDR/PORT when launched), or a single process."""
     env = os.environ if environ is None else environ
+    backend = env.get("DISTLAUNCH_BACKEND") or None
     if "RANK" not in env and "WORLD_SIZE" not in env:
-        return DistEnv(rank=0, world_size=1, local_rank=0, launched=False)
+        return DistEnv(rank=0, world_size=1, local_rank=0, launched=False, backend=backend)
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
     if missing:
         raise UsageError(
@@ -51,15 +53,24 @@ def read_env(environ: dict[str, str] | None = None) -> DistEnv:
         ) from None
     if not 0 <= rank < world_size:
         raise UsageError(f"RANK={rank} outside WORLD_SIZE={world_size}", "RANK must be in [0, WORLD_SIZE)")
-    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, launched=True)
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, launched=True, backend=backend)
 
 
-def pick_device(local_rank: int) -> torch.device:
-    """``cuda:LOCAL_RANK`` when GPUs exist, else the CPU."""
+def pick_device(local_rank: int, backend: str | None = None) -> torch.device:
+    """The launcher's backend decides, so the plan it printed is what runs: gloo trains on the CPU
+    (also where GPUs exist), nccl on ``cuda:LOCAL_RANK``. Without one (torchrun, a plain process):
+    ``cuda:LOCAL_RANK`` when GPUs exist, else the CPU."""
+    if backend == "gloo":
+        return torch.device("cpu")
     if torch.cuda.is_available():
         index = gpu_of(local_rank, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
+    if backend == "nccl":
+        raise UsageError(
+            f"the job's backend is nccl, but torch {torch.__version__} sees no CUDA GPU on this host",
+            "launch with --backend gloo to train on the CPU, or install a CUDA build of torch where the GPUs are",
+        )
     return torch.device("cpu")
 
 
@@ -71,7 +82,8 @@ def gpu_of(local_rank: int, visible: int, cuda_visible_devices: str | None) -> i
     shown = f" (CUDA_VISIBLE_DEVICES={cuda_visible_devices})" if cuda_visible_devices is not None else ""
     raise UsageError(
         f"LOCAL_RANK {local_rank} has no GPU: this host shows {visible} GPU(s){shown}, one per rank",
-        f"start at most {visible} rank(s) per host (-n {visible}, or the hostfile's slots), or make more GPUs visible",
+        f"start at most {visible} rank(s) per host (-n {visible}, or the hostfile's slots), make more GPUs "
+        "visible, or launch with --backend gloo to train on the CPU",
     )
 
 
