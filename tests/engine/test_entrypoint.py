@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from tests.engine.harness import spawn, spawn_ok
-from tests.helpers import distlaunch_cmd
+from tests.helpers import run_cli
 
 ENGINE = [sys.executable, "-m", "distlaunch.engine"]
 SMALL_RUN = ["--set", "train.steps=3", "--set", "train.global_batch_size=4", "--set", "train.seq_len=32"]
@@ -121,13 +119,7 @@ def test_the_launchers_backend_decides_the_device(tmp_path):
     assert read_env({}).backend is None  # torchrun or a plain process: the device decides
     assert pick_device(0, "gloo").type == "cpu"
     args = ["train", "--parallel", "dp=2", "--backend", "nccl", "--set", "train.steps=2"]
-    run = subprocess.run(
-        distlaunch_cmd(*args, "--metrics-file", str(tmp_path / "m.jsonl")),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
+    run = run_cli(*args, "--metrics-file", str(tmp_path / "m.jsonl"))
     assert run.returncode == 2, run.stdout + run.stderr
     line = "the job's backend is nccl, but torch " + torch.__version__ + " sees no CUDA GPU on this host"
     assert line in run.stdout + run.stderr and "Traceback" not in run.stdout + run.stderr

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.engine.harness import REPO, spawn
-from tests.helpers import distlaunch_cmd
+from tests.helpers import distlaunch_cmd, run_cli
 
 STEP_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mem_bytes"}
 
@@ -95,14 +95,7 @@ def test_fp16_overflow_reads_as_skipped_steps_without_torch_warnings(tmp_path):
     args = ["train", "--parallel", "dp=2,tp=1,pp=1,zero=0", "--set", "train.eval_every=0"]
     for assignment in sets:
         args += ["--set", assignment]
-    run = subprocess.run(
-        distlaunch_cmd(*args, "--metrics-file", str(tmp_path / "m.jsonl")),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
+    run = run_cli(*args, "--metrics-file", str(tmp_path / "m.jsonl"), timeout=240, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("skipped (fp16 overflow, loss scale halved)") == 2, run.stdout
     assert "Warning" not in run.stdout + run.stderr, run.stdout + run.stderr
