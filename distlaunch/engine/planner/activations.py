@@ -57,15 +57,14 @@ def activation_bytes(
     per_layer = sbh * (2 * hidden + 2 * elem + 12 / t * elem)
     layers = rank_layers(model, dims, pp_rank) - done
     in_flight = in_flight_microbatches(dims, pp_rank) if in_flight is None else in_flight
-    if checkpointing:
-        # each block keeps only its input, and one block is recomputed at a time. The input is
-        # counted at 4 bytes an element in every precision: the peaks measured with 16-bit
-        # hidden states (tests/train/test_training.py) are that much above 2 bytes' worth.
-        kept = layers * in_flight * sbh * FP32 + per_layer
-    else:
-        # a block's backward works beside what is saved: the gradient of the residual stream
-        # and of the MLP's hidden layer, in fp32 as autograd accumulates them
-        kept = layers * in_flight * per_layer + sbh * (1 + 4 / t) * FP32
+    # a block's backward works beside what is saved: the gradient of the residual stream and of
+    # the MLP's hidden layer, in fp32 as autograd accumulates them
+    working = sbh * (1 + 4 / t) * FP32
+    # with checkpointing each block keeps only its input, and one block is recomputed at a time.
+    # The input is counted at 4 bytes an element in every precision: the peaks measured with
+    # 16-bit hidden states (tests/train/test_training.py) are that much above 2 bytes' worth.
+    saved = layers * in_flight * (sbh * FP32 if checkpointing else per_layer)
+    kept = saved + (per_layer if checkpointing else working)
     last = holds_last_stage(dims, pp_rank)
     if dims.pp > 1:
         # the schedule keeps each in-flight micro-batch's stage output for its backward (on the
@@ -74,8 +73,10 @@ def activation_bytes(
         kept += in_flight * vocab * elem if last else (in_flight + 1) * sbh * hidden
     if last and not done:
         # the final norm's input and output, and the fp32 log-probabilities of one micro-batch
-        # and their gradient. Added to the blocks' backward working set although the loss's
-        # backward is over before the blocks' starts: with tp the sharded loss keeps more than
-        # these, and the sum covers it (measured in tests/train/test_training.py)
-        kept += 2 * sbh * hidden + 2 * FP32 * b * s * model.vocab_size // t
+        # and their gradient: alive in the loss's backward, which is over before the blocks'
+        # starts, so without tp the larger of the two moments counts. Sharded over tp, the loss
+        # keeps more than these, and adding them to the blocks' working set covers it (measured
+        # in tests/train/test_training.py)
+        loss = 2 * sbh * hidden + 2 * FP32 * b * s * model.vocab_size // t
+        kept += max(0, loss - working) if t == 1 and not checkpointing else loss
     return int(kept)
