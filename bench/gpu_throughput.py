@@ -12,9 +12,15 @@ For each preset, in the same run and on the same GPU, one after the other:
   bf16 autocast, fp32 weights, random tokens; timed per step with CUDA events, median over the
   steps after warm-up (compilation excluded).
 
-It prints one line per (preset, loop) and the ratio engine / reference, then one JSON object with
-every figure. Goals: MFU >= 50% for 1.3b, engine >= 0.95 x reference. MFU counts 6N + 12*L*d*T
-FLOPs per token against the GPU's dense bf16 peak (989 TFLOP/s for H100/H200).
+Then, for each preset, it counts the host syncs inside engine steps: the same engine, built in one
+process, runs a few steps, then three more under ``torch.cuda.set_sync_debug_mode("error")``; the
+first synchronising call, if any, is named with its line (goal: none).
+
+It prints one line per (preset, loop) and the ratio engine / reference, the sync audit, then one
+JSON object with every figure. Goals: MFU >= 50% for 1.3b, engine >= 0.95 x reference. MFU counts
+6 FLOPs per multiplying weight and token plus 12*L*d*T for attention (embedding lookups excluded,
+as torchtitan counts; ``engine/metrics.py``) against the GPU's dense bf16 peak (989 TFLOP/s for
+H100 SXM and H200).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--presets", default="125m,1.3b", help="comma-separated presets of the default runs")
     parser.add_argument("--steps", type=int, default=30, help="steps per loop (the first ones are warm-up)")
     parser.add_argument("--reference", nargs=3, metavar=("PRESET", "SEQ_LEN", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--sync-audit", nargs=3, metavar=("PRESET", "SEQ_LEN", "BATCH"), help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -91,11 +98,10 @@ def run_reference(preset: str, seq_len: int, batch: int, steps: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_engine(preset: str, seq_len: int, batch: int, steps: int, out: Path) -> dict:
-    """One ``distlaunch train -n 1`` job in bf16; its summary plus the allocator peak."""
-    metrics = out / f"engine-{preset}.jsonl"
-    metrics.unlink(missing_ok=True)
-    sets = [
+def engine_sets(preset: str, seq_len: int, batch: int, steps: int) -> list[str]:
+    """The engine's job: bf16, one rank, one micro-batch per step. Read every 10 steps: the first
+    step (compilation) is read on its own, and each later record is the mean of its interval."""
+    return [
         f"model.preset='{preset}'",
         f"train.steps={steps}",
         f"train.seq_len={seq_len}",
@@ -103,12 +109,19 @@ def run_engine(preset: str, seq_len: int, batch: int, steps: int, out: Path) -> 
         f"train.micro_batch_size={batch}",
         "train.precision='bf16'",
         "train.eval_every=0",
-        f"train.log_every={steps}",
+        "train.log_every=10",
         "parallel.dp=1",
         "parallel.tp=1",
         "parallel.pp=1",
         "parallel.zero=0",
     ]
+
+
+def run_engine(preset: str, seq_len: int, batch: int, steps: int, out: Path) -> dict:
+    """One ``distlaunch train -n 1`` job in bf16; its summary plus the allocator peak."""
+    metrics = out / f"engine-{preset}.jsonl"
+    metrics.unlink(missing_ok=True)
+    sets = engine_sets(preset, seq_len, batch, steps)
     argv = [sys.executable, "-m", "distlaunch", "train", "-n", "1"]
     for assignment in sets:
         argv += ["--set", assignment]
@@ -130,6 +143,49 @@ def run_engine(preset: str, seq_len: int, batch: int, steps: int, out: Path) -> 
     }
 
 
+def sync_audit(preset: str, seq_len: int, batch: int) -> dict:
+    """Host syncs inside engine steps on this process's GPU: 3 steps to warm up (compilation
+    syncs), then 3 under ``set_sync_debug_mode("error")``, which raises at the first
+    synchronising call; returns the count (0 or 1) and where the first one happened."""
+    import traceback
+
+    import torch
+
+    from distlaunch.engine.config import load_config
+    from distlaunch.engine.parallel.dims import resolve_parallel_dims
+    from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, pick_device, read_env
+    from distlaunch.engine.presets import model_config
+    from distlaunch.engine.trainer import Engine
+
+    cfg = load_config(None, engine_sets(preset, seq_len, batch, steps=6))
+    env = read_env()
+    device = pick_device(env.local_rank, "nccl")
+    init_process_group(env, device)
+    dims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), env.world_size)
+    engine = Engine(cfg, dims, build_mesh(dims, device), device)
+    for step in (1, 2, 3):
+        engine.train_step(step)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in (4, 5, 6):
+            engine.train_step(step)
+    except RuntimeError as err:
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if "distlaunch" in f.filename]
+        where = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else str(err)
+        return {"host_syncs": 1, "first_sync": where}
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {"host_syncs": 0, "first_sync": None}
+
+
+def run_sync_audit(preset: str, seq_len: int, batch: int) -> dict:
+    """The sync audit in its own process (its own process group and allocator)."""
+    argv = [sys.executable, __file__, "--sync-audit", preset, str(seq_len), str(batch)]
+    out = subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def gib(n: int | None) -> str:
     return f"{n / 2**30:6.1f} GiB" if n else "     n/a"
 
@@ -144,6 +200,10 @@ def main() -> None:
         preset, seq_len, batch = args.reference
         print(json.dumps(reference_loop(preset, int(seq_len), int(batch), args.steps)))
         return
+    if args.sync_audit:
+        preset, seq_len, batch = args.sync_audit
+        print(json.dumps(sync_audit(preset, int(seq_len), int(batch))))
+        return
     import torch
 
     if not torch.cuda.is_available():
@@ -155,6 +215,7 @@ def main() -> None:
         for preset, seq_len, batch in [r for r in DEFAULT_RUNS if r[0] in wanted]:
             engine = run_engine(preset, seq_len, batch, args.steps, Path(tmp))
             reference = run_reference(preset, seq_len, batch, args.steps)
+            syncs = run_sync_audit(preset, seq_len, batch)
             ratio = engine["tokens_per_s"] / reference["tokens_per_s"]
             head = f"{preset:>5} bf16, batch {batch} x {seq_len}"
             print(
@@ -164,7 +225,9 @@ def main() -> None:
             print(
                 f"{head}, reference loop   : {reference['tokens_per_s']:10.0f} tok/s  MFU {pct(reference['mfu'])}  peak {gib(reference['peak_bytes'])}"
             )
-            print(f"{head}, ratio engine / reference {ratio:.3f} (goal >= 0.95)", flush=True)
+            print(f"{head}, ratio engine / reference {ratio:.3f} (goal >= 0.95)")
+            where = f", the first at {syncs['first_sync']}" if syncs["first_sync"] else ""
+            print(f"{head}, host syncs in engine steps 4-6: {syncs['host_syncs']}{where} (goal: 0)", flush=True)
             figures.append(
                 {
                     "preset": preset,
@@ -173,6 +236,7 @@ def main() -> None:
                     "engine": engine,
                     "reference": reference,
                     "ratio": ratio,
+                    "sync_audit": syncs,
                 }
             )
     gpu = figures[0]["reference"]["gpu"] if figures else None

@@ -203,6 +203,15 @@ class BatchSampler:
         return self._windows(self._starts(step)[dp_rank * rows : (dp_rank + 1) * rows])
 
 
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``batch`` (made on the CPU) on ``device``. To a GPU through pinned memory without waiting: a
+    copy from pageable memory makes the host wait until the device has finished all queued work,
+    once per step, so the host could never run ahead and queue the next step's kernels."""
+    if device.type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch.to(device)
+
+
 class DataPosition:
     """The data stream's place, saved in every checkpoint: which data, and how many global batches
     were drawn. A batch is a function of (seed, step), so restoring this continues with the next

@@ -55,16 +55,20 @@ def train_one_step(engine: Engine, step: int, mfu_scale: float | None) -> tuple[
     return result, record
 
 
-def read_due(engine: Engine, step: int, record: dict[str, Any], checkpoints: Checkpointing) -> bool:
-    """Whether the pending records are read (one host sync) and written after ``step``: every
-    ``train.log_every`` steps, the last step, an evaluation, a checkpoint save, and the step before
-    an injected fault."""
-    cfg = engine.cfg
+def read_due(cfg: TrainingConfig, step: int, first_step: int, evaluated: bool, saving: bool) -> bool:
+    """Whether the pending records are read (one host sync) and written after ``step``: the first
+    step run, every ``train.log_every`` steps, the last step, an evaluation, a checkpoint save, and
+    the step before an injected fault.
+
+    The first step is read on its own because it carries the warm-up (compilation, allocator growth,
+    pipeline shape inference): on an accelerator a record's time is its interval's mean, and a
+    warm-up averaged into the next steps would understate their tokens/s and MFU."""
     return (
-        step % cfg.train.log_every == 0
+        step == first_step
+        or step % cfg.train.log_every == 0
         or step == cfg.train.steps
-        or record.get("val_loss") is not None
-        or checkpoints.due(step)
+        or evaluated
+        or saving
         or (cfg.fault.step is not None and step + 1 >= cfg.fault.step)
     )
 
@@ -90,7 +94,7 @@ def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | 
     cfg, dims = engine.cfg, engine.dims
     per_rank: list[Any] = [None] * dims.world_size
     dist.all_gather_object(per_rank, engine.state_bytes())
-    # the first step includes warm-up (pipeline shape inference, allocator growth)
+    # the first step includes the warm-up and is read on its own (``read_due``): left out
     # (no records at all: resumed from the checkpoint of the last step, nothing left to run)
     steady = [r["tokens_per_s"] for r in records[1:]] or [r["tokens_per_s"] for r in records] or [0.0]
     evals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
@@ -134,7 +138,7 @@ def train(
         with checkpoints.step(step):
             result, record = train_one_step(engine, step, mfu_scale)
         pending.append((result, record))
-        if read_due(engine, step, record, checkpoints):
+        if read_due(cfg, step, first_step, record.get("val_loss") is not None, checkpoints.due(step)):
             fill_pending(engine, pending, time.perf_counter() - interval_start, mfu_scale)
             for _, done in pending:
                 records.append(done)

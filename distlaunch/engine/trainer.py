@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleStep, TrainState
 from distlaunch.engine.config import TrainingConfig, TrainSection
-from distlaunch.engine.data import build_samplers
+from distlaunch.engine.data import build_samplers, to_device
 from distlaunch.engine.memory import storage_bytes
 from distlaunch.engine.model import GPT, GPTConfig
 from distlaunch.engine.optim import (
@@ -194,7 +194,7 @@ class Engine:
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor, backward: bool) -> torch.Tensor:
         """This dp rank's batch in ``accum_steps`` rounds; the (unscaled) mean loss on the last stage."""
-        x, y = x.to(self.device), y.to(self.device)
+        x, y = to_device(x, self.device), to_device(y, self.device)
         total = torch.zeros((), device=self.device)
         precision = self.cfg.train.precision
         with loss_context(self.tp_mesh):

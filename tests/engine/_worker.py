@@ -89,7 +89,12 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
         loss, norm = engine.reduce_loss_and_norm(local_loss)
         if step == 1:
             grads = engine.full_gradients()
-        engine.optimizer_step()
+        if step == 2 and count_comms:  # the optimizer step's own collectives (ZeRO-1/2: the all-gathers)
+            with CollectiveCounter() as counter:
+                engine.optimizer_step()
+            stats["step_comms"] = counter.count
+        else:
+            engine.optimizer_step()
         losses.append(loss)
         norms.append(norm)
     hook.remove()

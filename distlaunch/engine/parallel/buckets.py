@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from distlaunch.engine.parallel.bucketing import cut_buckets
 from distlaunch.engine.parallel.hooks import register_weak_hook
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
@@ -75,21 +76,12 @@ class Bucket:
 
 def plan_buckets(groups: Iterable[list[nn.Parameter]], bucket_bytes: int) -> list[list[nn.Parameter]]:
     """Each group's parameters in reverse order, cut into buckets of at most ``bucket_bytes``
-    (a parameter larger than that gets a bucket of its own)."""
+    (``bucketing.cut_buckets``; sized by what the collective carries: the local shard, in fp32)."""
     out: list[list[nn.Parameter]] = []
     for params in groups:
-        bucket: list[nn.Parameter] = []
-        size = 0
-        for p in reversed(params):
-            shard = p._local_tensor if isinstance(p, DTensor) else p  # what the collective carries
-            nbytes = shard.numel() * REDUCE_BYTES
-            if bucket and size + nbytes > bucket_bytes:
-                out.append(bucket)
-                bucket, size = [], 0
-            bucket.append(p)
-            size += nbytes
-        if bucket:
-            out.append(bucket)
+        shards = [p._local_tensor if isinstance(p, DTensor) else p for p in params]
+        nbytes = [shard.numel() * REDUCE_BYTES for shard in shards]
+        out += [[params[i] for i in bucket] for bucket in cut_buckets(nbytes, bucket_bytes)]
     return out
 
 

@@ -26,6 +26,7 @@ a few tensors are large), it cannot hold DTensor (tp) parameters, and it has no 
 
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from distlaunch.engine.parallel.bucketing import GATHERS_IN_FLIGHT
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.data import (
     DataParallelBase,
@@ -45,6 +47,11 @@ from distlaunch.engine.parallel.data import (
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _finish(work, done) -> None:
+    work.wait()
+    done()
 
 
 class _ParamShard:
@@ -69,13 +76,16 @@ class _ParamShard:
             return flat
         return torch.cat([flat, flat.new_zeros(self.size * dp - self.numel)])
 
-    def all_gather(self, dp: int, group) -> None:
-        """Copy every rank's updated slice back into the full local parameter (in its dtype)."""
-        slot = local(self.param).detach().new_zeros(self.size)
-        slot[: self.stop - self.start] = self.master.detach()
-        gathered = slot.new_empty(self.size * dp)
-        _all_gather(gathered, slot, group=group)
-        local(self.param).detach().view(-1).copy_(gathered[: self.numel])
+    def write_back(self, rows: torch.Tensor, column: int) -> None:
+        """Copy this parameter's slots out of a bucket's gathered ``rows`` (dp, slots of the
+        bucket), starting at ``column``, into the full local parameter: row r holds rank r's
+        slice, so the parameter is the rows' slots read in order, cut at ``numel``."""
+        flat = local(self.param).detach().view(-1)
+        full_rows, rest = divmod(self.numel, self.size)
+        body = flat[: full_rows * self.size].view(full_rows, self.size)
+        body.copy_(rows[:full_rows, column : column + self.size])
+        if rest:
+            flat[full_rows * self.size :].copy_(rows[full_rows, column : column + rest])
 
 
 class ShardedDP(DataParallelBase):
@@ -154,9 +164,41 @@ class ShardedDP(DataParallelBase):
 
     def step(self) -> None:
         self.optimizer.step()
-        with torch.no_grad():
-            for shard in self.shards:
-                shard.all_gather(self.dp, self.group)
+        self.gather_parameters()
+
+    @torch.no_grad()
+    def gather_parameters(self) -> None:
+        """Every rank's updated slices back into the full parameters, in their own dtype (bf16:
+        half the bytes of fp32): one all-gather per gradient bucket, in the order the next
+        forward needs them, at most ``GATHERS_IN_FLIGHT`` at a time (each holds a bucket-sized
+        buffer until its parameters are written)."""
+        in_flight: collections.deque = collections.deque()
+        for bucket in reversed(self.reducer.buckets):
+            if len(in_flight) == GATHERS_IN_FLIGHT:
+                _finish(*in_flight.popleft())
+            in_flight.append(self._launch_gather([self.shard_of[p] for p in bucket.params]))
+        while in_flight:
+            _finish(*in_flight.popleft())
+
+    def _launch_gather(self, shards: list[_ParamShard]):
+        """One all-gather of this rank's slots of ``shards``; (work, finish callback)."""
+        dtype = local(shards[0].param).dtype
+        pieces = []
+        for shard in shards:
+            pieces.append(shard.master.detach())
+            if shard.stop - shard.start < shard.size:  # the last rank's short slice, or none at all
+                pieces.append(shard.master.new_zeros(shard.size - (shard.stop - shard.start)))
+        send = torch.cat(pieces).to(dtype)
+        gathered = send.new_empty(self.dp * send.numel())
+        work = _all_gather(gathered, send, group=self.group, async_op=True)
+
+        def done() -> None:
+            rows, column = gathered.view(self.dp, -1), 0
+            for shard in shards:
+                shard.write_back(rows, column)
+                column += shard.size
+
+        return work, done
 
     def zero_grad(self) -> None:
         self.reducer.reset()

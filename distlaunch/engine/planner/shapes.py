@@ -20,6 +20,7 @@ from distlaunch.engine.presets import GPTConfig
 
 FP32 = 4
 ADAM_STEP_BYTES = 4  # AdamW's per-tensor step counter (a float32 scalar tensor)
+TENSORS_PER_BLOCK = 8  # two norms (weight, bias), wqkv, wo, fc, proj: see stage_tensors
 
 
 @dataclass(frozen=True)

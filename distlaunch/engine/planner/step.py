@@ -1,6 +1,6 @@
 """What lives only inside a step, moment by moment: activations, gradients being produced and
 the buffers around them (gradient buckets in flight, ZeRO-3's unsharded units and collective
-buffers, 16-bit weight copies, AdamW's temporaries).
+buffers, 16-bit weight copies).
 
 Activations and buffers peak at different moments (with ZeRO-0/1/2 the buckets are all in flight
 at the end of backward, when the activations are gone), so each moment is summed on its own and
@@ -15,22 +15,24 @@ from functools import cached_property
 from math import ceil
 
 from distlaunch.engine.config import TrainSection
+from distlaunch.engine.parallel.bucketing import GATHERS_IN_FLIGHT, cut_buckets
 from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.engine.planner.activations import activation_bytes, later_in_flight
 from distlaunch.engine.planner.shapes import (
     FP32,
+    TENSORS_PER_BLOCK,
     Tensor,
     block_numel,
     gathered_numel,
     holds_last_stage,
     rank_layers,
+    rank_stages,
     rank_tensors,
+    stage_tensors,
     state_bytes,
     unsharded_numel,
-    zero3_owned,
-    zero12_owned,
 )
-from distlaunch.engine.precision import model_dtype_name
+from distlaunch.engine.precision import ELEMENT_BYTES, model_dtype_name
 from distlaunch.engine.presets import GPTConfig
 
 COPYING_BACKENDS = ("gloo",)  # copy the buffer of every all-gather and reduce-scatter they run
@@ -57,6 +59,38 @@ def unsharded_16bit_weights(model: GPTConfig, dims: ParallelDims, pp_rank: int, 
 def bucket_bytes(tensors: list[Tensor], bucket_mb: float) -> int:
     """The largest gradient bucket: ``train.bucket_mb``, or one tensor larger than that."""
     return min(FP32 * sum(t.numel for t in tensors), max(int(bucket_mb * 2**20), *(FP32 * t.numel for t in tensors)))
+
+
+@dataclass(frozen=True)
+class GradBucket:
+    """One gradient bucket of a rank: its tensors, and whether it is still filling when the
+    first block's backward peaks (see ``rank_buckets``)."""
+
+    tensors: list[Tensor]
+    late: bool
+
+    @property
+    def grad_bytes(self) -> int:
+        return FP32 * sum(t.numel for t in self.tensors)
+
+    def send_bytes(self, dp: int) -> int:
+        """ZeRO-1/2's (dp, slots) send buffer: every tensor padded to dp equal slots."""
+        return FP32 * sum(dp * ceil(t.numel / dp) for t in self.tensors)
+
+
+def rank_buckets(model: GPTConfig, dims: ParallelDims, pp_rank: int, bucket_mb: float) -> list[GradBucket]:
+    """The buckets the engine's reducer cuts (``bucketing.cut_buckets``), one model chunk at a
+    time. Backward produces the gradients of the rank's first chunk's first block and of the
+    embeddings (stage 0) last; that block's backward peaks in its MLP, once only its
+    down-projection's gradient is there: buckets holding any of the others are still filling."""
+    out = []
+    for k, stage in enumerate(rank_stages(dims, pp_rank)):
+        tensors = stage_tensors(model, stage, dims.n_stages, dims.tp)
+        # in definition order: the embeddings, then the block's norms, attention, fc, proj
+        late = (2 if stage == 0 else 0) + TENSORS_PER_BLOCK - 1 if k == 0 else 0
+        for bucket in cut_buckets([FP32 * t.numel for t in tensors], int(bucket_mb * 2**20)):
+            out.append(GradBucket([tensors[i] for i in bucket], late=min(bucket) < late))
+    return out
 
 
 @dataclass(frozen=True)
@@ -103,15 +137,19 @@ class RankStep:
     def copies(self) -> bool:
         return self.backend in COPYING_BACKENDS
 
-    def adam_temporaries(self) -> int:
-        """One fp32 temporary the size of the weight matrices this rank updates (the largest
-        foreach group; norms form another, smaller one)."""
-        dims, rank = self.dims, self.dp_rank
-        if dims.zero == 3:
-            return FP32 * sum(zero3_owned(t, dims.dp, rank) for t in self.tensors if t.rows > 1)
-        if dims.zero:
-            return FP32 * sum(zero12_owned(t.numel, dims.dp, rank) for t in self.tensors if t.rows > 1)
-        return FP32 * sum(t.numel for t in self.tensors if t.rows > 1)
+    @cached_property
+    def buckets(self) -> list[GradBucket]:
+        return rank_buckets(self.model, self.dims, self.pp_rank, self.train.bucket_mb)
+
+    def gathers(self) -> int:
+        """ZeRO-1/2's parameter all-gathers, ``GATHERS_IN_FLIGHT`` buckets at a time: each sends
+        this rank's slots and receives every rank's, in the parameters' dtype."""
+        dims = self.dims
+        if dims.zero not in (1, 2):
+            return 0
+        element = ELEMENT_BYTES[model_dtype_name(self.train.precision, dims.zero)]
+        largest = sorted((b.send_bytes(dims.dp) for b in self.buckets), reverse=True)[:GATHERS_IN_FLIGHT]
+        return sum(largest) // FP32 * element * (dims.dp + 1) // dims.dp
 
 
 def step_moments(
@@ -125,19 +163,21 @@ def step_moments(
     - next block's backward (ZeRO-3 without pp), later backward (ZeRO-3 with pp): see
       ``zero3_moments``;
     - gradient sync: backward is over and the gradients are being reduced;
-    - optimizer step: AdamW's foreach update makes a temporary the size of what it updates.
+    - optimizer step: gradients beside the kept state (the fused AdamW update makes no temporaries)
+      and, ZeRO-1/2, the buffers of the parameter all-gathers that follow it.
     """
     step = RankStep(model, dims, pp_rank, dp_rank, train, backend)
     moments = zero3_moments(step) if dims.zero == 3 else bucket_moments(step)
-    moments["optimizer step"] = step.kept | {"gradients": step.state[1], "adam temporaries": step.adam_temporaries()}
+    moments["optimizer step"] = step.kept | {"gradients": step.state[1], "parameter all-gathers": step.gathers()}
     return moments
 
 
 def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
     """ZeRO-0/1/2: every bucket launches its collective from backward and keeps its buffers
     until the sync (or, stage 2, its next launch) waits for it: at the end of backward, all do.
-    Stage 0 all-reduces a flat copy of the gradients; stages 1/2 reduce-scatter a (dp, slots) send
-    buffer into slots (gloo copies the send buffer, so one bucket is there twice while it launches).
+    Stage 0 all-reduces a flat copy of a bucket's gradients (a bucket of one tensor, in place:
+    no copy); stages 1/2 reduce-scatter a (dp, slots) send buffer into slots (gloo copies the
+    send buffer, so one bucket is there twice while it launches).
     """
     dims, grads = step.dims, step.state[1]
     earlier = dims.microbatches * dims.accum_steps > 1  # backwards before the last one
@@ -147,10 +187,11 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
     backward = step.kept | {"activations": step.activations(), "autocast weights": weights16}
     # stage 2's kept gradients are the slots its reduce-scatters write, there from the first one on
     sync = step.kept | {"gradients": grads if dims.zero < 2 or earlier else 0}
-    if dims.zero == 0:
-        sync["buckets in flight"] = grads if dims.dp > 1 else 0  # gloo all-reduces in place
-    else:
-        sync["buckets in flight"] = sends + sends // dims.dp + (bucket if step.copies else 0)
+    # the first block's backward: the buckets that do not wait for it are in flight (stage 2 after
+    # earlier backwards: all of them, the waiting ones still from the previous backward)
+    early = [b for b in step.buckets if not b.late or (dims.zero == 2 and earlier)]
+    sync["buckets in flight"] = in_flight_bytes(step, step.buckets)
+    in_flight_early = in_flight_bytes(step, early)
     if earlier and dims.zero < 2:
         # the full gradients exist; each new one is added into them from a temporary
         backward |= {"gradients": grads, "gradient temporary": step.largest_tensor()}
@@ -161,8 +202,24 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
     # the backward of the first block: one block's activations (checkpointing: recomputed) are
     # alive again beside the gradients of all the others, most buckets already in flight
     first_block = rank_layers(step.model, dims, step.pp_rank) - 1
-    end = sync | {"activations": step.activations(done=first_block, in_flight=1)}
+    end = sync | {"buckets in flight": in_flight_early, "activations": step.activations(done=first_block, in_flight=1)}
     return {"backward": backward, "first block's backward": end, "gradient sync": sync}
+
+
+def in_flight_bytes(step: RankStep, buckets: list[GradBucket]) -> int:
+    """The buffers of ``buckets``' collectives while they are in flight."""
+    dims = step.dims
+    if dims.zero == 0:
+        # the flat copy of a bucket of several tensors (gloo all-reduces it in place); none with
+        # dp=1. With plain data parallelism the loss rides in the last bucket, which then copies too.
+        carries_loss = dims.tp == 1 and dims.pp == 1
+        copied = [b for b in buckets if len(b.tensors) > 1 or (carries_loss and b is step.buckets[-1])]
+        return sum(b.grad_bytes for b in copied) if dims.dp > 1 else 0
+    if not buckets:
+        return 0
+    sends = sum(b.send_bytes(dims.dp) for b in buckets)
+    gloo_copy = max(b.send_bytes(dims.dp) for b in buckets) if step.copies else 0
+    return sends + sends // dims.dp + gloo_copy
 
 
 def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:

@@ -1,0 +1,29 @@
+"""Which parameters share a gradient bucket (ZeRO-0/1/2).
+
+Torch-free, so the launcher's memory planner (``engine/planner``) cuts exactly the buckets the
+engine's reducer (``parallel/buckets.py``) will.
+"""
+
+from __future__ import annotations
+
+# ZeRO-1/2 all-gather the updated parameters bucket by bucket after the optimizer step, at most this
+# many at a time: two overlap one bucket's copy-out with the next one's transfer
+GATHERS_IN_FLIGHT = 2
+
+
+def cut_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Indices of one model chunk's parameters (``nbytes``: their gradients' bytes, in definition
+    order) cut into buckets of at most ``bucket_bytes``, in reverse definition order (roughly the
+    order backward produces the gradients); a parameter larger than that gets a bucket of its own."""
+    out: list[list[int]] = []
+    bucket: list[int] = []
+    size = 0
+    for i in reversed(range(len(nbytes))):
+        if bucket and size + nbytes[i] > bucket_bytes:
+            out.append(bucket)
+            bucket, size = [], 0
+        bucket.append(i)
+        size += nbytes[i]
+    if bucket:
+        out.append(bucket)
+    return out
