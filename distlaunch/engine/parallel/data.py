@@ -248,9 +248,9 @@ class ReplicatedDP(DataParallelBase):
 
     def step(self) -> None:
         self.optimizer.step()
-        with torch.no_grad():
-            for p, master in self.master_of.items():
-                local(p).copy_(local(master))  # the updated fp32 master, rounded into the parameter
+        if self.master_of:  # the updated fp32 masters, rounded into the parameters: one fused copy
+            with torch.no_grad():
+                torch._foreach_copy_([local(p) for p in self.master_of], [local(m) for m in self.master_of.values()])
 
     def sync_grads(self, loss: torch.Tensor | None = None) -> None:
         """Wait for the bucket all-reduces (launching any a hook did not); ``loss`` (a scalar) is
