@@ -225,12 +225,7 @@ class Agent:
                     preexec_fn=die_with_parent,
                 )
             except OSError as exc:
-                self.emit(
-                    ev=p.OUT,
-                    rank=spec["rank"],
-                    fd=2,
-                    line=f"distlaunch: cannot start {spec['argv'][0]!r}: {exc.strerror}",
-                )
+                self.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=_start_error(spec["argv"][0], exc))
                 self.emit(ev=p.EXIT, rank=spec["rank"], code=127)
                 continue
             rank = Rank(spec, proc)
@@ -542,6 +537,15 @@ class Agent:
 
 # Interpreter options that take the next word as their value (python -W error -X dev train.py).
 _VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def _start_error(program: str, exc: OSError) -> str:
+    """Why a rank's program could not start, with the likely fix for a file named without a path (which
+    exec looks for on PATH, not in the working directory)."""
+    line = f"distlaunch: cannot start {program!r}: {exc.strerror}"
+    if "/" not in program and os.path.isfile(program):
+        line += f" (on PATH; the file of that name here is ./{program})"
+    return line
 
 
 def _program_index(argv: list[str]) -> int:

@@ -12,7 +12,21 @@ import runpy
 import sys
 
 
+def _is_boot_frame(filename: str) -> bool:
+    return filename == __file__ or os.path.basename(filename) in ("runpy.py", "<frozen runpy>")
+
+
+def _user_excepthook(kind, value, tb) -> None:
+    """Print an uncaught exception as ``python SCRIPT`` would: from the user's first frame, without this
+    file's and runpy's frames above it (noise in every rank's traceback and in the root-cause table)."""
+    # none left: the program never ran (a syntax error, no such module), which python reports frameless too
+    while tb is not None and _is_boot_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    sys.__excepthook__(kind, value.with_traceback(tb), tb)  # printed from the exception's own traceback
+
+
 def main() -> None:
+    sys.excepthook = _user_excepthook  # a program that sets its own hook replaces this one
     path = os.environ.pop("DISTLAUNCH_STACKS_FILE", "")
     signum = int(os.environ.pop("DISTLAUNCH_STACKS_SIGNAL", "0") or 0)
     if path and signum:

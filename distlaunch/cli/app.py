@@ -136,8 +136,3 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         return _internal_error(exc)
     return result if isinstance(result, int) else 0
-
-
-def entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())

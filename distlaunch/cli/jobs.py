@@ -16,6 +16,7 @@ from distlaunch.jobs.backends import find_job, list_jobs, read_lines, stop_job
 from distlaunch.jobs.snapshots import request_stacks
 from distlaunch.jobs.store import FINAL_STATES, JobRecord, Unreadable, dumps
 from distlaunch.launcher.report import RunReport
+from distlaunch.launcher.stacks import ranges
 
 RECENT = 20  # what 'distlaunch jobs' shows without --all
 _STATE_STYLE = {"pending": "yellow", "running": "cyan", "succeeded": "green", "failed": "red", "lost": "magenta"}
@@ -167,7 +168,7 @@ def render_status(r: JobRecord, console: Console) -> None:
         ranks = [rank["rank"] for rank in node["ranks"]]
         bad = [f"rank {k} exit {failed[k]['exit_code']}" for k in ranks if k in failed]
         shown = ", ".join(bad) or node.get("state") or _node_state(r.state)  # a pod's own state, for k8s jobs
-        table.add_row(Text(node["host"]), str(node["node_rank"]), _span(ranks), shown)
+        table.add_row(Text(node["host"]), str(node["node_rank"]), ranges(ranks) if ranks else "-", shown)
     console.print(table)
     if r.report is not None and r.state in FINAL_STATES and r.state != "succeeded":
         render_report(RunReport.model_validate(r.report), console)
@@ -175,12 +176,6 @@ def render_status(r: JobRecord, console: Console) -> None:
 
 def _node_state(job_state: str) -> str:
     return {"succeeded": "exited 0", "failed": "stopped", "interrupted": "stopped"}.get(job_state, job_state)
-
-
-def _span(ranks: list[int]) -> str:
-    if not ranks:
-        return "-"
-    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
 
 
 def _hosts(hosts: list[str], limit: int = 3) -> str:

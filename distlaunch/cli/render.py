@@ -11,20 +11,13 @@ from rich.text import Text
 
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.report import RankExit, RunReport
+from distlaunch.launcher.stacks import ranges
 from distlaunch.slurm.env import SlurmRank
 
 
 def print_json(model: BaseModel) -> None:
     """Plain JSON on stdout (no rich markup or wrapping)."""
     print(model.model_dump_json(indent=2))
-
-
-def _ranges(ranks: list[int]) -> str:
-    return (
-        f"{ranks[0]}-{ranks[-1]}"
-        if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
-        else ",".join(map(str, ranks))
-    )
 
 
 def _fmt_groups(groups: list[list[int]], limit: int = 8) -> str:
@@ -77,7 +70,7 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
         table.add_row(
             Text(node.host if node.address == node.host else f"{node.host} ({node.address})"),
             str(node.node_rank),
-            _ranges(ranks),
+            ranges(ranks),
             dev,
             Text(shlex.join(node.ranks[0].argv)),  # the user's arguments are data, not rich markup
         )
@@ -108,6 +101,11 @@ _CONTRACT = {
 }
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 rank', '4 ranks'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def failure_text(failure: RankExit) -> str:
     """What the rank's ``@record`` error file says (exception and last frame), else its last lines of output."""
     if failure.error:
@@ -121,8 +119,10 @@ def render_report(report: RunReport, console: Console) -> None:
     """After the job: the root-cause table (earliest failure first) or a one-line success."""
     if report.interrupted:
         how = "not every rank was confirmed stopped" if report.unconfirmed_hosts else "every rank was stopped"
-        cause = "the terminal was closed (SIGHUP)" if report.interrupted == "SIGHUP" else report.interrupted
-        console.print(f"[yellow]interrupted by {cause}[/yellow]: {how} (exit {report.exit_code})")
+        cause = "interrupted: the terminal was closed (SIGHUP)" if report.interrupted == "SIGHUP" else None
+        console.print(
+            f"[yellow]{cause or f'interrupted by {report.interrupted}'}[/yellow]: {how} (exit {report.exit_code})"
+        )
     if report.hang is not None:
         console.print(
             f"[red]job {report.job_id} hung[/red] (no progress for {report.hang.timeout_s:g}s): {report.hang.summary}"
@@ -155,6 +155,6 @@ def render_report(report: RunReport, console: Console) -> None:
     elif not report.interrupted and report.hang is None:
         extra = f" after {report.restarts} restart(s)" if report.restarts else ""
         console.print(
-            f"[green]job {report.job_id} finished[/green]: {report.world_size} ranks exited 0 in "
+            f"[green]job {report.job_id} finished[/green]: {plural(report.world_size, 'rank')} exited 0 in "
             f"{report.wall_s:.1f}s{extra}"
         )

@@ -20,6 +20,7 @@ from distlaunch.engine.planner import MemoryPlan
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import local_gpu_count
+from distlaunch.launcher.stacks import ranges
 from distlaunch.launcher.train import (
     TrainPlan,
     default_nproc,
@@ -148,11 +149,6 @@ def train(
     )
 
 
-def _ranks(ranks: list[int]) -> str:
-    contiguous = ranks[-1] - ranks[0] == len(ranks) - 1
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and contiguous else ",".join(map(str, ranks))
-
-
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
@@ -175,7 +171,7 @@ def render_memory(memory: MemoryPlan, console: Console) -> None:
     for (params, grads, opt, act, buffers, peak, peak_at, fits), ranks in rows.items():
         verdict = "?" if fits is None else ("yes" if fits else "[red]no[/red]")
         sizes = (_gib(n) for n in (params, grads, opt, act, buffers, peak))
-        table.add_row(_ranks(ranks), *sizes, peak_at, verdict)
+        table.add_row(ranges(ranks), *sizes, peak_at, verdict)
     console.print(table)
     capacity = "unknown" if memory.capacity_bytes is None else _gib(memory.capacity_bytes)
     verdict = {None: "cannot tell", True: "[green]fits[/green]", False: "[red]does not fit[/red]"}[memory.fits]

@@ -70,6 +70,12 @@ def parse_port(text: str | int, what: str = "--master-port") -> int:
         raise UsageError(f"{what} {text!r} is not a port", "give an integer 1024-65535, or auto") from None
     if not 1 <= port <= 65535:
         raise UsageError(f"{what} {port} is out of range", "give an integer 1024-65535, or auto")
+    if port < 1024:
+        # only root may listen there, and well-known services do: rank 0's store would fail or collide
+        raise UsageError(
+            f"{what} {port} is a privileged port (below 1024)",
+            "give an integer 1024-65535 (torchrun uses 29500), or auto",
+        )
     return port
 
 

@@ -11,11 +11,11 @@ from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.portlock import hold_port
+from distlaunch.launcher.program import check_local_program
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.signals import StackRequests
 from distlaunch.launcher.spec import (
     check_master_port,
-    check_script,
     is_local_host,
     is_loopback,
     make_spec,
@@ -55,9 +55,10 @@ def all_local(plan: LaunchPlan) -> bool:
 
 
 def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
-    """Where every rank runs here, the script must exist here (remote hosts have their own filesystem)."""
+    """Where every rank runs here, its working directory, Python and program must be usable here (remote
+    hosts have their own filesystem: the agent reports what it cannot start there)."""
     if all_local(plan):
-        check_script(opts)
+        check_local_program(opts, plan.nodes[0].workdir)
 
 
 def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:

@@ -24,10 +24,10 @@ from distlaunch.launcher.hostfile import (
     read_hostfile,
 )
 from distlaunch.launcher.plan import LaunchSpec
+from distlaunch.launcher.program import build_command
 from distlaunch.remote.env import file_env, forwarded_env
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
-_INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?")
 
 
 def is_local_host(name: str) -> bool:
@@ -142,51 +142,6 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def is_interpreter(program: str) -> bool:
-    """``python``, ``python3``, ``python3.11`` or a path to one: the user named the interpreter themselves."""
-    return bool(_INTERPRETER.fullmatch(Path(program).name))
-
-
-def foreign_shebang(program: str) -> bool:
-    """A script whose ``#!`` line names something other than Python (bash, a wrapper): it runs directly."""
-    try:
-        with open(program, "rb") as f:
-            head = f.readline(512)
-    except OSError:
-        return False
-    return head.startswith(b"#!") and b"python" not in head
-
-
-def runs_directly(opts: LaunchOptions) -> bool:
-    """True when PROGRAM is executed as given (as --no-python), not handed to the Python interpreter."""
-    if opts.no_python:
-        return True
-    if opts.module or not opts.program:
-        return False
-    return is_interpreter(opts.program[0]) or foreign_shebang(opts.program[0])
-
-
-def script_of(opts: LaunchOptions) -> str | None:
-    """The script file a run starts, when there is one to check (not a module, not a bare executable)."""
-    if opts.module or opts.no_python or not opts.program:
-        return None
-    if is_interpreter(opts.program[0]):
-        rest = opts.program[1:]
-        return rest[0] if rest and not rest[0].startswith("-") else None
-    return opts.program[0]
-
-
-def build_command(opts: LaunchOptions) -> list[str]:
-    """The argv every rank runs."""
-    if not opts.program:
-        raise UsageError("no script given", "write: distlaunch run [OPTIONS] script.py [ARGS] (or -m module)")
-    if runs_directly(opts):
-        return list(opts.program)
-    if opts.module:
-        return [opts.python, "-m", *opts.program]
-    return [opts.python, *opts.program]
-
-
 def is_loopback(addr: str) -> bool:
     """True for 127.0.0.0/8 and ::1 (a master there is on this machine, so a free port can be picked here)."""
     try:
@@ -228,14 +183,6 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
         )
 
 
-def check_script(opts: LaunchOptions, where: str = "", hint: str = "check the path, or use -m MODULE") -> None:
-    """A missing script is one clear error before anything starts, not N identical rank failures. Call it
-    where the ranks will start (this machine; an srun task; the submit directory of a batch job)."""
-    script = script_of(opts)
-    if script is not None and not Path(script).exists():
-        raise UsageError(f"script {script!r} does not exist{where}", hint)
-
-
 def make_spec(
     opts: LaunchOptions,
     hosts: list[HostSlots] | None = None,
@@ -258,7 +205,7 @@ def make_spec(
     env.update(launcher_defaults(backend, max(h.nslots for h in hosts), {**os.environ, **env}))
     return LaunchSpec(
         hosts=hosts,
-        command=build_command(opts),
+        command=build_command(opts, workdir or os.getcwd()),
         parallel=layout_spec(opts.parallel),
         master_addr=master_addr,
         master_port=choose_port(opts.master_port, first in local_hosts or is_loopback(master_addr)),

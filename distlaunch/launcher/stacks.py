@@ -38,10 +38,13 @@ def main_thread_frames(text: str) -> list[Frame]:
     return (with_main or threads)[0]
 
 
+NO_STACK = "no stack (not a Python rank, or it ended)"
+
+
 def where_it_waits(frames: list[Frame]) -> str:
     """The innermost function, and the innermost frame of the user's own code: 'all_reduce (x.py:42)'."""
     if not frames:
-        return "no stack (not a Python rank, or it ended)"
+        return NO_STACK
     user = next((f for f in frames if not any(mark in f.file for mark in _LIBRARY)), frames[0])
     return f"{frames[0].func} ({user.where()})"
 
@@ -81,7 +84,7 @@ def summary(groups: list[StackGroup]) -> str:
     for i, g in enumerate(groups):
         label = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else f"ranks {ranges(g.ranks)}"
         verb = ("waits in" if len(g.ranks) == 1 else "wait in") if i == 0 else "in"
-        text = f"{label} {verb} {g.where}"
+        text = f"{label}: {g.where}" if g.where == NO_STACK else f"{label} {verb} {g.where}"
         if i > 0:
             text += f" on {', '.join(g.hosts)}"
         parts.append(text)

@@ -17,7 +17,8 @@ from distlaunch.contract.endpoint import parse_port
 from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import build_command, check_script, parse_env
+from distlaunch.launcher.program import build_command, check_script
+from distlaunch.launcher.spec import parse_env
 
 
 class SlurmJobOptions(BaseModel):

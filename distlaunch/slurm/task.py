@@ -12,7 +12,8 @@ from distlaunch.contract.env import launcher_defaults
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import build_command, check_script, local_gpu_count, parse_env
+from distlaunch.launcher.program import build_command, check_script
+from distlaunch.launcher.spec import local_gpu_count, parse_env
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
 from distlaunch.slurm.step import read_step

@@ -42,7 +42,7 @@ def test_dry_run_masks_secrets_by_value_and_by_name():
         "PROXY": "http://proxy.example.com:3128",
     }
     args = [arg for k, v in env.items() for arg in ("--env", f"{k}={v}")]
-    r = invoke(["run", "-n", "1", *args, "--dry-run", "--json", "-m", "pkg.train"])
+    r = invoke(["run", "-n", "1", *args, "--dry-run", "--json", "-m", "json.tool"])
     assert r.exit_code == 0, r.stderr
     shown = json.loads(r.stdout)["nodes"][0]["ranks"][0]["env"]
     assert shown["REPO_URL"] == "https://alice:***@git.example.com/x.git"
@@ -52,10 +52,10 @@ def test_dry_run_masks_secrets_by_value_and_by_name():
 
 
 def test_options_after_the_script_belong_to_the_script():
-    r = invoke(["run", "-n", "2", "--dry-run", "--json", "-m", "pkg.mod", "-n", "5", "--json"])
+    r = invoke(["run", "-n", "2", "--dry-run", "--json", "-m", "json.tool", "-n", "5", "--json"])
     plan = json.loads(r.stdout)
     assert plan["world_size"] == 2
-    assert plan["nodes"][0]["ranks"][0]["argv"][1:] == ["-m", "pkg.mod", "-n", "5", "--json"]
+    assert plan["nodes"][0]["ranks"][0]["argv"][1:] == ["-m", "json.tool", "-n", "5", "--json"]
 
 
 @pytest.mark.parametrize(
