@@ -4,17 +4,12 @@ and DeepSpeed-style ``--include`` / ``--exclude`` filters (``node1:0,1@node2``).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from distlaunch.errors import UsageError
-
-# A host name as OpenSSH and DNS accept it: letters, digits, and . - _ (plus user@ is not allowed here:
-# users belong in ssh_config). IPv6 literals are written in brackets: [fe80::1].
-_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.%\w]+\]|[A-Za-z0-9_][A-Za-z0-9_.\-]*)$")
-
+from distlaunch.launcher.hostname import host_key, host_problem, ip_address
 
 DEFAULT_MAX_RANKS = 65536
 
@@ -83,14 +78,9 @@ def _parse_count(text: str, where: str, lineno: int, line: str) -> int:
 
 
 def _check_host(name: str, where: str, lineno: int, line: str) -> str:
-    if not _HOST_RE.match(name):
-        raise _err(
-            where,
-            lineno,
-            line,
-            f"{name!r} is not a valid host name",
-            "use a host name, an IP address or an ssh_config alias",
-        )
+    problem = host_problem(name)
+    if problem is not None:
+        raise _err(where, lineno, line, *problem)
     return name
 
 
@@ -115,13 +105,29 @@ def _parse_line(line: str, where: str, lineno: int) -> HostSlots:
     name = _check_host(host_field, where, lineno, line)
     if not rest:
         return HostSlots(host=name, slots=[0], explicit=False, line=lineno)
+    count = _parse_fields(rest, where, lineno, line)
+    return HostSlots(host=name, slots=list(range(count)), line=lineno)
+
+
+def _parse_fields(fields: list[str], where: str, lineno: int, line: str) -> int:
+    """The ``slots=N`` (and the ignored ``max_slots=N``) after a host name; returns N."""
     count = None
-    for field in rest:
+    given: dict[str, str] = {}  # slots / max_slots → the field as written: a second one is an error, not a guess
+    for field in fields:
         key, eq, value = field.partition("=")
-        if key == "slots" and eq:
-            count = _parse_count(value, where, lineno, line)
-        elif key in ("max_slots", "max-slots") and eq:
-            continue  # OpenMPI's upper bound: accepted for compatibility, slots decides
+        name = key.replace("-", "_")
+        if eq and name in ("slots", "max_slots"):
+            if name in given:
+                raise _err(
+                    where,
+                    lineno,
+                    line,
+                    f"{name} is given twice ({given[name]!r}, then {field!r})",
+                    f"give {name} once, e.g. 'node1 slots=8'",
+                )
+            given[name] = field
+            if name == "slots":  # max_slots is OpenMPI's upper bound: accepted for compatibility, slots decides
+                count = _parse_count(value, where, lineno, line)
         elif key in ("slot", "slot_count", "gpus", "ngpus", "procs", "np") or key.isdigit():
             guess = value if eq else key
             raise _err(where, lineno, line, f"unknown field {field!r}", f"did you mean slots={guess}?")
@@ -131,28 +137,37 @@ def _parse_line(line: str, where: str, lineno: int) -> HostSlots:
             )
     if count is None:
         raise _err(where, lineno, line, "no slots=N given", "write 'host slots=N'")
-    return HostSlots(host=name, slots=list(range(count)), line=lineno)
+    return count
+
+
+def _spelled(first: str, again: str) -> str:
+    """How a repeated host was first written, when the spelling differs (NODE1 after node1)."""
+    if first == again:
+        return ""
+    same = "the same address" if ip_address(first) is not None else "the same host: host names ignore case"
+    return f" as {first!r} ({same})"
 
 
 def parse_hostfile_text(text: str, where: str = "<hostfile>") -> list[HostSlots]:
     """Parse hostfile text into hosts in file order; raise UsageError naming file, line and fix."""
     hosts: list[HostSlots] = []
-    seen: dict[str, int] = {}
+    seen: dict[str, HostSlots] = {}  # host_key → the first entry: NODE1 repeats node1
     total = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         entry = _parse_line(line, where, lineno)
-        if entry.host in seen:
+        first = seen.get(host_key(entry.host))
+        if first is not None:
             raise _err(
                 where,
                 lineno,
                 raw,
-                f"host {entry.host!r} is already listed on line {seen[entry.host]}",
+                f"host {entry.host!r} is already listed on line {first.line}{_spelled(first.host, entry.host)}",
                 "list each host once and give it all its slots (slots=N)",
             )
-        seen[entry.host] = lineno
+        seen[host_key(entry.host)] = entry
         hosts.append(entry)
         total += entry.nslots
         check_rank_count(total, f"the world size of hostfile {where} (up to line {lineno})")
@@ -165,7 +180,8 @@ def read_hostfile(path: str | Path) -> list[HostSlots]:
     """Read and parse a hostfile from disk."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark that Windows editors put first is not part of the first host name.
+        text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise UsageError(f"hostfile {str(p)!r} does not exist", "check the path given to -H/--hostfile") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -1,3 +1,5 @@
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -6,6 +8,7 @@ from hypothesis import strategies as st
 
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import apply_filters, parse_hostfile_text, read_hostfile
+from tests.helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +40,13 @@ def test_openmpi_max_slots_is_accepted():
         ("no$de slots=1", "not a valid host name", "host name"),
         ("node1 gpus=4", "unknown field 'gpus=4'", "did you mean slots=4?"),
         ("node1 4", "unknown field '4'", "did you mean slots=4?"),
+        ("node1 slots=2 slots=3", "slots is given twice ('slots=2', then 'slots=3')", "give slots once"),
+        ("node1 slots=2 max_slots=4 max-slots=8", "max_slots is given twice", "give max_slots once"),
+        (
+            "node1 slots=2\nNODE1 slots=2",
+            "host 'NODE1' is already listed on line 1 as 'node1' (the same host: host names ignore case)",
+            "list each host once",
+        ),
     ],
 )
 def test_errors_name_file_line_and_fix(text, fragment, hint):
@@ -119,3 +129,51 @@ def test_arbitrary_text_gives_hosts_or_our_error(text):
 def test_generated_hostfiles_round_trip(entries):
     text = "\n".join(fmt.format(h=h, n=n) for h, n, fmt in entries)
     assert [(h.host, h.nslots) for h in parse_hostfile_text(text)] == [(h, n) for h, n, _ in entries]
+
+
+def test_a_leading_byte_order_mark_is_not_part_of_the_first_host(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_bytes(b"\xef\xbb\xbfnode1 slots=2\nnode2 slots=2\n")  # as Notepad saves "UTF-8 with BOM"
+    assert [(h.host, h.nslots) for h in read_hostfile(path)] == [("node1", 2), ("node2", 2)]
+
+
+def test_host_names_longer_than_dns_allows_are_refused():
+    label63 = "a" * 63
+    longest = ".".join([label63, label63, label63, "b" * 61])  # 253 characters, the most DNS allows
+    assert parse_hostfile_text(f"{longest} slots=1\n{longest}. slots=1\n{label63}:1", "h")[0].host == longest
+    for text, fragment in [
+        (f"{longest}c slots=1", "has 254 characters, more than a DNS name's 253"),
+        (f"node1.{'x' * 64}.example.com:2", "has 64 characters, more than a DNS label's 63"),
+    ]:
+        with pytest.raises(UsageError) as info:
+            parse_hostfile_text(text, "h")
+        assert info.value.message.startswith("hostfile h line 1") and fragment in info.value.message
+        assert "253 characters and 63 between dots" in info.value.hint
+
+
+# The CLI as users hit these: hostfile hf of two 2-slot remote hosts, ssh_config off so nothing is looked up.
+def _dry_run(tmp_path, text: str, *args: str):
+    hostfile = tmp_path / "hf"
+    hostfile.write_text(text, encoding="utf-8")
+    return invoke(["run", "-H", str(hostfile), *args, "--ssh-config", os.devnull, "--dry-run", "--json", "x.py"])
+
+
+@pytest.mark.parametrize(
+    "text, args, fragment",
+    [
+        ("node1 slots=2 slots=3\n", [], "line 1 'node1 slots=2 slots=3': slots is given twice"),
+        ("node1 slots=2\nNODE1 slots=2\n", [], "line 2 'NODE1 slots=2': host 'NODE1' is already listed on line 1"),
+        (f"{'n' * 254} slots=1\n", [], "more than a DNS name's 253"),
+    ],
+)
+def test_cli_hostfile_and_filter_mistakes_are_one_line_and_exit_2(tmp_path, text, args, fragment):
+    r = _dry_run(tmp_path, text, *args)
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+def test_cli_reads_a_hostfile_saved_with_a_byte_order_mark(tmp_path):
+    r = _dry_run(tmp_path, "\ufeffnode1 slots=2\nnode2 slots=2\n")  # written as UTF-8: the BOM is 3 bytes
+    assert r.exit_code == 0, r.stderr
+    assert [n["host"] for n in json.loads(r.stdout)["nodes"]] == ["node1", "node2"]
