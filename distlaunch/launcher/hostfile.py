@@ -189,9 +189,17 @@ def read_hostfile(path: str | Path) -> list[HostSlots]:
     return parse_hostfile_text(text, str(p))
 
 
-def _parse_filter(spec: str, option: str) -> dict[str, list[int] | None]:
-    """Parse ``node1:0,1@node2`` into {host: slots or None for all}."""
-    out: dict[str, list[int] | None] = {}
+FILTER_SYNTAX = "name hosts separated by '@', each with optional slots: node1:0,1@node2"
+
+# A filter as written: (host as the user spelled it, the slots named, or None for all of the host's slots).
+FilterEntry = tuple[str, set[int] | None]
+
+
+def _parse_filter(spec: str, option: str) -> list[FilterEntry]:
+    """Parse ``node1:0,1@node2`` into its entries, in the order written."""
+    if not spec.strip():
+        raise UsageError(f"{option} {spec!r} names no hosts", f"{FILTER_SYNTAX}; or leave {option} out")
+    entries = []
     for part in spec.split("@"):
         part = part.strip()
         if not part:
@@ -200,51 +208,62 @@ def _parse_filter(spec: str, option: str) -> dict[str, list[int] | None]:
             )
         name, colon, slots = part.partition(":")
         if not colon:
-            out[name] = None
+            entries.append((name, None))
             continue
         try:
-            out[name] = sorted({int(s) for s in slots.split(",")})
+            entries.append((name, {int(s) for s in slots.split(",")}))
         except ValueError:
             raise UsageError(
                 f"{option} {spec!r}: slots {slots!r} of {name!r} are not integers",
                 "list slot indices separated by commas, e.g. node1:0,1",
             ) from None
-    return out
+    return entries
 
 
-def _check_known(filt: dict[str, list[int] | None], hosts: list[HostSlots], option: str) -> None:
-    by_name = {h.host: h for h in hosts}
-    for name, slots in filt.items():
-        if name not in by_name:
-            raise UsageError(f"{option}: host {name!r} is not in the hostfile", f"known hosts: {', '.join(by_name)}")
-        bad = [s for s in slots or [] if s not in by_name[name].slots]
+def _resolve_filter(entries: list[FilterEntry], hosts: list[HostSlots], option: str) -> dict[str, set[int] | None]:
+    """The filter by the hostfile's own host names. Entries naming one host merge (node1:0@node1:1 is
+    node1:0,1), and a bare name means all of the host's slots, whatever else names it."""
+    by_key = {host_key(h.host): h for h in hosts}
+    chosen: dict[str, set[int] | None] = {}
+    for name, slots in entries:
+        host = by_key.get(host_key(name))
+        if host is None:
+            raise UsageError(
+                f"{option}: host {name!r} is not in the hostfile", f"known hosts: {', '.join(h.host for h in hosts)}"
+            )
+        bad = sorted(s for s in slots or () if s not in host.slots)
         if bad:
             raise UsageError(
                 f"{option}: host {name!r} has no slot {bad[0]}",
-                f"{name} has slots {by_name[name].slots[0]}..{by_name[name].slots[-1]}",
+                f"{host.host} has slots {host.slots[0]}..{host.slots[-1]}",
             )
+        before = chosen.get(host.host, set())
+        chosen[host.host] = None if before is None or slots is None else before | slots
+    return chosen
+
+
+def _only(host: HostSlots, slots: set[int] | None) -> HostSlots:
+    """``host`` cut down to ``slots`` (None: all of them)."""
+    return host if slots is None else host.model_copy(update={"slots": [s for s in host.slots if s in slots]})
+
+
+def _without(host: HostSlots, slots: set[int] | None) -> HostSlots:
+    """``host`` without ``slots`` (None: all of them, which leaves none)."""
+    return host.model_copy(update={"slots": [] if slots is None else [s for s in host.slots if s not in slots]})
 
 
 def apply_filters(hosts: list[HostSlots], include: str | None = None, exclude: str | None = None) -> list[HostSlots]:
     """Keep only the hosts/slots named by --include, then drop those named by --exclude."""
-    if include and exclude:
+    # ``is not None``: an empty filter is a mistake to report, not a filter that is absent.
+    if include is not None and exclude is not None:
         raise UsageError("--include and --exclude were both given", "use one of them")
-    if include:
-        filt = _parse_filter(include, "--include")
-        _check_known(filt, hosts, "--include")
-        return [h.model_copy(update={"slots": filt[h.host] or h.slots}) for h in hosts if h.host in filt]
-    if exclude:
-        filt = _parse_filter(exclude, "--exclude")
-        _check_known(filt, hosts, "--exclude")
-        kept = []
-        for h in hosts:
-            if h.host in filt:
-                if filt[h.host] is None:
-                    continue
-                h = h.model_copy(update={"slots": [s for s in h.slots if s not in filt[h.host]]})
-                if not h.slots:
-                    continue
-            kept.append(h)
+    if include is not None:
+        chosen = _resolve_filter(_parse_filter(include, "--include"), hosts, "--include")
+        return [_only(h, chosen[h.host]) for h in hosts if h.host in chosen]
+    if exclude is not None:
+        dropped = _resolve_filter(_parse_filter(exclude, "--exclude"), hosts, "--exclude")
+        kept = [_without(h, dropped[h.host]) if h.host in dropped else h for h in hosts]
+        kept = [h for h in kept if h.slots]
         if not kept:
             raise UsageError(f"--exclude {exclude!r} removes every host", "leave at least one host or slot")
         return kept

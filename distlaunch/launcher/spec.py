@@ -106,7 +106,7 @@ def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
     if n is not None:
         check_rank_count(n, f"--nproc-per-node {n}")
     if opts.hostfile is None:
-        if opts.include or opts.exclude:
+        if opts.include is not None or opts.exclude is not None:  # an empty one too: it is not ignored
             raise UsageError("--include/--exclude need a hostfile", "pass -H HOSTFILE")
         count = n or local_gpu_count() or 1
         return [HostSlots(host="localhost", slots=list(range(count)))]

@@ -151,6 +151,29 @@ def test_host_names_longer_than_dns_allows_are_refused():
         assert "253 characters and 63 between dots" in info.value.hint
 
 
+@pytest.mark.parametrize(
+    "kwargs, kept",
+    [
+        ({"include": "node1:0@node1:1"}, [("node1", [0, 1])]),
+        ({"include": "node1@node1:0"}, [("node1", [0, 1, 2, 3])]),  # a bare name is all of its slots
+        ({"include": "node3:1@node1:2,3@node3:0"}, [("node1", [2, 3]), ("node3", [0, 1])]),
+        ({"exclude": "node2:0@node2:1@node2:2,3@node3"}, [("node1", [0, 1, 2, 3])]),
+        ({"exclude": "node2@node2:1@node3"}, [("node1", [0, 1, 2, 3])]),
+        ({"include": "NODE1:0@Node3"}, [("node1", [0]), ("node3", [0, 1])]),  # host names ignore case
+    ],
+)
+def test_filter_entries_naming_one_host_merge(kwargs, kept):
+    hosts = apply_filters(parse_hostfile_text(HOSTS), **kwargs)
+    assert [(h.host, h.slots) for h in hosts] == kept
+
+
+@pytest.mark.parametrize("kwargs", [{"include": ""}, {"include": "  "}, {"exclude": ""}])
+def test_an_empty_filter_is_an_error_not_every_host(kwargs):
+    with pytest.raises(UsageError) as info:
+        apply_filters(parse_hostfile_text(HOSTS), **kwargs)
+    assert "names no hosts" in info.value.message and "node1:0,1@node2" in info.value.hint
+
+
 # The CLI as users hit these: hostfile hf of two 2-slot remote hosts, ssh_config off so nothing is looked up.
 def _dry_run(tmp_path, text: str, *args: str):
     hostfile = tmp_path / "hf"
@@ -159,8 +182,19 @@ def _dry_run(tmp_path, text: str, *args: str):
 
 
 @pytest.mark.parametrize(
+    "args, world_size", [(["-e", "node2:0@node2:1"], 2), (["-i", "node1:0@node1:1"], 2), (["-i", "node1@NODE2:1"], 3)]
+)
+def test_cli_filters_for_one_host_merge(tmp_path, args, world_size):
+    r = _dry_run(tmp_path, "node1 slots=2\nnode2 slots=2\n", *args)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["world_size"] == world_size
+
+
+@pytest.mark.parametrize(
     "text, args, fragment",
     [
+        ("node1 slots=2\n", ["-i", ""], "error: --include '' names no hosts (hint: name hosts separated by '@'"),
+        ("node1 slots=2\n", ["-e", ""], "error: --exclude '' names no hosts"),
         ("node1 slots=2 slots=3\n", [], "line 1 'node1 slots=2 slots=3': slots is given twice"),
         ("node1 slots=2\nNODE1 slots=2\n", [], "line 2 'NODE1 slots=2': host 'NODE1' is already listed on line 1"),
         (f"{'n' * 254} slots=1\n", [], "more than a DNS name's 253"),
@@ -171,6 +205,11 @@ def test_cli_hostfile_and_filter_mistakes_are_one_line_and_exit_2(tmp_path, text
     assert r.exit_code == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+def test_cli_an_empty_filter_without_a_hostfile_is_not_ignored():
+    r = invoke(["run", "-n", "1", "-i", "", "--dry-run", "x.py"])
+    assert r.exit_code == 2 and "--include/--exclude need a hostfile" in r.stderr
 
 
 def test_cli_reads_a_hostfile_saved_with_a_byte_order_mark(tmp_path):
