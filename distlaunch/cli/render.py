@@ -6,9 +6,11 @@ import shlex
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from distlaunch.launcher.hostname import host_port
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.report import RankExit, RunReport
 from distlaunch.launcher.stacks import ranges
@@ -51,7 +53,7 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
     hosts = f"{plan.nnodes} host" + ("s" if plan.nnodes > 1 else "")
     console.print(
         f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
-        f"master {plan.master_addr}:{plan.master_port}, backend {plan.backend}"
+        f"master {escape(host_port(plan.master_addr, plan.master_port))}, backend {plan.backend}"  # [v6] is no markup
     )
     console.print("  parallel " + str(p).replace(",", " "))
     for label, field in (("workdir", "workdir"), ("agent", "agent_python")):  # where and with what each host starts

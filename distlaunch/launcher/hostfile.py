@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostname import host_key, host_problem, ip_address
+from distlaunch.launcher.hostname import host_key, host_problem, ip_address, split_host
 
 DEFAULT_MAX_RANKS = 65536
 
@@ -86,8 +86,9 @@ def _check_host(name: str, where: str, lineno: int, line: str) -> str:
 
 def _parse_line(line: str, where: str, lineno: int) -> HostSlots:
     fields = line.split()
-    host_field, rest = fields[0], fields[1:]
-    if ":" in host_field and not host_field.startswith("["):
+    name, count = split_host(fields[0])
+    name, rest = _check_host(name, where, lineno, line), fields[1:]
+    if count is not None:
         if rest:
             raise _err(
                 where,
@@ -96,13 +97,7 @@ def _parse_line(line: str, where: str, lineno: int) -> HostSlots:
                 "unexpected text after host:count",
                 "use either 'node1:8' or 'node1 slots=8', not both",
             )
-        name, _, count = host_field.rpartition(":")
-        return HostSlots(
-            host=_check_host(name, where, lineno, line),
-            slots=list(range(_parse_count(count, where, lineno, line))),
-            line=lineno,
-        )
-    name = _check_host(host_field, where, lineno, line)
+        return HostSlots(host=name, slots=list(range(_parse_count(count, where, lineno, line))), line=lineno)
     if not rest:
         return HostSlots(host=name, slots=[0], explicit=False, line=lineno)
     count = _parse_fields(rest, where, lineno, line)
@@ -189,7 +184,7 @@ def read_hostfile(path: str | Path) -> list[HostSlots]:
     return parse_hostfile_text(text, str(p))
 
 
-FILTER_SYNTAX = "name hosts separated by '@', each with optional slots: node1:0,1@node2"
+FILTER_SYNTAX = "name hosts separated by '@', each with optional slots: node1:0,1@node2 ([fe80::1]:0 for IPv6)"
 
 # A filter as written: (host as the user spelled it, the slots named, or None for all of the host's slots).
 FilterEntry = tuple[str, set[int] | None]
@@ -206,8 +201,8 @@ def _parse_filter(spec: str, option: str) -> list[FilterEntry]:
             raise UsageError(
                 f"{option} {spec!r} has an empty entry", "separate hosts with a single '@', e.g. node1:0,1@node2"
             )
-        name, colon, slots = part.partition(":")
-        if not colon:
+        name, slots = split_host(part)
+        if slots is None:
             entries.append((name, None))
             continue
         try:
@@ -220,6 +215,12 @@ def _parse_filter(spec: str, option: str) -> list[FilterEntry]:
     return entries
 
 
+def _known_hosts_hint(name: str, hosts: list[HostSlots]) -> str:
+    known = f"known hosts: {', '.join(h.host for h in hosts)}"
+    # fe80::1:0 is itself an address (a bare IPv6 address never has slots): the user likely meant [fe80::1]:0.
+    return f"{known}; slots of an IPv6 host follow brackets, e.g. [fe80::1]:0" if ":" in name else known
+
+
 def _resolve_filter(entries: list[FilterEntry], hosts: list[HostSlots], option: str) -> dict[str, set[int] | None]:
     """The filter by the hostfile's own host names. Entries naming one host merge (node1:0@node1:1 is
     node1:0,1), and a bare name means all of the host's slots, whatever else names it."""
@@ -228,9 +229,7 @@ def _resolve_filter(entries: list[FilterEntry], hosts: list[HostSlots], option: 
     for name, slots in entries:
         host = by_key.get(host_key(name))
         if host is None:
-            raise UsageError(
-                f"{option}: host {name!r} is not in the hostfile", f"known hosts: {', '.join(h.host for h in hosts)}"
-            )
+            raise UsageError(f"{option}: host {name!r} is not in the hostfile", _known_hosts_hint(name, hosts))
         bad = sorted(s for s in slots or () if s not in host.slots)
         if bad:
             raise UsageError(

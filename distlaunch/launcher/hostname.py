@@ -1,5 +1,5 @@
 """Host names as hostfiles and ``--include``/``--exclude`` write them: DNS names, ssh_config aliases and IP
-addresses, and which spellings are one host."""
+addresses, IPv6 either bare (``fe80::1``) or in brackets (``[fe80::1]:8``), and which spellings are one host."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import ipaddress
 import re
 
 # Letters, digits, and . - _ as OpenSSH and DNS accept them (no user@: users belong in ssh_config).
-# IPv6 literals are written in brackets: [fe80::1].
-_NAME_RE = re.compile(r"\[[0-9A-Fa-f:.%\w]+\]|[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _ZONE_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 MAX_NAME = 253  # RFC 1035: a name's text form, without the root's trailing dot
 MAX_LABEL = 63  # RFC 1035: the text between two dots
-NAME_HINT = "use a host name, an IP address or an ssh_config alias"
+NAME_HINT = "use a host name, an IP address ([fe80::1]:8 for IPv6 with a count) or an ssh_config alias"
 
 
 def ip_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -24,6 +23,27 @@ def ip_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
     # Python takes any text after % as an IPv6 zone; a real one is an interface name or index (fe80::1%eth0).
     zone = getattr(address, "scope_id", None)
     return address if zone is None or _ZONE_RE.fullmatch(zone) else None
+
+
+def _is_ipv6(text: str) -> bool:
+    return isinstance(ip_address(text), ipaddress.IPv6Address)
+
+
+def split_host(field: str) -> tuple[str, str | None]:
+    """``host``, ``host:N``, ``[v6]``, ``[v6]:N`` or a bare IPv6 address → (host without brackets, N or None).
+
+    A bare IPv6 address never carries a count: ``::1:2`` is itself an address, so reading its last group
+    as a count would be a guess. A count for an IPv6 host goes after brackets, or as ``slots=N``.
+    """
+    if field.startswith("["):
+        inside, close, tail = field[1:].partition("]")
+        if close and _is_ipv6(inside) and (not tail or tail.startswith(":")):
+            return inside, tail[1:] if tail else None
+        return field, None  # not a bracketed IPv6 address: the host check names the whole field
+    if _is_ipv6(field):
+        return field, None
+    name, colon, count = field.rpartition(":")
+    return (name, count) if colon else (field, None)
 
 
 def host_problem(name: str) -> tuple[str, str] | None:
@@ -56,3 +76,9 @@ def host_key(name: str) -> str:
     (``NODE1`` is ``node1``; ``0:0::1`` and ``::1`` are one address)."""
     address = ip_address(name)
     return str(address) if address is not None else name.lower()
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as people and URLs write it: an IPv6 address in brackets (``[fe80::1]:29500``), since
+    its own colons would make ``fe80::1:29500`` read as another address."""
+    return f"[{host}]:{port}" if _is_ipv6(host) else f"{host}:{port}"

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,10 @@ def test_openmpi_max_slots_is_accepted():
             "host 'NODE1' is already listed on line 1 as 'node1' (the same host: host names ignore case)",
             "list each host once",
         ),
+        ("::1 slots=2\n0:0::1", "host '0:0::1' is already listed on line 1 as '::1' (the same address)", "once"),
+        ("[node1]:2", "'[node1]:2' is not a valid host name", "[fe80::1]:8"),
+        ("[::1]:2 slots=2", "unexpected text", "not both"),
+        ("fe80::1%eth0! slots=2", "not a valid host name", "host name"),
     ],
 )
 def test_errors_name_file_line_and_fix(text, fragment, hint):
@@ -152,6 +157,24 @@ def test_host_names_longer_than_dns_allows_are_refused():
 
 
 @pytest.mark.parametrize(
+    "text, host, nslots, explicit",
+    [
+        ("::1 slots=2", "::1", 2, True),
+        ("fe80::1 slots=4", "fe80::1", 4, True),
+        ("fe80::1%eth0 slots=2 max_slots=2", "fe80::1%eth0", 2, True),
+        ("[::1]:2", "::1", 2, True),
+        ("[fe80::1] slots=3", "fe80::1", 3, True),
+        ("[fe80::1]", "fe80::1", 1, False),
+        ("::1", "::1", 1, False),
+        ("::1:2", "::1:2", 1, False),  # itself an address: a bare IPv6 address never carries a count
+    ],
+)
+def test_ip_addresses_bare_or_bracketed_keep_the_plain_address(text, host, nslots, explicit):
+    [entry] = parse_hostfile_text(text)
+    assert (entry.host, entry.nslots, entry.explicit) == (host, nslots, explicit)
+
+
+@pytest.mark.parametrize(
     "kwargs, kept",
     [
         ({"include": "node1:0@node1:1"}, [("node1", [0, 1])]),
@@ -172,6 +195,28 @@ def test_an_empty_filter_is_an_error_not_every_host(kwargs):
     with pytest.raises(UsageError) as info:
         apply_filters(parse_hostfile_text(HOSTS), **kwargs)
     assert "names no hosts" in info.value.message and "node1:0,1@node2" in info.value.hint
+
+
+V6_HOSTS = "fe80::1 slots=2\n[fe80::2]:2\nnode3 slots=2\n"
+
+
+@pytest.mark.parametrize(
+    "kwargs, kept",
+    [
+        ({"include": "[fe80::1]:1@fe80::2"}, [("fe80::1", [1]), ("fe80::2", [0, 1])]),
+        ({"exclude": "[FE80::2]@[fe80::1]:0"}, [("fe80::1", [1]), ("node3", [0, 1])]),
+    ],
+)
+def test_filters_name_ipv6_hosts_bare_or_with_slots_in_brackets(kwargs, kept):
+    hosts = apply_filters(parse_hostfile_text(V6_HOSTS), **kwargs)
+    assert [(h.host, h.slots) for h in hosts] == kept
+
+
+def test_a_colon_count_after_a_bare_ipv6_filter_entry_is_not_guessed():
+    with pytest.raises(UsageError) as info:
+        apply_filters(parse_hostfile_text(V6_HOSTS), include="fe80::1:0")
+    assert "host 'fe80::1:0' is not in the hostfile" in info.value.message
+    assert "[fe80::1]:0" in info.value.hint
 
 
 # The CLI as users hit these: hostfile hf of two 2-slot remote hosts, ssh_config off so nothing is looked up.
@@ -216,3 +261,24 @@ def test_cli_reads_a_hostfile_saved_with_a_byte_order_mark(tmp_path):
     r = _dry_run(tmp_path, "\ufeffnode1 slots=2\nnode2 slots=2\n")  # written as UTF-8: the BOM is 3 bytes
     assert r.exit_code == 0, r.stderr
     assert [n["host"] for n in json.loads(r.stdout)["nodes"]] == ["node1", "node2"]
+
+
+def test_cli_ipv6_hosts_carry_the_plain_address(tmp_path):
+    r = _dry_run(tmp_path, "fe80::1 slots=2\n[fe80::2]:2\n")
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert [(n["host"], n["address"]) for n in plan["nodes"]] == [("fe80::1", "fe80::1"), ("fe80::2", "fe80::2")]
+    assert plan["master_addr"] == "fe80::1"
+    assert {r["env"]["MASTER_ADDR"] for n in plan["nodes"] for r in n["ranks"]} == {"fe80::1"}
+    shown = invoke(["run", "-H", str(tmp_path / "hf"), "--ssh-config", os.devnull, "--dry-run", "x.py"]).stdout
+    assert re.search(r"master \[fe80::1\]:\d+,", shown)  # its own colons would hide where the port starts
+
+
+def test_cli_ipv6_loopback_is_this_machine(tmp_path):
+    script = str(ROOT / "tests" / "launcher" / "scripts" / "env_dump.py")
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("[::1]:2\n", encoding="utf-8")
+    r = invoke(["run", "-H", str(hostfile), "--dry-run", "--json", script])
+    assert r.exit_code == 0, r.stderr
+    [node] = json.loads(r.stdout)["nodes"]
+    assert (node["host"], node["local"], len(node["ranks"])) == ("::1", True, 2)
