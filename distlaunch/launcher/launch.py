@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distlaunch.contract.options import LaunchOptions
-from distlaunch.errors import DistlaunchError, ExitCode, HostError
+from distlaunch.errors import DistlaunchError, ExitCode, HostError, UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
@@ -61,6 +62,18 @@ def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
         check_local_program(opts, plan.nodes[0].workdir)
 
 
+def check_local_workdir(plan: LaunchPlan) -> None:
+    """Ranks that start here start in --workdir: it must be a folder here (remote hosts check theirs in preflight)."""
+    workdir = next((node.workdir for node in plan.nodes if node.local and node.workdir), "")
+    if not workdir or Path(workdir).is_dir():
+        return
+    what = "is not a directory" if Path(workdir).exists() else "does not exist"
+    raise UsageError(
+        f"working directory {workdir!r} {what}",
+        "give --workdir an existing directory (without it, ranks start in the current directory)",
+    )
+
+
 def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:
     """Local hosts get a child-process agent; remote hosts an agent over SSH (connections from ``remote``)."""
 
@@ -78,6 +91,7 @@ def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Conn
 
 def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
     """What must hold on this machine right before a plan starts (foreground or detached): exit 2 otherwise."""
+    check_local_workdir(plan)
     check_local_script(plan, opts)
     if starts_rank0_here(plan):
         check_master_port(opts, plan.master_port)

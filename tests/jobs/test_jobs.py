@@ -167,6 +167,44 @@ def test_bad_input_fails_before_detaching(state, tmp_path):
     assert jobs_json(tmp_path, "--all") == []
 
 
+def test_a_detach_that_cannot_start_says_why_in_one_line_and_leaves_nothing(state, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    nowhere = str(tmp_path / "nowhere")
+    cases = [  # (environment, options, what is wrong, how to fix it)
+        ({"DISTLAUNCH_STATE_DIR": str(blocker / "state")}, [], f"in {blocker}/state/jobs: Not a directory",
+         "set DISTLAUNCH_STATE_DIR to a writable folder"),
+        ({}, ["--workdir", nowhere], f"working directory {nowhere!r} does not exist", "existing directory"),
+        ({}, ["--workdir", str(blocker)], f"working directory {str(blocker)!r} is not a directory", "--workdir"),
+    ]  # fmt: skip
+    for env, args, wrong, fix in cases:
+        r = run_cli("run", "-n", "2", "--detach", *args, "ticker.py", "1", "0", cwd=tmp_path, env=env)
+        assert (r.returncode, r.stdout, r.stderr.count("\n")) == (2, "", 1), r.stderr
+        assert wrong in r.stderr and "(hint: " in r.stderr and fix in r.stderr, r.stderr
+    assert not (state / "jobs").exists() or not any((state / "jobs").iterdir())  # no folder without job.json
+    assert jobs_json(tmp_path, "--all") == []
+    # The foreground run refuses the same working directory the same way (it used to fail every rank with 127).
+    r = cli("run", "-n", "2", "--workdir", str(tmp_path / "nowhere"), "ticker.py", "1", "0", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
+
+
+def test_a_supervisor_that_dies_before_its_record_takes_its_folder_with_it(state, tmp_path, monkeypatch):
+    from distlaunch.contract.options import LaunchOptions
+    from distlaunch.errors import DistlaunchError
+    from distlaunch.jobs import supervisor
+    from distlaunch.launcher.job import ExecOptions
+    from distlaunch.launcher.launch import plan_for
+
+    monkeypatch.chdir(tmp_path)
+    opts = LaunchOptions(program=["ticker.py", "1", "0"], nproc_per_node=1)
+    launch = supervisor.DetachedLaunch(plan=plan_for(opts), opts=opts, exec_opts=ExecOptions(), command=[])
+    monkeypatch.setattr(supervisor.sys, "executable", "/bin/false")  # the supervisor ends at once, recording nothing
+    with pytest.raises(DistlaunchError, match="did not start") as failed:
+        supervisor.detach(launch)
+    assert failed.value.exit_code == 1
+    assert not (state / "jobs" / launch.plan.job_id).exists()
+
+
 def test_detached_job_over_ssh_is_listed_and_stopped(state, tmp_path, sshd_cluster):
     args = ["-H", str(sshd_cluster.hostfile), "--ssh-config", str(sshd_cluster.ssh_config)]
     script = str(tmp_path / "ticker.py")
