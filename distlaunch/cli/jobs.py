@@ -14,7 +14,7 @@ from rich.text import Text
 from distlaunch.cli.render import print_json, render_report
 from distlaunch.jobs.backends import find_job, list_jobs, read_lines, stop_job
 from distlaunch.jobs.snapshots import request_stacks
-from distlaunch.jobs.store import FINAL_STATES, JobRecord, Unreadable, dumps
+from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.stacks import ranges
 
@@ -32,36 +32,19 @@ def jobs(
 ) -> int:
     """List jobs, newest first: id, backend, hosts, ranks, state, age, exit code."""
     records = list_jobs()
-    if running:
-        records = [r for r in records if isinstance(r, JobRecord) and r.state == "running"]
-    if not all_jobs:
-        records = records[:RECENT]
+    good = [r for r in records if isinstance(r, JobRecord) and (not running or r.state == "running")]
+    # A damaged record has no age to rank it by and wants a look: every one is listed, after the jobs
+    # (not with --running: whether it runs is unknown).
+    bad = [] if running else [r for r in records if isinstance(r, Unreadable)]
+    shown = (good if all_jobs else good[:RECENT]) + bad
     if json_output:
-        print(dumps(records))
+        print(dumps(shown))
         return 0
     console = Console()
-    if not records:
+    if not shown:
         console.print("no jobs" + (" running" if running else "") + " (distlaunch run and train record theirs)")
         return 0
-    table = Table(box=None, pad_edge=False)
-    for col in ("JOB", "BACKEND", "HOSTS", "RANKS", "STATE", "AGE", "EXIT"):
-        table.add_column(col, no_wrap=col != "HOSTS")
-    now = time.time()
-    for r in records:
-        if isinstance(r, Unreadable):
-            table.add_row(r.job_id, "", "", "", "[yellow]unreadable[/yellow]", "", Text(r.problem))
-            continue
-        style = _STATE_STYLE.get(r.state, "")
-        table.add_row(
-            r.job_id,
-            r.backend,
-            Text(_hosts(r.hosts)),
-            str(r.world_size),
-            f"[{style}]{r.state}[/{style}]" if style else r.state,
-            _age(now - r.created_at),
-            "" if r.exit_code is None else str(r.exit_code),
-        )
-    console.print(table)
+    render_jobs(shown, console)
     return 0
 
 
@@ -131,6 +114,42 @@ def stacks(
     console.print(f"job {snapshot.job_id}: {snapshot.summary}", highlight=False, soft_wrap=True, markup=False)
     console.print(f"full stacks: {snapshot.folder}", highlight=False, soft_wrap=True, markup=False)
     return 0
+
+
+def render_jobs(records: list[JobRecord | Unreadable], console: Console) -> None:
+    """One row per job; only HOSTS may wrap, so an id is never cut. Why a record is unreadable goes below."""
+    now = time.time()
+    rows = [
+        [Text(r.job_id), Text(), Text(), Text(), Text("unreadable", style="yellow"), Text(), Text()]
+        if isinstance(r, Unreadable)
+        else [
+            Text(r.job_id),
+            Text(r.backend),
+            Text(_hosts(r.hosts)),
+            Text(str(r.world_size)),
+            Text(r.state, style=_STATE_STYLE.get(r.state, "")),
+            Text(_age(now - r.created_at)),
+            Text("" if r.exit_code is None else str(r.exit_code)),
+        ]
+        for r in records
+    ]
+    table = Table(box=None, pad_edge=False)
+    for i, col in enumerate(("JOB", "BACKEND", "HOSTS", "RANKS", "STATE", "AGE", "EXIT")):
+        widest = max(len(col), *(row[i].cell_len for row in rows))
+        table.add_column(col, no_wrap=col != "HOSTS", min_width=None if col == "HOSTS" else widest)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    unreadable = [r for r in records if isinstance(r, Unreadable)]
+    for r in unreadable:
+        console.print(f"{r.job_id}: {r.problem}", highlight=False, soft_wrap=True, markup=False)
+    if unreadable:
+        console.print(
+            f"(each job's folder is under {jobs_dir()}: repair its {RECORD}, or remove the folder to forget the job)",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 def render_status(r: JobRecord, console: Console) -> None:

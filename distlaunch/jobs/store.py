@@ -29,6 +29,9 @@ RECORD = "job.json"
 STOP_FILE = "stop-requested"  # written by 'distlaunch stop' before it signals the job: the end reads "stopped"
 JobState = Literal["pending", "running", "succeeded", "failed", "interrupted", "stopped", "lost"]
 FINAL_STATES = ("succeeded", "failed", "interrupted", "stopped")
+# A detached job's folder exists a moment before its supervisor writes the record (jobs/supervisor.py waits
+# START_TIMEOUT_S for it, then removes the folder): a listing meanwhile leaves such a folder out.
+STARTING_S = 30.0
 
 
 class Owner(BaseModel):
@@ -78,10 +81,11 @@ class JobRecord(BaseModel):
 
 
 class Unreadable(BaseModel):
-    """A job folder whose record cannot be parsed."""
+    """A job folder whose record is missing or cannot be parsed: listed with the reason, never dropped."""
 
     job_id: str
-    problem: str
+    state: Literal["unreadable"] = "unreadable"
+    problem: str  # one short line: "job.json is not valid JSON (...)", "job.json is missing", ...
 
 
 def state_dir(environ: dict[str, str] | None = None) -> Path:
@@ -117,23 +121,55 @@ def write_record(record: JobRecord) -> Path:
 
 
 def read_record(folder: Path) -> JobRecord | Unreadable:
-    """One job's record, or what is wrong with it."""
+    """One job's record, or what is wrong with it (one short line)."""
     try:
-        return JobRecord.model_validate_json((folder / RECORD).read_bytes())
+        raw = (folder / RECORD).read_bytes()
     except FileNotFoundError:
         return Unreadable(job_id=folder.name, problem=f"{RECORD} is missing")
-    except (OSError, ValueError, ValidationError) as exc:
-        return Unreadable(job_id=folder.name, problem=f"{RECORD} cannot be read: {_first_line(exc)}")
+    except OSError as exc:
+        return Unreadable(job_id=folder.name, problem=f"{RECORD} cannot be read: {exc.strerror or exc}")
+    try:
+        return JobRecord.model_validate_json(raw)
+    except ValidationError as exc:
+        return Unreadable(job_id=folder.name, problem=f"{RECORD} {_what_is_wrong(raw, exc)}")
+
+
+def _what_is_wrong(raw: bytes, exc: ValidationError) -> str:
+    """Why a record does not parse, in a few words: not JSON at all, or JSON of the wrong shape."""
+    try:
+        json.loads(raw)
+    except ValueError as bad:  # JSONDecodeError, or bytes that are not UTF-8
+        where = f" ({bad.msg} at line {bad.lineno} column {bad.colno})" if isinstance(bad, json.JSONDecodeError) else ""
+        return f"is not valid JSON{where}"
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"])
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if not field:
+        return "is not a job record: it holds no JSON object"
+    if first["type"] == "missing":
+        return f"is not a job record: field {field!r} is missing{more}"
+    return f"is not a job record: field {field!r}: {first['msg']}{more}"
 
 
 def list_records() -> list[JobRecord | Unreadable]:
-    """Every job under the state directory, newest first (unreadable ones last)."""
+    """Every job under the state directory, newest first; unreadable records last, except a folder that a
+    detached job's supervisor is still starting in (no record yet, and only seconds old)."""
     root = jobs_dir()
     if not root.is_dir():
         return []
     records = [read_record(p) for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     good = sorted((r for r in records if isinstance(r, JobRecord)), key=lambda r: r.created_at, reverse=True)
-    return good + sorted((r for r in records if isinstance(r, Unreadable)), key=lambda r: r.job_id)
+    bad = [r for r in records if isinstance(r, Unreadable) and not _starting(root / r.job_id, r)]
+    return good + sorted(bad, key=lambda r: r.job_id)
+
+
+def _starting(folder: Path, record: Unreadable) -> bool:
+    if record.problem != f"{RECORD} is missing":
+        return False
+    try:
+        return time.time() - folder.stat().st_mtime < STARTING_S
+    except OSError:
+        return True  # gone since it was listed: removed by a detach that failed
 
 
 def find_record(prefix: str) -> JobRecord:
@@ -167,11 +203,6 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def dumps(records: list[JobRecord | Unreadable]) -> str:
-    """JSON for ``jobs --json``: a list of records (unreadable ones as {job_id, problem})."""
+    """JSON for ``jobs --json``: a list of records (unreadable ones as {job_id, state: "unreadable", problem})."""
     return json.dumps([r.model_dump() for r in records], indent=2)

@@ -133,10 +133,10 @@ def test_foreground_jobs_are_recorded_and_a_corrupt_record_breaks_nothing(state,
     (state / "jobs" / failed["job_id"] / "job.json").write_text('{"job_id": "dl-')  # half a record
     listed = jobs_json(tmp_path)
     assert [j["job_id"] for j in listed] == [ok["job_id"], failed["job_id"]]
-    assert "cannot be read" in listed[1]["problem"]
+    assert listed[1]["problem"].startswith("job.json is not valid JSON")
     assert "unreadable" in cli("jobs", cwd=tmp_path).stdout
     bad = cli("status", failed["job_id"], cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "cannot be read" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "is not valid JSON" in bad.stderr
 
     logs = cli("logs", ok["job_id"], cwd=tmp_path)
     assert logs.returncode == 2 and "kept no output" in logs.stderr
@@ -246,3 +246,50 @@ def test_closing_the_terminal_of_a_foreground_job_stops_it_and_says_so(state, tm
     assert "the terminal was closed (SIGHUP)" in err
     assert not pids_with_env("DISTLAUNCH_JOB_ID", job["job_id"])
     assert status_json(job["job_id"], tmp_path)["state"] == "interrupted"
+
+
+def _record(job_id: str, age_s: float = 0.0):
+    """A finished local job's record, written as a launcher would have."""
+    import time
+
+    from distlaunch.jobs.store import JobRecord, write_record
+
+    write_record(
+        JobRecord(job_id=job_id, backend="local", command=["distlaunch", "run"], cwd="/", hosts=["localhost"],
+                  world_size=2, state="succeeded", exit_code=0, created_at=time.time() - age_s)
+    )  # fmt: skip
+
+
+def test_unreadable_records_keep_the_jobs_table_readable_and_are_always_listed(state, tmp_path):
+    good = [f"dl-{i:012x}" for i in range(1, 23)]  # more than the 20 that 'jobs' shows
+    for age, job_id in enumerate(good):
+        _record(job_id, age_s=age)
+    jobs = state / "jobs"
+    (jobs / "dl-badbadbadbad").mkdir()
+    (jobs / "dl-badbadbadbad" / "job.json").write_text("garbled by hand\n")
+    (jobs / "dl-bad0shape000").mkdir()
+    (jobs / "dl-bad0shape000" / "job.json").write_text('{"job_id": "dl-bad0shape000"}')
+    (jobs / "dl-bad0missing0").mkdir()
+    os.utime(jobs / "dl-bad0missing0", (1, 1))  # long past any supervisor's start
+    (jobs / "dl-bad0starting").mkdir()  # a detached job whose supervisor writes its record any moment now
+    reasons = {
+        "dl-badbadbadbad": "job.json is not valid JSON (Expecting value at line 1 column 1)",
+        "dl-bad0shape000": "job.json is not a job record: field 'backend' is missing (and 4 more)",
+        "dl-bad0missing0": "job.json is missing",
+    }
+
+    for args in ([], ["--all"]):
+        table = run_cli("jobs", *args, cwd=tmp_path, env={"COLUMNS": "80"}).stdout.splitlines()
+        assert table[0].split() == ["JOB", "BACKEND", "HOSTS", "RANKS", "STATE", "AGE", "EXIT"]
+        rows = [line.split() for line in table[1:] if line.startswith("dl-") and ":" not in line]
+        assert [row[0] for row in rows] == good[: None if args else 20] + sorted(reasons)  # never cut short
+        assert all(row[1:] == ["local", "localhost", "2", "succeeded", row[5], "0"] for row in rows[:-3])
+        assert [row[1:] for row in rows[-3:]] == [["unreadable"]] * 3
+        assert [line for line in table if ": job.json" in line] == [f"{k}: {v}" for k, v in sorted(reasons.items())]
+        assert "validation error" not in "\n".join(table) and "dl-bad0starting" not in "\n".join(table)
+
+    listed = jobs_json(tmp_path)  # scripts see them too, with the reason
+    assert [j for j in listed if j["state"] == "unreadable"] == [
+        {"job_id": k, "state": "unreadable", "problem": v} for k, v in sorted(reasons.items())
+    ]
+    assert len(listed) == 20 + 3
