@@ -195,9 +195,6 @@ class K8sJobs:
                 f"job {record.job_id} is a Kubernetes job: a pod's log holds both streams", "drop --stderr"
             )
         nproc, nnodes = int(record.plan.get("nproc_per_node", 1)), int(record.plan.get("nnodes", 1))
-        outside = sorted(r for r in ranks if not 0 <= r < record.world_size)
-        if outside:
-            raise UsageError(f"job {record.job_id} has no rank {outside[0]}", f"give 0 to {record.world_size - 1}")
         indices = sorted({r // nproc for r in ranks}) if ranks else list(range(nnodes))
         if follow and len(indices) > 1:
             raise UsageError(
@@ -321,6 +318,13 @@ def read_lines(
 ) -> Iterator[str]:
     """The job's output lines (only ``ranks``' lines when given; the last ``tail`` of them); with ``follow``,
     then every new one until the job is no longer running."""
+    outside = sorted(r for r in ranks if not 0 <= r < record.world_size)
+    if outside:  # a rank the job does not have would print nothing, as if it had said nothing
+        have = "0" if record.world_size == 1 else f"0-{record.world_size - 1}"
+        raise UsageError(
+            f"job {record.job_id} has no rank {outside[0]}: its ranks are {have}",
+            f"give --rank between 0 and {record.world_size - 1}",
+        )
     return backend_of(record).lines(record, follow, ranks, tail, stderr)
 
 

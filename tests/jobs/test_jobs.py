@@ -293,3 +293,12 @@ def test_unreadable_records_keep_the_jobs_table_readable_and_are_always_listed(s
         {"job_id": k, "state": "unreadable", "problem": v} for k, v in sorted(reasons.items())
     ]
     assert len(listed) == 20 + 3
+
+
+def test_logs_refuses_a_rank_the_job_does_not_have(state, tmp_path):
+    job_id = cli("run", "-n", "2", "--detach", "ticker.py", "1", "0", cwd=tmp_path).stdout.strip()
+    wait_state(job_id, tmp_path, ("succeeded",))
+    r = cli("logs", job_id, "--rank", "1", "--rank", "5", cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (2, "", 1)
+    assert f"job {job_id} has no rank 5: its ranks are 0-1" in r.stderr
+    assert cli("logs", job_id, "--rank", "1", cwd=tmp_path).stdout.startswith("[rank 1] tick 0 of rank 1")
