@@ -14,6 +14,7 @@ class ExitCode(IntEnum):
 
     OK = 0
     CHECK_FAILED = 1  # doctor: at least one check failed; also an internal error
+    NO_ANSWER = 1  # stop/stacks: the job did not answer within --timeout (it still may)
     USAGE = 2  # bad hostfile, bad spec, bad option
     HOST = 3  # a host could not be reached or prepared
     SIGINT = 130
@@ -46,3 +47,9 @@ class HostError(DistlaunchError):
     """A host could not be reached or prepared (exit 3)."""
 
     exit_code = ExitCode.HOST
+
+
+class NoAnswer(DistlaunchError):
+    """A running job did not answer within the time given (exit 1): not bad input, and it may still answer."""
+
+    exit_code = ExitCode.NO_ANSWER

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from distlaunch.errors import DistlaunchError, HostError, UsageError
+from distlaunch.errors import DistlaunchError, HostError, NoAnswer, UsageError
 from distlaunch.jobs.store import (
     FINAL_STATES,
     STOP_FILE,
@@ -293,9 +293,10 @@ def stop_job(record: JobRecord, timeout: float) -> JobRecord:
         if now.final:
             return now
         time.sleep(POLL_S)
-    raise UsageError(
-        f"job {record.job_id} did not confirm its end within {timeout:.0f}s",
-        f"see 'distlaunch status {record.job_id}'",
+    raise NoAnswer(
+        f"job {record.job_id} did not confirm its end within {timeout:g}s",
+        f"its ranks may still be in their --grace-period: see 'distlaunch status {record.job_id}', "
+        "or give a longer --timeout",
     )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from distlaunch.errors import DistlaunchError, UsageError
+from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, jobs_dir
 from distlaunch.launcher.signals import STACKS_REQUEST_SIGNAL
 from distlaunch.launcher.stacks import StackGroup, write_rank_stacks
@@ -103,10 +103,9 @@ def request_stacks(record: JobRecord, timeout: float) -> StacksSnapshot:
         if newer:
             return StacksSnapshot.model_validate_json((folder / f"stacks-{min(newer)}.json").read_bytes())
         time.sleep(POLL_S)
-    raise DistlaunchError(
+    raise NoAnswer(
         f"job {record.job_id} did not answer with its stacks within {timeout:g}s",
         f"try a longer --timeout, or see 'distlaunch logs {record.job_id}'",
-        exit_code=1,
     )
 
 

@@ -302,3 +302,26 @@ def test_logs_refuses_a_rank_the_job_does_not_have(state, tmp_path):
     assert (r.returncode, r.stdout, r.stderr.count("\n")) == (2, "", 1)
     assert f"job {job_id} has no rank 5: its ranks are 0-1" in r.stderr
     assert cli("logs", job_id, "--rank", "1", cwd=tmp_path).stdout.startswith("[rank 1] tick 0 of rank 1")
+
+
+STUBBORN = textwrap.dedent(
+    """
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ignoring SIGTERM", flush=True)
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def test_stop_that_outlasts_its_timeout_is_exit_1_as_stacks_and_the_job_still_stops(state, tmp_path):
+    (tmp_path / "stubborn.py").write_text(STUBBORN)
+    r = cli("run", "-n", "2", "--detach", "--grace-period", "3", "stubborn.py", cwd=tmp_path)
+    job_id = r.stdout.strip()
+    assert wait_until(lambda: cli("logs", job_id, cwd=tmp_path).stdout.count("ignoring SIGTERM") == 2, 30)
+    late = cli("stop", job_id, "--timeout", "1", cwd=tmp_path)
+    assert (late.returncode, late.stderr.count("\n")) == (1, 1), late.stderr  # not 2: the command was fine
+    assert f"job {job_id} did not confirm its end within 1s" in late.stderr and "--timeout" in late.stderr
+    assert wait_state(job_id, tmp_path, ("stopped",))["exit_code"] == 143  # SIGKILL after the grace period
+    assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job_id), 10)
