@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distlaunch.contract.options import LaunchOptions
-from distlaunch.errors import DistlaunchError, ExitCode, HostError, UsageError
+from distlaunch.errors import DistlaunchError, ExitCode, HostError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.portlock import hold_port
-from distlaunch.launcher.program import check_local_program
+from distlaunch.launcher.program import check_local_program, check_workdir
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.signals import StackRequests
 from distlaunch.launcher.spec import (
@@ -65,13 +64,8 @@ def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
 def check_local_workdir(plan: LaunchPlan) -> None:
     """Ranks that start here start in --workdir: it must be a folder here (remote hosts check theirs in preflight)."""
     workdir = next((node.workdir for node in plan.nodes if node.local and node.workdir), "")
-    if not workdir or Path(workdir).is_dir():
-        return
-    what = "is not a directory" if Path(workdir).exists() else "does not exist"
-    raise UsageError(
-        f"working directory {workdir!r} {what}",
-        "give --workdir an existing directory (without it, ranks start in the current directory)",
-    )
+    if workdir:
+        check_workdir(workdir)
 
 
 def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:

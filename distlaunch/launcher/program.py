@@ -97,13 +97,21 @@ def check_script(
         )
 
 
+def check_workdir(workdir: str) -> None:
+    """Ranks that start on this machine start in ``workdir``: it must be a folder here."""
+    if Path(workdir).is_dir():
+        return
+    what = "is not a directory" if Path(workdir).exists() else "does not exist"
+    raise UsageError(
+        f"working directory {workdir!r} {what}",
+        "give --workdir an existing directory (without it, ranks start in the current directory)",
+    )
+
+
 def check_local_program(opts: LaunchOptions, workdir: str) -> None:
     """Where every rank starts on this machine: the working directory, the ranks' Python and the program,
     each refused in one line (exit 2) instead of failing on every rank."""
-    base = Path(workdir)
-    if not base.is_dir():
-        state = "is not a directory" if base.exists() else "does not exist"
-        raise UsageError(f"--workdir {workdir!r} {state} on this machine", "give an existing folder: ranks start there")
+    check_workdir(workdir)
     if not runs_directly(opts, workdir) and shutil.which(opts.python) is None:
         raise UsageError(
             f"--python {opts.python!r} is not an executable on this machine",

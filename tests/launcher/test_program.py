@@ -36,8 +36,8 @@ def dry_run(*args: str):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--workdir", "/nonexistent/dir", "hello.py"], "--workdir '/nonexistent/dir' does not exist on this machine"),
-        (["--workdir", "{work}/hello.py", "hello.py"], "is not a directory on this machine"),
+        (["--workdir", "/nonexistent/dir", "hello.py"], "working directory '/nonexistent/dir' does not exist"),
+        (["--workdir", "{work}/hello.py", "hello.py"], "working directory '{work}/hello.py' is not a directory"),
         (["--workdir", "{work}", "missing.py"], "script 'missing.py' does not exist (ranks start in {work})"),
         (["--workdir", "{work}", "adir"], "script 'adir' is a directory without a __main__.py"),
         (["--workdir", "{work}", "noexec.sh"], "script 'noexec.sh' starts with #! but is not executable"),
