@@ -69,9 +69,11 @@ class Hosts(Backend):
         pass  # every option applies; --detach hands the plan to a supervisor
 
     def plan(self, request: LaunchRequest):
-        from distlaunch.launcher.launch import plan_for
+        from distlaunch.launcher.launch import check_shown_local_ranks, plan_for
 
-        return plan_for(request.opts, request.exec_opts.workdir)
+        plan = plan_for(request.opts, request.exec_opts.workdir)
+        check_shown_local_ranks(plan, request.exec_opts.local_ranks_filter)
+        return plan
 
     def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
         from distlaunch.launcher.launch import launch

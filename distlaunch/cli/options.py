@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from distlaunch.errors import UsageError
+from distlaunch.launcher.hostname import host_problem
 from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
 
 LAUNCH = "Launch options"
@@ -63,6 +64,19 @@ Exclude = Annotated[
         rich_help_panel=LAUNCH,
     ),
 ]
+
+
+def check_master_addr(value: str | None) -> str | None:
+    """A --master-addr that is no host name or IP address fails here, in one line, not on every rank after
+    the rendezvous timeout."""
+    problem = host_problem(value) if value is not None else None
+    if problem is not None:
+        raise UsageError(
+            f"--master-addr: {problem[0]}", "give rank 0's host name or IP address as every host reaches it"
+        )
+    return value
+
+
 MasterAddr = Annotated[
     str | None,
     typer.Option(
@@ -70,6 +84,7 @@ MasterAddr = Annotated[
         metavar="ADDR",
         help="Address of rank 0 as every host reaches it (default: the first host's address).",
         rich_help_panel=LAUNCH,
+        callback=check_master_addr,
     ),
 ]
 MasterPort = Annotated[

@@ -407,9 +407,9 @@ def execute(
         try:
             Path(options.log_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            what = "is a file" if Path(options.log_dir).is_file() else f"cannot be created: {exc.strerror}"
             raise UsageError(
-                f"--log-dir {str(options.log_dir)!r} cannot be created: {exc.strerror}",
-                "give a folder path that you can write to",
+                f"--log-dir {str(options.log_dir)!r} {what}", "give a folder path that you can write to"
             ) from None
     started = time.monotonic()
     failures: list[RankExit] = []

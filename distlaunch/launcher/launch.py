@@ -6,7 +6,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from distlaunch.contract.options import LaunchOptions
-from distlaunch.errors import DistlaunchError, ExitCode, HostError
+from distlaunch.errors import DistlaunchError, ExitCode, HostError, UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
@@ -21,6 +21,7 @@ from distlaunch.launcher.spec import (
     make_spec,
     resolve_hosts,
 )
+from distlaunch.launcher.stacks import ranges
 from distlaunch.launcher.transport import LocalAgent
 
 if TYPE_CHECKING:
@@ -66,6 +67,18 @@ def check_local_workdir(plan: LaunchPlan) -> None:
     workdir = next((node.workdir for node in plan.nodes if node.local and node.workdir), "")
     if workdir:
         check_workdir(workdir)
+
+
+def check_shown_local_ranks(plan: LaunchPlan, shown: list[int] | None) -> None:
+    """--local-ranks-filter must name local ranks some host runs, or their output would never appear."""
+    most = max(len(node.ranks) for node in plan.nodes)
+    absent = sorted({r for r in shown or [] if r >= most})
+    if absent:
+        raise UsageError(
+            f"--local-ranks-filter names local rank(s) {ranges(absent)}, but no host runs more than {most} "
+            f"rank(s) (local ranks 0-{most - 1})",
+            "name local ranks that exist, e.g. 0",
+        )
 
 
 def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:

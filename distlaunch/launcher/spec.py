@@ -173,8 +173,9 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
     held = holders(port)
     if held:
         who = "; ".join(
-            f"pid {h['pid']} ({h['command']})" if h.get("pid") else f"a process on {h['address']}" for h in held
-        )
+            f"pid {h['pid']} ({' '.join(h['command'].split())})" if h.get("pid") else f"a process on {h['address']}"
+            for h in held
+        )  # a command line may hold newlines: the error stays one line
         raise UsageError(f"--master-port {port} is already in use on this machine (the master): {who}", hint)
     if bind_every_address(port)[0] == "in-use":
         raise UsageError(
