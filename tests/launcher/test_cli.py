@@ -77,7 +77,7 @@ def test_options_after_the_script_belong_to_the_script():
         (
             ["run", "-n", "1", "--log-dir", "{bad}", str(ROOT / "tests/launcher/scripts/env_dump.py")],
             2,
-            "cannot be created: File exists",
+            "is a file",
         ),
     ],
 )
@@ -160,16 +160,13 @@ def test_dry_run_shows_each_hosts_working_directory_and_agent_interpreter(tmp_pa
     [
         (["--master-addr", "bad host"], "--master-addr: 'bad host' is not a valid host name"),
         (["--local-ranks-filter", "5"], "--local-ranks-filter names local rank(s) 5, but no host runs more than 2"),
-        (["--log-dir", "{file}"], "--log-dir '{file}' is a file"),
     ],
 )
 def test_options_no_job_could_use_are_one_line(tmp_path, args, expected):
-    """A typo in an address, a filter that would hide every rank, a log folder that is a file: one line
-    and exit 2 before any rank starts, not a rendezvous timeout or a silent job."""
+    """A typo in an address or a filter that would hide every rank: one line and exit 2 before any rank
+    starts, not a rendezvous timeout or a job that shows nothing."""
     script = tmp_path / "hello.py"
     script.write_text("print('hi')\n")
-    file = tmp_path / "afile"
-    file.write_text("")
-    r = invoke(["run", "-n", "2", *(a.format(file=file) for a in args), str(script)])
+    r = invoke(["run", "-n", "2", *args, str(script)])
     assert r.exit_code == 2, r.stdout
-    assert r.stderr.count("\n") == 1 and expected.format(file=file) in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and expected in r.stderr, r.stderr
