@@ -70,6 +70,18 @@ def _root(
     """Launch distributed PyTorch training on this machine, many machines over SSH, or Slurm."""
 
 
+def _given(exc: cx.UsageError, argv: list[str]) -> str:
+    """', not 'VALUE'' for a bad option value: the message of a type or range check does not say what it got."""
+    names = getattr(getattr(exc, "param", None), "opts", None) or []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        name, eq, value = arg.partition("=")
+        if name in names and (eq or i + 1 < len(argv)):
+            return f" (got {value if eq else argv[i + 1]!r})"
+    return ""
+
+
 def _error(message: str) -> None:
     sys.stderr.write(f"error: {message}\n")
 
@@ -122,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     except cx.UsageError as exc:
         where = f" '{exc.ctx.command_path} --help'" if exc.ctx else " 'distlaunch --help'"
-        _error(f"{exc.format_message()} (hint: see{where})")
+        _error(f"{exc.format_message()}{_given(exc, sys.argv[1:] if argv is None else argv)} (hint: see{where})")
         return ExitCode.USAGE
     except cx.ClickException as exc:
         _error(exc.format_message())

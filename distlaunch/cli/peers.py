@@ -17,6 +17,12 @@ PEER_FLAGS: dict[str, tuple[str, str]] = {
     "--rdzv-id": ("torchrun", "not needed: distlaunch draws a job id (TORCHELASTIC_RUN_ID)"),
     "--tee": ("torchrun", "not needed: rank output is always shown; --log-dir DIR also keeps it in files"),
     "--redirects": ("torchrun", "use --log-dir DIR"),
+    "--run-path": ("torchrun", "not needed: distlaunch runs SCRIPT as python does (or -m MODULE)"),
+    "--use-env": ("torch.distributed.launch", "not needed: every rank finds LOCAL_RANK in its environment"),
+    "--local-rank": (
+        "torch.distributed.launch",
+        "ranks read LOCAL_RANK from the environment; distlaunch never adds --local_rank to a script's arguments",
+    ),
     "--num-gpus": ("deepspeed", "use -n N (processes per host)"),
     "--num-nodes": ("deepspeed", HOSTS),
     "--num-processes": ("accelerate", "use -n N (processes per host)"),

@@ -94,6 +94,9 @@ def test_env_name_forwards_the_launchers_value():
         ("run", "--tee", "torchrun", "always shown"),
         ("run", "--num_gpus", "deepspeed", "-n N"),
         ("run", "--num_nodes", "deepspeed", "-H"),
+        ("run", "--run_path", "torchrun", "runs SCRIPT as python does"),
+        ("run", "--use_env", "torch.distributed.launch", "LOCAL_RANK"),
+        ("run", "--local_rank", "torch.distributed.launch", "LOCAL_RANK from the environment"),
     ],
 )
 def test_peer_flags_get_their_equivalent_not_a_guess(command, flag, tool, equivalent):
@@ -119,6 +122,20 @@ def test_out_of_range_input_is_one_line(tmp_path, hostfile, args):
         (tmp_path / "hosts").write_text(hostfile)
         extra = ["-H", str(tmp_path / "hosts")]
     one_error_line(["run", *extra, *args, ENV_DUMP])
+
+
+@pytest.mark.parametrize(
+    "args, given",
+    [
+        (["--max-restarts", "-1"], "'-1'"),
+        (["--hang-timeout=-5"], "'-5'"),
+        (["--nnodes", "1:2"], "'1:2'"),  # torchrun's elastic MIN:MAX
+    ],
+)
+def test_a_value_refused_by_its_type_or_range_is_named(args, given):
+    """The type and range checks say what they expected; the line also says what they got."""
+    line = one_error_line(["run", *args, ENV_DUMP])
+    assert f"(got {given})" in line
 
 
 def test_the_rank_ceiling_can_be_raised(tmp_path):
