@@ -34,7 +34,7 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
     """The manifest as a table of components, then the checkpoints beside it, then any damage."""
     console.print(f"[bold]{report.path}[/bold]")
     if report.pointer_problem:
-        console.print(f"[red]damaged[/red] {report.pointer_problem}", soft_wrap=True)
+        console.print(f"[yellow]warning[/yellow] {report.pointer_problem}", soft_wrap=True)
     for problem in report.damage:
         console.print(f"[red]damaged[/red] {problem}", soft_wrap=True)
     if report.meta is None:
@@ -75,15 +75,15 @@ def inspect(path: CheckpointPath, json_output: Json = False) -> int:
     return 0
 
 
-def _index_problem(checkpoint: Path) -> str | None:
+def _index_problems(checkpoint: Path) -> list[str]:
     from distlaunch.engine.checkpoint.safe import read_dcp_metadata  # torch: only for this command
     from distlaunch.errors import DistlaunchError
 
     try:
         read_dcp_metadata(checkpoint)
     except DistlaunchError as err:
-        return err.message
-    return None
+        return [err.message]
+    return []
 
 
 @checkpoint_app.command("verify")
@@ -95,13 +95,13 @@ def verify(
     json_output: Json = False,
 ) -> int:
     """Check every file against the size and SHA-256 recorded at save; exit 0 intact, 1 damaged, 2 not found."""
-    report = verify_folder(path, _index_problem)
+    report = verify_folder(path, _index_problems)
     if json_output:
         print_json(report)
     else:
         console = Console(highlight=False, soft_wrap=True)
         if report.pointer_problem:
-            console.print(f"[red]damaged[/red] {report.pointer_problem}", soft_wrap=True)
+            console.print(f"[yellow]warning[/yellow] {report.pointer_problem}")
         for c in report.checkpoints:
             if c.problems:
                 console.print(f"[red]damaged[/red] {c.path}: {'; '.join(c.problems)}")
@@ -125,6 +125,8 @@ def export(
     from distlaunch.engine.checkpoint.export import export_checkpoint  # torch: only for this command
 
     report = export_checkpoint(path, output)
+    for warning in report.warnings:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning:[/yellow] {warning}")
     if json_output:
         print_json(report)
     else:

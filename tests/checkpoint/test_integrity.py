@@ -31,6 +31,20 @@ def resume(ckpt: Path, tmp_path: Path, steps: int = 21):
     return run_cli("run", "--grace-period", "1", "-n", "2", *args, env=cli_env(), timeout=180, cwd=REPO)
 
 
+def edit_meta(checkpoint: Path, **fields) -> None:
+    """Rewrite fields of a checkpoint's meta.json."""
+    meta = json.loads((checkpoint / META_FILE).read_text())
+    meta.update(fields)
+    (checkpoint / META_FILE).write_text(json.dumps(meta))
+
+
+def forge_checksum(checkpoint: Path, name: str) -> None:
+    """Record the current size and SHA-256 of ``name`` in meta.json, so the checksum step passes."""
+    data = (checkpoint / name).read_bytes()
+    files = json.loads((checkpoint / META_FILE).read_text())["files"]
+    edit_meta(checkpoint, files={**files, name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}})
+
+
 def flip_bytes(path: Path, count: int = 64) -> None:
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
@@ -96,7 +110,12 @@ def _missing_shard(checkpoint: Path) -> str:
     return "__1_0.distcp is missing"
 
 
-@pytest.mark.parametrize("damage", [_truncate, _garbage_meta, _garbage_index, _missing_shard])
+def _negative_step(checkpoint: Path) -> str:
+    edit_meta(checkpoint, step=-7)
+    return "meta.json is not a valid manifest: step=-7: input should be greater than or equal to 1"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garbage_meta, _garbage_index, _missing_shard, _negative_step])
 def test_each_damage_is_one_clear_line_and_resume_falls_back(ckpt, tmp_path, damage):
     expected = damage(ckpt / NEWEST)
     inspected = invoke(["checkpoint", "inspect", str(ckpt / NEWEST)])
@@ -109,11 +128,112 @@ def test_each_damage_is_one_clear_line_and_resume_falls_back(ckpt, tmp_path, dam
     assert f"resumed from {ckpt / PREVIOUS} (step 15" in r.stdout
 
 
+@pytest.mark.parametrize(
+    "fields,expected",
+    [
+        ({"step": 7}, f"step=7, but the directory is {NEWEST}"),
+        ({"layout": {"dp": 0, "tp": 1, "pp": 1, "zero": 0, "world_size": 2}}, "layout.dp=0: input should be greater"),
+        (
+            {"layout": {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "world_size": 3}},
+            "layout: world_size 3 is not dp*tp*pp = 2",
+        ),
+        ({"format": 2}, "format=2: this distlaunch reads format 1 to 1"),
+        ({"preset": ""}, "preset='': string should have at least 1 character"),
+        ({"files": {"../../x": {"bytes": 1, "sha256": "0" * 64}}}, "files: '../../x' is not the name of a file"),
+    ],
+)
+def test_a_bad_manifest_field_is_named_with_its_value(ckpt, fields, expected):
+    edit_meta(ckpt / NEWEST, **fields)
+    verified = invoke(["checkpoint", "verify", str(ckpt)])
+    assert verified.exit_code == 1
+    assert f"damaged {ckpt / NEWEST}: meta.json is not a valid manifest: {expected}" in verified.stdout, verified.stdout
+    assert "validation error" not in verified.stdout
+
+
+def _pointer_to_a_missing_step(latest: Path) -> str:
+    latest.write_text("step_000099\n")
+    return "names step_000099, which does not exist"
+
+
+def _pointer_symlink_loop(latest: Path) -> str:
+    latest.unlink()
+    latest.symlink_to(latest.name)
+    return "is unreadable (a symlink loop)"
+
+
+def _pointer_is_a_directory(latest: Path) -> str:
+    latest.unlink()
+    latest.mkdir()
+    return "is a directory, not a pointer file"
+
+
+def _pointer_to_a_step_without_meta(latest: Path) -> str:
+    (latest.parent / "step_000099").mkdir()
+    latest.write_text("step_000099\n")
+    return "names step_000099, which has no meta.json (not a published checkpoint)"
+
+
+def _empty_pointer(latest: Path) -> str:
+    latest.write_text("")
+    return "does not name a step_N directory ('')"
+
+
+def _pointer_out_of_the_folder(latest: Path) -> str:
+    latest.write_text("../\n")
+    return "does not name a step_N directory ('../')"
+
+
+@pytest.mark.parametrize(
+    "bad_pointer",
+    [
+        _pointer_to_a_missing_step,
+        _pointer_symlink_loop,
+        _pointer_is_a_directory,
+        _pointer_to_a_step_without_meta,
+        _empty_pointer,
+        _pointer_out_of_the_folder,
+    ],
+)
+def test_a_bad_latest_pointer_is_the_same_warning_in_every_tool_and_verify_judges_the_checkpoints(
+    ckpt, tmp_path, bad_pointer
+):
+    warning = f"{ckpt / 'latest'} {bad_pointer(ckpt / 'latest')}; using {NEWEST} instead"
+    inspected = invoke(["checkpoint", "inspect", str(ckpt)])
+    assert inspected.exit_code == 0 and f"warning {warning}" in inspected.stdout, inspected.stdout
+    assert "step 20," in inspected.stdout and "damaged" not in inspected.stdout
+    verified = invoke(["checkpoint", "verify", str(ckpt)])
+    assert verified.exit_code == 0 and f"warning {warning}" in verified.stdout, verified.stdout
+    assert f"ok {ckpt / NEWEST}" in verified.stdout and f"ok {ckpt / PREVIOUS}" in verified.stdout
+    exported = invoke(["checkpoint", "export", str(ckpt), str(tmp_path / "w.safetensors"), "--json"])
+    assert exported.exit_code == 0 and f"warning: {warning}" in exported.stderr, exported.stderr
+    assert json.loads(exported.stdout)["source"] == str(ckpt / NEWEST)
+
+
+def test_resume_names_a_pointer_it_cannot_follow_and_uses_the_newest_checkpoint(ckpt, tmp_path):
+    warning = f"{ckpt / 'latest'} {_pointer_symlink_loop(ckpt / 'latest')}; using {NEWEST} instead"
+    r = resume(ckpt, tmp_path, steps=21)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"warning: {warning}" in r.stderr
+    assert f"resumed from {ckpt / NEWEST} (step 20" in r.stdout
+
+
+def test_a_checkpoint_path_that_is_a_symlink_loop_or_dangling_says_so(tmp_path):
+    loop, dangling = tmp_path / "loop", tmp_path / "dangling"
+    loop.symlink_to(loop.name)
+    dangling.symlink_to(tmp_path / "gone")
+    for command in (["inspect"], ["verify"], ["export"]):
+        extra = [str(tmp_path / "w.safetensors")] if command == ["export"] else []
+        r = invoke(["checkpoint", *command, str(loop), *extra])
+        assert r.exit_code == 2 and f"checkpoint path {loop} is a symlink loop" in r.stderr, r.stderr
+        r = invoke(["checkpoint", *command, str(dangling), *extra])
+        assert r.exit_code == 2 and f"is a symlink to {tmp_path / 'gone'}, which does not exist" in r.stderr
+
+
 def test_a_non_utf8_latest_pointer_is_named_and_the_newest_checkpoint_is_used(ckpt, tmp_path):
     (ckpt / "latest").write_bytes(b"\xff\xfe\x00step")
     inspected = invoke(["checkpoint", "inspect", str(ckpt)])
-    assert inspected.exit_code == 0 and f"damaged {ckpt / 'latest'} is unreadable" in inspected.stdout
-    assert invoke(["checkpoint", "verify", str(ckpt)]).exit_code == 1
+    assert inspected.exit_code == 0 and f"warning {ckpt / 'latest'} is unreadable" in inspected.stdout
+    assert invoke(["checkpoint", "verify", str(ckpt)]).exit_code == 0  # a bad pointer: every checkpoint is intact
     r = resume(ckpt, tmp_path, steps=21)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"warning: {ckpt / 'latest'} is unreadable (UnicodeDecodeError)" in r.stderr
@@ -139,12 +259,8 @@ class _RunsCode:
 
 def _plant_code(checkpoint: Path, marker: Path) -> None:
     """Replace the index with a code-running pickle and forge its checksum, as an attacker would."""
-    index = checkpoint / ".metadata"
-    index.write_bytes(pickle.dumps(_RunsCode(marker)))
-    meta = json.loads((checkpoint / META_FILE).read_text())
-    data = index.read_bytes()
-    meta["files"][".metadata"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (checkpoint / META_FILE).write_text(json.dumps(meta))
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    forge_checksum(checkpoint, ".metadata")
 
 
 def test_a_crafted_index_never_runs_code_on_export_verify_or_resume(ckpt, tmp_path):

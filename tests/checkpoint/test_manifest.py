@@ -18,7 +18,7 @@ from distlaunch.engine.checkpoint.manifest import (
     remove_leftovers,
     resolve_checkpoint,
 )
-from distlaunch.engine.checkpoint.session import resume_source
+from distlaunch.engine.checkpoint.resume import resume_source
 from distlaunch.engine.config import FaultSection
 from distlaunch.engine.fault import FaultPlan, restart_count
 from distlaunch.engine.watchdog import STEP_TIMEOUT_EXIT
@@ -85,15 +85,16 @@ def test_resume_source(tmp_path, resume, tries, expected):
     save(tmp_path, 5)
     save(tmp_path, 10)
     resume = str(tmp_path / "step_000005") if resume == "PATH" else resume
-    found = resume_source(resume, str(tmp_path), tries)
+    found, warning = resume_source(resume, str(tmp_path), tries)
+    assert warning is None
     assert (found.name if found else None) == expected
 
 
 def test_resume_errors_name_the_fix(tmp_path):
-    assert resume_source("auto", str(tmp_path), 0) is None  # nothing yet: a fresh start
+    assert resume_source("auto", str(tmp_path), 0) == (None, None)  # nothing yet: a fresh start
     with pytest.raises(UsageError, match="nothing to resume"):
         resume_source("latest", str(tmp_path), 0)
-    assert resume_source("latest", str(tmp_path), 1) is None  # a restart before the first save
+    assert resume_source("latest", str(tmp_path), 1) == (None, None)  # a restart before the first save
     with pytest.raises(UsageError, match="checkpoint not found"):
         resume_source(str(tmp_path / "missing"), str(tmp_path), 0)
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from distlaunch.engine.checkpoint.integrity import require_intact
-from distlaunch.engine.checkpoint.manifest import resolve_checkpoint
+from distlaunch.engine.checkpoint.manifest import locate_checkpoint, resolve_checkpoint
 from distlaunch.engine.checkpoint.safe import SafeLoadPlanner, SafeReader, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import MODEL
 from distlaunch.errors import UsageError
@@ -37,6 +37,7 @@ class ExportReport(BaseModel):
     preset: str
     tensors: int
     bytes: int
+    warnings: list[str] = []  # a bad latest pointer that was not followed
 
 
 def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch.Tensor]:
@@ -56,7 +57,7 @@ def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch
 
 def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
     """Write the model weights of checkpoint ``path`` (or a root's latest) to ``output``."""
-    checkpoint = resolve_checkpoint(path)
+    checkpoint, pointer_warning = locate_checkpoint(path)
     meta = require_intact(checkpoint, "export another step_N directory of the same run")
     output = Path(output).expanduser()
     if output.is_dir():
@@ -81,4 +82,5 @@ def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
         preset=meta.preset,
         tensors=len(weights),
         bytes=output.stat().st_size,
+        warnings=[pointer_warning] if pointer_warning else [],
     )

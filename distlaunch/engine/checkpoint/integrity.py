@@ -10,16 +10,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from distlaunch.engine.checkpoint.manifest import META_FILE, CheckpointMeta, FileDigest, read_meta
-from distlaunch.errors import DistlaunchError, ExitCode
+from distlaunch.engine.checkpoint.manifest import (
+    META_FILE,
+    CheckpointMeta,
+    DamagedCheckpoint,
+    FileDigest,
+    read_manifest,
+    read_meta,
+)
 
 CHUNK = 4 << 20
-
-
-class DamagedCheckpoint(DistlaunchError):
-    """A checkpoint file that is missing, altered, unreadable or not what distlaunch writes (exit 1)."""
-
-    exit_code = ExitCode.CHECK_FAILED
 
 
 def digest(path: Path) -> FileDigest:
@@ -54,17 +54,6 @@ def check_file(checkpoint: Path, name: str, expected: FileDigest, checksum: bool
     if checksum and digest(path).sha256 != expected.sha256:
         return f"{name} does not match its SHA-256 in the manifest (the bytes were altered)"
     return None
-
-
-def read_manifest(checkpoint: Path) -> tuple[CheckpointMeta | None, str | None]:
-    """The manifest, or None and what is wrong with it (unreadable, not JSON, wrong fields)."""
-    try:
-        return read_meta(checkpoint), None
-    except (OSError, UnicodeDecodeError) as err:
-        return None, f"{META_FILE} cannot be read ({err.__class__.__name__}: {err})"
-    except ValueError as err:  # pydantic's ValidationError, JSON errors
-        first = str(err).splitlines()
-        return None, f"{META_FILE} is not a valid manifest ({first[0] if first else err.__class__.__name__})"
 
 
 def verify_share(checkpoint: Path, rank: int = 0, world: int = 1, checksum: bool = True) -> list[str]:

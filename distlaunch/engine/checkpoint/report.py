@@ -5,19 +5,20 @@ Torch-free: everything comes from ``meta.json`` files, directory listings and fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from distlaunch.engine.checkpoint.integrity import read_manifest, verify_share
+from distlaunch.engine.checkpoint.integrity import verify_share
 from distlaunch.engine.checkpoint.manifest import (
     LEFTOVER,
     CheckpointMeta,
     is_checkpoint,
-    latest_checkpoint,
     list_checkpoints,
-    read_pointer,
-    resolve_checkpoint,
+    locate_checkpoint,
+    read_latest,
+    read_manifest,
     step_of,
 )
 
@@ -38,7 +39,7 @@ class CheckpointReport(BaseModel):
     meta: CheckpointMeta | None  # None: the manifest itself is damaged
     damage: list[str]  # missing or truncated files, a damaged manifest (checksums: ``checkpoint verify``)
     checksums: int  # files with a recorded checksum
-    pointer_problem: str | None
+    pointer_problem: str | None  # a warning: the latest pointer could not be followed (what is used instead)
     root: str
     latest: str | None
     checkpoints: list[CheckpointEntry]
@@ -55,9 +56,9 @@ def _entry(path: Path) -> CheckpointEntry:
 
 def inspect_checkpoint(path: str | Path) -> CheckpointReport:
     """Read the manifest of ``path`` (a step directory, or a root: its latest) and check file sizes."""
-    checkpoint = resolve_checkpoint(path)
+    checkpoint, _ = locate_checkpoint(path)
     root = checkpoint.parent
-    latest = latest_checkpoint(root)
+    latest, pointer_problem = read_latest(root)
     meta, _ = read_manifest(checkpoint)
     leftovers = sorted(str(p) for p in root.iterdir() if LEFTOVER.match(p.name))
     return CheckpointReport(
@@ -65,7 +66,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointReport:
         meta=meta,
         damage=verify_share(checkpoint, checksum=False),
         checksums=len(meta.files) if meta else 0,
-        pointer_problem=read_pointer(root)[1],
+        pointer_problem=pointer_problem,
         root=str(root),
         latest=str(latest) if latest else None,
         checkpoints=[_entry(p) for p in list_checkpoints(root)],
@@ -87,39 +88,41 @@ class VerifyReport(BaseModel):
     """``distlaunch checkpoint verify``: every published checkpoint under a folder (or the one named)."""
 
     path: str
-    pointer_problem: str | None
+    pointer_problem: str | None  # a warning only: it does not make the report fail
     checkpoints: list[VerifiedCheckpoint]
 
     @property
     def ok(self) -> bool:
-        return self.pointer_problem is None and all(not c.problems for c in self.checkpoints)
+        """Every checkpoint intact (a bad ``latest`` pointer is not a damaged checkpoint)."""
+        return all(not c.problems for c in self.checkpoints)
 
 
-def verify_folder(path: str | Path, index_check=None) -> VerifyReport:
+def verify_folder(path: str | Path, index_check: Callable[[Path], list[str]] | None = None) -> VerifyReport:
     """Check every file of each checkpoint against its recorded size and SHA-256.
 
     ``path`` is a step directory (that one) or a checkpoint root (all of its published
-    checkpoints). ``index_check(checkpoint)`` may add a problem of the DCP index.
+    checkpoints). ``index_check(checkpoint)`` may add problems of the DCP index (it needs torch).
     """
     path = Path(path).expanduser()
     if is_checkpoint(path):
-        targets, root_problem = [path], None
+        targets, pointer_problem = [path], None
     else:
-        resolve_checkpoint(path)  # UsageError when there is nothing to verify
-        targets, root_problem = list_checkpoints(path), read_pointer(path)[1]
+        _, pointer_problem = locate_checkpoint(path)  # UsageError when there is nothing to verify
+        targets = list_checkpoints(path)
     found = []
     for checkpoint in targets:
         meta, _ = read_manifest(checkpoint)
         problems = verify_share(checkpoint)
         if not problems and index_check is not None:
-            problems += [p for p in [index_check(checkpoint)] if p]
+            problems += index_check(checkpoint)
+        recorded = meta.files if meta else {}
         found.append(
             VerifiedCheckpoint(
                 path=str(checkpoint),
                 step=step_of(checkpoint) or 0,
-                files=len(meta.files) if meta else 0,
-                bytes=sum(d.bytes for d in meta.files.values()) if meta else 0,
+                files=len(recorded),
+                bytes=sum(d.bytes for d in recorded.values()),
                 problems=problems,
             )
         )
-    return VerifyReport(path=str(path), pointer_problem=root_problem, checkpoints=found)
+    return VerifyReport(path=str(path), pointer_problem=pointer_problem, checkpoints=found)

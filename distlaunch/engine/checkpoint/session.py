@@ -1,13 +1,8 @@
 """What the training loop calls: resume before the first step, guard each step, save when due.
 
-Resume (``checkpoint.resume``), decided on rank 0 and broadcast so every rank loads the same one:
-
-- ``auto`` (default): the latest checkpoint in ``checkpoint.dir`` if there is one, else a fresh
-  start. Re-running a command, a ``--max-restarts`` restart and a requeued Slurm job all continue.
-- ``latest``: the same, but a first try with nothing to resume is an error.
-- ``never``: always a fresh start, restarts included (old checkpoints are replaced as it saves).
-- a path (a ``step_N`` directory or a checkpoint root): that checkpoint on the first try; on a
-  restart, this job's own latest checkpoint in ``checkpoint.dir`` once it has one.
+Which checkpoint to resume from is decided on rank 0 (``resume``: the rules of ``checkpoint.resume``)
+and broadcast, so every rank loads the same one; each candidate is verified by all ranks together
+before it is loaded, and a damaged one falls back to the next older one.
 """
 
 from __future__ import annotations
@@ -22,54 +17,12 @@ from pathlib import Path
 import torch.distributed as dist
 
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, verify_share
-from distlaunch.engine.checkpoint.manifest import (
-    is_checkpoint,
-    latest_checkpoint,
-    list_checkpoints,
-    read_pointer,
-    resolve_checkpoint,
-    step_of,
-)
+from distlaunch.engine.checkpoint.resume import resume_candidates, resume_source
 from distlaunch.engine.fault import FaultPlan, restart_count
 from distlaunch.engine.watchdog import Watchdog
-from distlaunch.errors import DistlaunchError, UsageError
+from distlaunch.errors import DistlaunchError
 
-
-def resume_source(resume: str, ckpt_dir: str | None, tries: int) -> Path | None:
-    """The checkpoint to resume from (None: start fresh); see the module docstring."""
-    own = latest_checkpoint(Path(ckpt_dir).expanduser()) if ckpt_dir else None
-    if resume == "never":
-        return None
-    if resume == "auto":
-        return own
-    if resume == "latest":
-        if ckpt_dir is None:
-            raise UsageError("checkpoint.resume='latest' needs checkpoint.dir", "set --set checkpoint.dir=PATH")
-        if own is None and tries == 0:
-            raise UsageError(
-                f"nothing to resume: no published checkpoint in {ckpt_dir}",
-                "check checkpoint.dir, or use checkpoint.resume='auto' to start fresh when empty",
-            )
-        return own
-    if tries > 0 and own is not None:
-        return own  # a restart continues from this job's newest progress, not the original PATH
-    return resolve_checkpoint(resume)
-
-
-def resume_candidates(source: Path | None, resume: str, tries: int) -> list[Path]:
-    """``source``, then the older published checkpoints beside it, newest first.
-
-    A damaged checkpoint falls back to the next one, unless the user named that very ``step_N``
-    directory (``checkpoint.resume=PATH`` on the first try): then only that one is a candidate.
-    """
-    if source is None:
-        return []
-    explicit = resume not in ("auto", "latest", "never") and tries == 0 and is_checkpoint(Path(resume).expanduser())
-    if explicit:
-        return [source]
-    step = step_of(source) or 0
-    older = [p for p in list_checkpoints(source.parent) if (step_of(p) or 0) < step]
-    return [source, *reversed(older)]
+__all__ = ["Checkpointing", "resume_candidates", "resume_source"]
 
 
 class Checkpointing:
@@ -92,12 +45,11 @@ class Checkpointing:
         decision: list = [[], None, None]
         if self.rank == 0:
             try:
-                ckpt_dir = self.cfg.checkpoint.dir
-                _, pointer_problem = read_pointer(Path(ckpt_dir).expanduser()) if ckpt_dir else (None, None)
-                if pointer_problem:
-                    print(f"warning: {pointer_problem}", file=sys.stderr, flush=True)
-                source = resume_source(self.cfg.checkpoint.resume, ckpt_dir, self.tries)
-                decision[0] = [str(p) for p in resume_candidates(source, self.cfg.checkpoint.resume, self.tries)]
+                resume = self.cfg.checkpoint.resume
+                source, pointer_warning = resume_source(resume, self.cfg.checkpoint.dir, self.tries)
+                if pointer_warning:
+                    print(f"warning: {pointer_warning}", file=sys.stderr, flush=True)
+                decision[0] = [str(p) for p in resume_candidates(source, resume, self.tries)]
             except DistlaunchError as err:
                 decision[1] = err
             decision[2] = f"{self.job or uuid.uuid4().hex[:8]}-r{self.tries}"

@@ -1,0 +1,67 @@
+"""Which checkpoint a job resumes from, decided from directory listings and ``meta.json`` alone.
+
+Torch-free on purpose: rank 0 decides with it (``session``) from the same ``manifest`` rules that
+``distlaunch checkpoint`` uses.
+
+``checkpoint.resume``:
+
+- ``auto`` (default): the latest checkpoint in ``checkpoint.dir`` if there is one, else a fresh
+  start. Re-running a command, a ``--max-restarts`` restart and a requeued Slurm job all continue.
+- ``latest``: the same, but a first try with nothing to resume is an error.
+- ``never``: always a fresh start, restarts included (old checkpoints are replaced as it saves).
+- a path (a ``step_N`` directory or a checkpoint root): that checkpoint on the first try; on a
+  restart, this job's own latest checkpoint in ``checkpoint.dir`` once it has one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from distlaunch.engine.checkpoint.manifest import (
+    is_checkpoint,
+    list_checkpoints,
+    locate_checkpoint,
+    read_latest,
+    step_of,
+)
+from distlaunch.errors import UsageError
+
+RESUME_WORDS = ("auto", "latest", "never")
+
+
+def resume_source(resume: str, ckpt_dir: str | None, tries: int) -> tuple[Path | None, str | None]:
+    """The checkpoint to resume from (None: start fresh), and the warning of a ``latest`` pointer
+    that could not be followed on the way (None: no warning); see the module docstring."""
+    if resume == "never":
+        return None, None
+    own, warning = read_latest(Path(ckpt_dir).expanduser()) if ckpt_dir else (None, None)
+    if resume == "auto":
+        return own, warning
+    if resume == "latest":
+        if ckpt_dir is None:
+            raise UsageError("checkpoint.resume='latest' needs checkpoint.dir", "set --set checkpoint.dir=PATH")
+        if own is None and tries == 0:
+            raise UsageError(
+                f"nothing to resume: no published checkpoint in {ckpt_dir}",
+                "check checkpoint.dir, or use checkpoint.resume='auto' to start fresh when empty",
+            )
+        return own, warning
+    if tries > 0 and own is not None:
+        return own, warning  # a restart continues from this job's newest progress, not the original PATH
+    return locate_checkpoint(resume)
+
+
+def resume_candidates(source: Path | None, resume: str, tries: int) -> list[Path]:
+    """``source``, then the older published checkpoints beside it, newest first.
+
+    A damaged checkpoint falls back to the next one, unless the user named that very ``step_N``
+    directory (``checkpoint.resume=PATH`` on the first try): then only that one is a candidate.
+    """
+    if source is None:
+        return []
+    explicit = resume not in RESUME_WORDS and tries == 0 and is_checkpoint(Path(resume).expanduser())
+    if explicit:
+        return [source]
+    step = step_of(source) or 0
+    older = [p for p in list_checkpoints(source.parent) if (step_of(p) or 0) < step]
+    return [source, *reversed(older)]
