@@ -76,14 +76,9 @@ def inspect(path: CheckpointPath, json_output: Json = False) -> int:
 
 
 def _index_problems(checkpoint: Path) -> list[str]:
-    from distlaunch.engine.checkpoint.safe import read_dcp_metadata  # torch: only for this command
-    from distlaunch.errors import DistlaunchError
+    from distlaunch.engine.checkpoint.safe import index_problems  # torch: only for this command
 
-    try:
-        read_dcp_metadata(checkpoint)
-    except DistlaunchError as err:
-        return [err.message]
-    return []
+    return index_problems(checkpoint)
 
 
 @checkpoint_app.command("verify")
@@ -108,7 +103,10 @@ def verify(
             elif c.files:
                 console.print(f"[green]ok[/green] {c.path} ({c.files} files, {_mib(c.bytes)})")
             else:
-                console.print(f"[yellow]unverified[/yellow] {c.path} (no checksums recorded: an older distlaunch)")
+                console.print(
+                    f"[yellow]unverified[/yellow] {c.path}: no checksums recorded (written by an older distlaunch), "
+                    f"so its {c.unverified} files could not be verified; their sizes fit the index"
+                )
     return 0 if report.ok else 1
 
 

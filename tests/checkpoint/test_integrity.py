@@ -128,6 +128,57 @@ def test_each_damage_is_one_clear_line_and_resume_falls_back(ckpt, tmp_path, dam
     assert f"resumed from {ckpt / PREVIOUS} (step 15" in r.stdout
 
 
+def _old_manifest_and_truncated_shard(checkpoint: Path) -> str:
+    edit_meta(checkpoint, files={})  # as written before checksums existed: nothing to compare
+    shard = checkpoint / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    return "__1_0.distcp has 1000 bytes, the index reads up to byte"
+
+
+def _garbage_with_forged_checksum(checkpoint: Path) -> str:
+    shard = checkpoint / "__1_0.distcp"
+    shard.write_bytes(bytes(i * 7 % 251 for i in range(shard.stat().st_size)))  # same size, not a shard
+    forge_checksum(checkpoint, "__1_0.distcp")
+    return "__1_0.distcp"
+
+
+@pytest.mark.parametrize("damage", [_old_manifest_and_truncated_shard, _garbage_with_forged_checksum])
+def test_damage_that_passes_the_checksums_is_one_line_for_export_and_resume_falls_back(ckpt, tmp_path, damage):
+    expected = damage(ckpt / NEWEST)
+    exported = invoke(["checkpoint", "export", str(ckpt), str(tmp_path / "w.safetensors")])
+    assert exported.exit_code == 1 and not (tmp_path / "w.safetensors").exists()
+    assert exported.stderr.count("\n") == 1 and expected in exported.stderr, exported.stderr[-3000:]
+    assert "Traceback" not in exported.stderr and "FrameSummary" not in exported.stderr
+    r = resume(ckpt, tmp_path, steps=16)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    notice = [line for line in r.stderr.splitlines() if "is damaged" in line]
+    assert len(notice) == 1 and len(notice[0]) < 400, r.stderr
+    assert f"checkpoint {ckpt / NEWEST} is damaged: {expected}" in notice[0]
+    assert notice[0].endswith(f"falling back to {PREVIOUS}") and "FrameSummary" not in r.stderr
+    assert f"resumed from {ckpt / PREVIOUS} (step 15" in r.stdout
+
+
+def test_a_step_named_explicitly_that_cannot_be_loaded_is_refused_not_replaced(ckpt, tmp_path):
+    _garbage_with_forged_checksum(ckpt / NEWEST)
+    args = engine_args(ckpt, tmp_path / "resumed.jsonl", "train.steps=21", f"checkpoint.resume='{ckpt / NEWEST}'")
+    r = run_cli("run", "--grace-period", "1", "-n", "2", *args, env=cli_env(), timeout=180, cwd=REPO)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"checkpoint {ckpt / NEWEST} is damaged: __1_0.distcp" in r.stderr
+    assert f"no intact checkpoint to resume from (tried {ckpt / NEWEST})" in r.stderr
+    assert "falling back" not in r.stderr and "resumed from" not in r.stdout
+
+
+def test_a_checkpoint_without_checksums_is_reported_unverified_and_still_exports(ckpt, tmp_path):
+    edit_meta(ckpt / NEWEST, files={})
+    verified = invoke(["checkpoint", "verify", str(ckpt / NEWEST)])
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+    assert f"unverified {ckpt / NEWEST}: no checksums recorded" in verified.stdout
+    assert "its 3 files could not be verified" in verified.stdout
+    exported = invoke(["checkpoint", "export", str(ckpt / NEWEST), str(tmp_path / "w.safetensors")])
+    assert exported.exit_code == 0 and (tmp_path / "w.safetensors").is_file()
+    assert "no checksums recorded" in exported.stderr and "could not be verified" in exported.stderr
+
+
 @pytest.mark.parametrize(
     "fields,expected",
     [

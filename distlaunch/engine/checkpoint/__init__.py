@@ -1,6 +1,9 @@
 """Sharded, atomic checkpoints that any layout can resume from (docs/checkpointing.md).
 
 - ``manifest``: the directory layout, ``meta.json`` and the ``latest`` pointer (torch-free),
+- ``integrity``: checksums recorded at save and verified before a load (torch-free),
+- ``resume``: which checkpoint a job resumes from (torch-free),
+- ``safe``: reading the index and shards without running code from them, one line per failure,
 - ``shards``: model and optimizer state under single-process names, ready for DCP resharding,
 - ``state``: registered train-state parts (LR schedule, loss scaler, ...) and per-rank RNG,
 - ``store``: one atomic save, one load from any layout,

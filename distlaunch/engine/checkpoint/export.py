@@ -14,17 +14,17 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from distlaunch.engine.checkpoint.integrity import require_intact
+from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, require_intact
 from distlaunch.engine.checkpoint.manifest import locate_checkpoint, resolve_checkpoint
-from distlaunch.engine.checkpoint.safe import SafeLoadPlanner, SafeReader, read_dcp_metadata
+from distlaunch.engine.checkpoint.safe import index_problems, load_state, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import MODEL
 from distlaunch.errors import UsageError
 
 TORCH_SUFFIXES = (".pt", ".pth")
+DAMAGED_HINT = "export another step_N directory of the same run"
 
 
 class ExportReport(BaseModel):
@@ -37,7 +37,7 @@ class ExportReport(BaseModel):
     preset: str
     tensors: int
     bytes: int
-    warnings: list[str] = []  # a bad latest pointer that was not followed
+    warnings: list[str] = []  # a bad latest pointer that was not followed; a checkpoint without checksums
 
 
 def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch.Tensor]:
@@ -51,14 +51,24 @@ def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch
     }
     with warnings.catch_warnings():  # DCP warns that it runs without a process group: that is the point
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
-        dcp.load(state, storage_reader=SafeReader(checkpoint), planner=SafeLoadPlanner(), no_dist=True)
+        load_state(state, checkpoint, no_dist=True)
     return {fqn[len(prefix) :]: tensor for fqn, tensor in state.items()}
 
 
 def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
     """Write the model weights of checkpoint ``path`` (or a root's latest) to ``output``."""
     checkpoint, pointer_warning = locate_checkpoint(path)
-    meta = require_intact(checkpoint, "export another step_N directory of the same run")
+    meta = require_intact(checkpoint, DAMAGED_HINT)
+    problems = index_problems(checkpoint)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DamagedCheckpoint(f"checkpoint {checkpoint} is damaged: {problems[0]}{more}", DAMAGED_HINT)
+    notes = [pointer_warning] if pointer_warning else []
+    if not meta.files:
+        notes.append(
+            f"checkpoint {checkpoint} has no checksums recorded (written by an older distlaunch): "
+            "its files could not be verified, only read"
+        )
     output = Path(output).expanduser()
     if output.is_dir():
         raise UsageError(f"export output {output} is a directory", "name a file, e.g. model.safetensors")
@@ -82,5 +92,5 @@ def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
         preset=meta.preset,
         tensors=len(weights),
         bytes=output.stat().st_size,
-        warnings=[pointer_warning] if pointer_warning else [],
+        warnings=notes,
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from distlaunch.engine.checkpoint.integrity import verify_share
+from distlaunch.engine.checkpoint.integrity import checkpoint_files, verify_share
 from distlaunch.engine.checkpoint.manifest import (
     LEFTOVER,
     CheckpointMeta,
@@ -81,6 +81,7 @@ class VerifiedCheckpoint(BaseModel):
     step: int
     files: int  # files checked against a recorded checksum
     bytes: int
+    unverified: int = 0  # files without a recorded checksum (all of them: written by an older distlaunch)
     problems: list[str]
 
 
@@ -122,6 +123,7 @@ def verify_folder(path: str | Path, index_check: Callable[[Path], list[str]] | N
                 step=step_of(checkpoint) or 0,
                 files=len(recorded),
                 bytes=sum(d.bytes for d in recorded.values()),
+                unverified=len([name for name in checkpoint_files(checkpoint) if name not in recorded]),
                 problems=problems,
             )
         )

@@ -5,6 +5,10 @@ whatever a crafted file asks for. Here the index goes through an unpickler that 
 own metadata classes, ``torch.Size``, dtypes and layouts, and ``pathlib`` paths; anything else is
 refused with ``DamagedCheckpoint``. Opaque values (train-state parts, RNG) are read with
 ``torch.load(weights_only=True)``, which builds tensors and plain containers only.
+
+Damage the checksums cannot see (a checkpoint written before them, a checksum rewritten to match)
+is caught twice more: ``index_problems`` checks every byte range the index reads is on disk, and
+``load_state`` turns any failure of the load into one ``DamagedCheckpoint`` line naming the file.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint
+from distlaunch.engine.checkpoint.manifest import META_FILE, DamagedCheckpoint, read_manifest
+from distlaunch.errors import DistlaunchError
 
 METADATA_FILE = ".metadata"
+LOAD_HINT = "a file holds other bytes than distlaunch wrote: restore it from a copy, or use another step_N directory"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
     (_DCP_METADATA, name)
@@ -77,8 +84,69 @@ def read_dcp_metadata(checkpoint: Path) -> Metadata:
     return metadata
 
 
+def index_problems(checkpoint: Path) -> list[str]:
+    """What the DCP index shows without reading a tensor (empty: nothing): it is unreadable or refused,
+    or a file it points into is missing, shorter than the bytes it indexes (truncated), or not covered
+    by the manifest's checksums. This is what catches a truncated shard of a checkpoint written before
+    checksums existed, and a path reaching outside the checkpoint directory."""
+    try:
+        metadata = read_dcp_metadata(checkpoint)
+    except DistlaunchError as err:
+        return [err.message]
+    meta, _ = read_manifest(checkpoint)
+    recorded = meta.files if meta is not None else {}
+    needed: dict[str, int] = {}  # file -> the end of the last byte range the index reads from it
+    try:
+        for info in (metadata.storage_data or {}).values():
+            name = str(info.relative_path)
+            needed[name] = max(needed.get(name, 0), int(info.offset) + int(info.length))
+    except (AttributeError, TypeError, ValueError):
+        return [f"{checkpoint / METADATA_FILE} does not say where its data lies (not written by distlaunch)"]
+    problems = []
+    for name, end in sorted(needed.items()):
+        path = checkpoint / name
+        if name in ("", ".", "..", META_FILE) or "/" in name or "\\" in name:
+            problems.append(f"the index names {name!r}, which is not a shard file of the checkpoint directory")
+        elif not path.is_file():
+            problems.append(f"{name} is missing (the index reads from it)")
+        elif (size := path.stat().st_size) < end:
+            problems.append(f"{name} has {size} bytes, the index reads up to byte {end} (truncated)")
+        elif recorded and name not in recorded:
+            problems.append(f"{name} has no checksum in the manifest (added or renamed after the save)")
+    return problems
+
+
+def describe(err: BaseException) -> str:
+    """An exception in one short line: ``Class: first sentence of its message``. (torch's own advice
+    for a refused pickle, to load it with ``weights_only=False``, is exactly what must not happen.)"""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = text.split(". ", 1)[0].rstrip(".")
+    if len(text) > 160:
+        text = text[:157] + "..."
+    if isinstance(err, EOFError) and not text:
+        text = "the data ends early (truncated?)"
+    return f"{err.__class__.__name__}: {text}" if text else err.__class__.__name__
+
+
 class SafeReader(dcp.FileSystemReader):
-    """DCP's file reader, with the index read by ``read_dcp_metadata``."""
+    """DCP's file reader, with the index read by ``read_dcp_metadata`` and any failure to read a
+    shard turned into one ``DamagedCheckpoint`` line that names the file."""
+
+    _reading: str | None = None  # the shard file being read, for the error message
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        self._reading = str(sinfo.relative_path)
+        return super()._slice_file(file, sinfo)
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        self._reading = None
+        try:
+            return super().read_data(plan, planner)
+        except DamagedCheckpoint as err:  # a stored value refused by load_value
+            raise DamagedCheckpoint(f"{self._reading or 'a shard'}: {err.message}", err.hint or LOAD_HINT) from None
+        except Exception as err:  # truncated, garbage, missing: whatever torch.load or the file system says
+            where = self._reading or (Path(err.filename).name if isinstance(err, OSError) and err.filename else None)
+            raise DamagedCheckpoint(f"{where or 'a shard'} cannot be read ({describe(err)})", LOAD_HINT) from None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
@@ -86,6 +154,28 @@ class SafeReader(dcp.FileSystemReader):
         metadata = read_dcp_metadata(Path(self.path))
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def load_state(state: dict[str, Any], checkpoint: Path, *, no_dist: bool = False) -> None:
+    """``dcp.load`` into ``state`` through the safe reader and planner. DCP gathers every rank's
+    failure into one CheckpointException, a BaseException (``except Exception`` misses it) whose text
+    is a traceback per rank: every rank gets the first failure instead, as one DamagedCheckpoint line."""
+    try:
+        dcp.load(state, storage_reader=SafeReader(checkpoint), planner=SafeLoadPlanner(), no_dist=no_dist)
+    except CheckpointException as err:
+        raise DamagedCheckpoint(f"cannot load {checkpoint}: {first_failure(err)}", LOAD_HINT) from None
+
+
+def first_failure(err: CheckpointException) -> str:
+    """The lowest failing rank's reason, in one line."""
+    for rank in sorted(err.failures):
+        failure = err.failures[rank]
+        exc = failure[0] if isinstance(failure, tuple) and failure else failure
+        if isinstance(exc, DistlaunchError):
+            return exc.message
+        if isinstance(exc, BaseException):
+            return describe(exc)
+    return "DCP reported a failure without a reason"
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -104,8 +194,10 @@ def load_value(data: bytes | io.BytesIO) -> Any:
     stream = io.BytesIO(data) if isinstance(data, bytes) else data
     try:
         return torch.load(stream, weights_only=True)
+    except EOFError:
+        raise DamagedCheckpoint("a stored value ends early (truncated)", "") from None
     except Exception as err:
         raise DamagedCheckpoint(
-            f"refused a stored value: {err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+            f"refused a stored value ({describe(err)})",
             "values in a checkpoint may hold only tensors and plain containers",
         ) from None

@@ -1,8 +1,8 @@
 """What the training loop calls: resume before the first step, guard each step, save when due.
 
 Which checkpoint to resume from is decided on rank 0 (``resume``: the rules of ``checkpoint.resume``)
-and broadcast, so every rank loads the same one; each candidate is verified by all ranks together
-before it is loaded, and a damaged one falls back to the next older one.
+and broadcast, so every rank loads the same one. Each candidate is verified by all ranks together,
+then loaded; a damaged one, found by either step, falls back to the next older one.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, verify_share
+from distlaunch.engine.checkpoint.manifest import CheckpointMeta
 from distlaunch.engine.checkpoint.resume import resume_candidates, resume_source
 from distlaunch.engine.fault import FaultPlan, restart_count
 from distlaunch.engine.watchdog import Watchdog
@@ -59,25 +60,38 @@ class Checkpointing:
         return [Path(p) for p in decision[0]], decision[2]
 
     def _problems(self, path: Path) -> list[str]:
-        """Every rank verifies its share of ``path``'s files (collective); all ranks get every problem."""
-        from distlaunch.engine.checkpoint.safe import read_dcp_metadata
+        """Every rank verifies its share of ``path``'s files (collective); all ranks get every problem.
+        Once every checksum matches, rank 0 reads the index (with an allow-list) and checks the byte
+        ranges it reads are all there, which is what catches damage a manifest without checksums misses."""
+        from distlaunch.engine.checkpoint.safe import index_problems
 
-        problems = verify_share(path, self.rank, dist.get_world_size())
-        if self.rank == 0 and not problems:
-            try:
-                read_dcp_metadata(path)  # the index is unpickled with an allow-list: refuse what is not ours
-            except DistlaunchError as err:
-                problems.append(err.message)
         gathered: list = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, problems)
-        return [p for part in gathered for p in part]
+        dist.all_gather_object(gathered, verify_share(path, self.rank, dist.get_world_size()))
+        problems = [p for part in gathered for p in part]
+        if problems:
+            return problems
+        found = [index_problems(path) if self.rank == 0 else None]
+        dist.broadcast_object_list(found, src=0)
+        return found[0]
 
-    def _choose(self, candidates: list[Path]) -> Path:
-        """The first intact candidate; each damaged one is named in one line on rank 0."""
+    def _resume(self, candidates: list[Path]) -> tuple[Path, CheckpointMeta]:
+        """Load the first candidate that verifies and loads; each damaged one is one line on rank 0.
+
+        A load fails on every rank together (DCP gathers the failures), so all ranks fall back alike.
+        A refusal that is not damage (another preset, other data) stops the job (UsageError, exit 2).
+        """
+        from distlaunch.engine.checkpoint.store import load_checkpoint  # DCP costs ~1 s to import: only when used
+
+        timeout = self.cfg.checkpoint.timeout
         for i, path in enumerate(candidates):
-            problems = self._problems(path)
+            with self.watchdog.guard(f"verifying checkpoint {path}", timeout, "checkpoint.timeout"):
+                problems = self._problems(path)
             if not problems:
-                return path
+                try:
+                    with self.watchdog.guard(f"loading checkpoint {path}", timeout, "checkpoint.timeout"):
+                        return path, load_checkpoint(self.engine, self.engine.train_state, path)
+                except DamagedCheckpoint as err:
+                    problems = [err.message.removeprefix(f"cannot load {path}: ")]
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             then = f"falling back to {candidates[i + 1].name}" if i + 1 < len(candidates) else "no older checkpoint"
             if self.rank == 0:
@@ -94,12 +108,7 @@ class Checkpointing:
         candidates, self.tag = self._agree()
         if not candidates:
             return 1
-        from distlaunch.engine.checkpoint.store import load_checkpoint  # DCP costs ~1 s to import: only when used
-
-        with self.watchdog.guard("verifying checkpoint", self.cfg.checkpoint.timeout, "checkpoint.timeout"):
-            path = self._choose(candidates)
-        with self.watchdog.guard(f"loading checkpoint {path}", self.cfg.checkpoint.timeout, "checkpoint.timeout"):
-            meta = load_checkpoint(self.engine, self.engine.train_state, path)
+        path, meta = self._resume(candidates)
         if self.rank == 0:
             saved = meta.layout
             print(

@@ -18,10 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, checkpoint_files, digest, share
+from distlaunch.engine.checkpoint.integrity import checkpoint_files, digest, share
 from distlaunch.engine.checkpoint.manifest import (
     CheckpointMeta,
     ComponentSize,
@@ -34,7 +33,7 @@ from distlaunch.engine.checkpoint.manifest import (
     step_dir_name,
     write_meta,
 )
-from distlaunch.engine.checkpoint.safe import SafeLoadPlanner, SafeReader, load_value, read_dcp_metadata
+from distlaunch.engine.checkpoint.safe import load_state, load_value, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import (
     apply_model_weights,
     apply_optimizer_state,
@@ -42,7 +41,7 @@ from distlaunch.engine.checkpoint.shards import (
     save_tensors,
 )
 from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
-from distlaunch.errors import UsageError
+from distlaunch.errors import DistlaunchError, UsageError
 
 EXTRA, RNG = "extra.", "rng.rank"
 
@@ -125,16 +124,22 @@ def save_checkpoint(
 
 
 def load_checkpoint(engine, train_state: TrainState, path: Path) -> CheckpointMeta:
-    """Load ``path`` into this rank's model, optimizer and train state, from any saved layout."""
-    meta = read_meta(path)
-    if meta.preset != engine.cfg.model.preset:
-        raise UsageError(
-            f"checkpoint {path} holds model.preset={meta.preset!r}, the config says {engine.cfg.model.preset!r}",
-            f"resume with --set model.preset={meta.preset}",
-        )
+    """Load ``path`` into this rank's model, optimizer and train state, from any saved layout.
+
+    Collective. What can be checked before reading a tensor is checked first, and every rank gets
+    the first rank's refusal (a pipeline stage alone may hold the mismatching parameter): UsageError
+    for a checkpoint of another model, DamagedCheckpoint for one that cannot be read.
+    """
     rank = dist.get_rank()
-    saved = read_dcp_metadata(path).state_dict_metadata
-    state = load_templates(engine.data_parallel, saved)
+    meta, state, saved, refusal = None, {}, {}, None
+    try:
+        meta = read_meta(path)
+        saved = _check_model(engine, meta, path)
+        state = load_templates(engine.data_parallel, saved)
+    except DistlaunchError as err:
+        refusal = err
+    _same_outcome(refusal)
+    assert meta is not None  # set, or _same_outcome raised
     extras = [name for name in train_state.parts if EXTRA + name in saved]
     for name in extras:
         state[EXTRA + name] = b""
@@ -143,18 +148,36 @@ def load_checkpoint(engine, train_state: TrainState, path: Path) -> CheckpointMe
     restore_rng = meta.layout.world_size == dist.get_world_size() and rng_key in saved
     if restore_rng:
         state[rng_key] = b""
+    with torch.no_grad():
+        load_state(state, path)  # collective: a failure on any rank is raised on every rank
     try:
-        with torch.no_grad():
-            dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
-    except CheckpointException as err:  # DCP gathers every rank's failure into one exception
-        first = next(iter(err.failures.values()), err)
-        raise DamagedCheckpoint(
-            f"cannot load {path}: {first}", "verify it with 'distlaunch checkpoint verify'"
-        ) from None
-    apply_model_weights(engine.data_parallel, state)
-    apply_optimizer_state(engine.data_parallel, state)
-    for name in extras:
-        train_state.parts[name].load_state_dict(_from_bytes(state[EXTRA + name]))
-    if restore_rng:
-        set_rng_state(_from_bytes(state[rng_key]))
+        apply_model_weights(engine.data_parallel, state)
+        apply_optimizer_state(engine.data_parallel, state)
+        for name in extras:
+            train_state.parts[name].load_state_dict(_from_bytes(state[EXTRA + name]))
+        if restore_rng:
+            set_rng_state(_from_bytes(state[rng_key]))
+    except DistlaunchError as err:  # a refused value, other data: one rank's RNG part may be all that differs
+        refusal = err
+    _same_outcome(refusal)
     return meta
+
+
+def _same_outcome(refusal: DistlaunchError | None) -> None:
+    """Every rank raises the first rank's refusal, or none does (collective): a rank that went on
+    alone would wait forever in the next collective."""
+    refusals: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(refusals, refusal)
+    first = next((r for r in refusals if r is not None), None)
+    if first is not None:
+        raise first
+
+
+def _check_model(engine, meta: CheckpointMeta, path: Path) -> dict[str, Any]:
+    """The checkpoint's index, once it is known to hold this very model."""
+    if meta.preset != engine.cfg.model.preset:
+        raise UsageError(
+            f"checkpoint {path} holds model.preset={meta.preset!r}, the config says {engine.cfg.model.preset!r}",
+            f"resume with --set model.preset={meta.preset}",
+        )
+    return read_dcp_metadata(path).state_dict_metadata
