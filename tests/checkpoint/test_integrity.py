@@ -201,6 +201,18 @@ def test_a_bad_manifest_field_is_named_with_its_value(ckpt, fields, expected):
     assert "validation error" not in verified.stdout
 
 
+def test_resuming_on_data_with_another_vocabulary_is_refused_before_any_tensor_is_read(ckpt, tmp_path):
+    data = tmp_path / "bpe384"
+    corpus = REPO / "distlaunch" / "data" / "corpus.txt"
+    prepared = invoke(["data", "prepare", str(corpus), "--out", str(data), "--tokenizer", "bpe:384"])
+    assert prepared.exit_code == 0, prepared.stderr
+    args = engine_args(ckpt, tmp_path / "resumed.jsonl", "train.steps=21", f"data.path='{data}'")
+    r = run_cli("run", "--grace-period", "1", "-n", "2", *args, env=cli_env(), timeout=180, cwd=REPO)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"checkpoint {ckpt / NEWEST} was trained on other data: it holds model.tok_emb.weight as 256x128" in r.stderr
+    assert "Size mismatch" not in r.stderr and "Traceback" not in r.stderr
+
+
 def _pointer_to_a_missing_step(latest: Path) -> str:
     latest.write_text("step_000099\n")
     return "names step_000099, which does not exist"

@@ -132,6 +132,16 @@ def load_templates(data_parallel: DataParallelBase, saved: dict[str, Any]) -> di
     return out
 
 
+def shape_mismatch(data_parallel: DataParallelBase, saved: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The first parameter this rank holds whose saved global shape differs from the model's:
+    ``(key, saved shape, this shape)``, e.g. ``("model.head.weight", "256x128", "384x128")``."""
+    for entry in param_entries(data_parallel):
+        size = getattr(saved.get(MODEL + entry.name), "size", None)
+        if size is not None and tuple(size) != tuple(entry.param.shape):
+            return MODEL + entry.name, "x".join(map(str, size)), "x".join(map(str, entry.param.shape))
+    return None
+
+
 def _weights_template(entry: ParamEntry) -> torch.Tensor:
     """Where the saved fp32 weights of ``entry`` are loaded."""
     if not entry.master:

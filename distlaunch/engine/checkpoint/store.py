@@ -39,6 +39,7 @@ from distlaunch.engine.checkpoint.shards import (
     apply_optimizer_state,
     load_templates,
     save_tensors,
+    shape_mismatch,
 )
 from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
 from distlaunch.errors import DistlaunchError, UsageError
@@ -128,7 +129,7 @@ def load_checkpoint(engine, train_state: TrainState, path: Path) -> CheckpointMe
 
     Collective. What can be checked before reading a tensor is checked first, and every rank gets
     the first rank's refusal (a pipeline stage alone may hold the mismatching parameter): UsageError
-    for a checkpoint of another model, DamagedCheckpoint for one that cannot be read.
+    for a checkpoint of another model or other data, DamagedCheckpoint for one that cannot be read.
     """
     rank = dist.get_rank()
     meta, state, saved, refusal = None, {}, {}, None
@@ -174,10 +175,22 @@ def _same_outcome(refusal: DistlaunchError | None) -> None:
 
 
 def _check_model(engine, meta: CheckpointMeta, path: Path) -> dict[str, Any]:
-    """The checkpoint's index, once it is known to hold this very model."""
-    if meta.preset != engine.cfg.model.preset:
+    """The checkpoint's index, once it is known to hold this very model (preset and shapes)."""
+    preset = engine.cfg.model.preset
+    if meta.preset != preset:
         raise UsageError(
-            f"checkpoint {path} holds model.preset={meta.preset!r}, the config says {engine.cfg.model.preset!r}",
+            f"checkpoint {path} holds model.preset={meta.preset!r}, the config says {preset!r}",
             f"resume with --set model.preset={meta.preset}",
         )
-    return read_dcp_metadata(path).state_dict_metadata
+    saved = read_dcp_metadata(path).state_dict_metadata
+    mismatch = shape_mismatch(engine.data_parallel, saved)
+    if mismatch is not None:  # same preset, other shape: the vocabulary, which the data sets
+        key, there, here = mismatch
+        data = engine.cfg.data.path
+        raise UsageError(
+            f"checkpoint {path} was trained on other data: it holds {key} as {there}, this model has {here} "
+            f"(the vocabulary comes from {f'data.path={data!r}' if data else 'the bundled corpus'})",
+            "resume with the data.path the checkpoint was trained on, or start fresh with checkpoint.resume=never "
+            "or a new checkpoint.dir",
+        )
+    return saved
