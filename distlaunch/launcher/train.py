@@ -11,7 +11,9 @@ import subprocess
 from pathlib import Path
 
 from distlaunch.contract.layout import SHAPE_KEYS, parse_layout
+from distlaunch.engine.checkpoint.resume import check_before_launch
 from distlaunch.engine.config import TrainingConfig, load_config
+from distlaunch.engine.fault import restart_count
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.planner import MemoryPlan, plan_memory
 from distlaunch.engine.presets import model_config
@@ -65,6 +67,16 @@ def train_config(
         dropped.append("train.micro_batch_size=auto")  # derived from the micro-batch count instead
     rank_sets = [*dropped, *sets, *layout_sets]
     return load_config(EMBEDDED_CONFIG, rank_sets), rank_sets
+
+
+def check_resume(cfg: TrainingConfig, hostfile: Path | None, workdir: str | None) -> None:
+    """Refuse a ``checkpoint.resume`` that cannot work before any rank starts (UsageError, exit 2).
+
+    Only where the ranks see this machine's files: no hostfile (ranks here, or this is one Slurm
+    task) and a first try. On several hosts the ranks decide alone, as they always do too.
+    """
+    if hostfile is None and restart_count() == 0:
+        check_before_launch(cfg.checkpoint.resume, cfg.checkpoint.dir, cfg.model.preset, workdir)
 
 
 def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: int | None) -> int | None:

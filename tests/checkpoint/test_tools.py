@@ -1,5 +1,5 @@
-"""``distlaunch checkpoint inspect|export`` on real checkpoints, and what a crash inside a save
-leaves on disk (one plain process of the engine)."""
+"""``distlaunch checkpoint inspect|export`` on real checkpoints, what a crash inside a save leaves
+on disk (one plain process of the engine), and ``distlaunch train --resume`` checked before launch."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -89,3 +90,47 @@ def test_crash_inside_a_save_leaves_the_previous_checkpoint_published_and_loadab
     assert f"resumed from {ckpt / 'step_000005'} (step 5" in r.stdout
     assert sorted(step_losses(metrics)) == list(range(1, 11))
     assert latest_checkpoint(ckpt) == ckpt / "step_000010" and not [p for p in ckpt.iterdir() if LEFTOVER.match(p.name)]
+
+
+def _resume_cases(reference, tmp_path) -> dict[str, tuple[list[str], str]]:
+    empty, a_file, loop = tmp_path / "empty", tmp_path / "a-file", tmp_path / "loop"
+    empty.mkdir()
+    a_file.write_text("x")
+    loop.symlink_to(loop.name)
+    return {
+        "missing": (["--resume", str(tmp_path / "missing")], f"checkpoint not found: {tmp_path / 'missing'}"),
+        "empty": (["--resume", str(empty)], f"no published checkpoint in {empty}"),
+        "file": (["--resume", str(a_file)], f"checkpoint path {a_file} is a file, not a checkpoint directory"),
+        "loop": (["--resume", str(loop)], f"checkpoint path {loop} is a symlink loop"),
+        "preset": (
+            ["--resume", str(reference.ckpt), "--set", "model.preset='small'"],
+            f"checkpoint {reference.ckpt / 'step_000020'} holds model.preset='tiny', the config says 'small'",
+        ),
+        "latest": (
+            ["--resume", "latest", "--set", f"checkpoint.dir='{empty}'"],
+            f"nothing to resume: no published checkpoint in {empty}",
+        ),
+        "relative to --workdir": (
+            ["--resume", "missing", "--workdir", str(tmp_path)],
+            f"checkpoint not found: {tmp_path / 'missing'}",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "file", "loop", "preset", "latest", "relative to --workdir"])
+def test_train_refuses_a_resume_that_cannot_work_before_any_rank_starts(reference, tmp_path, case):
+    args, expected = _resume_cases(reference, tmp_path)[case]
+    r = invoke(["train", "-n", "2", "--parallel", "dp=2", "--set", "train.steps=4", *args])
+    assert r.exit_code == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.startswith(f"error: {expected}") and r.stderr.count("\n") == 1, r.stderr
+    assert "[rank" not in r.stdout + r.stderr  # no process was started
+
+
+def test_the_resume_check_before_launch_does_not_import_torch(reference):
+    code = (
+        "import sys; from distlaunch.cli.app import main; "
+        f"code = main(['train', '--dry-run', '-n', '2', '--parallel', 'dp=2', '--resume', {str(reference.ckpt)!r}]); "
+        "sys.exit(code or ('torch' in sys.modules and 'torch was imported'))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr

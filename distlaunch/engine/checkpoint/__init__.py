@@ -2,7 +2,7 @@
 
 - ``manifest``: the directory layout, ``meta.json`` and the ``latest`` pointer (torch-free),
 - ``integrity``: checksums recorded at save and verified before a load (torch-free),
-- ``resume``: which checkpoint a job resumes from (torch-free),
+- ``resume``: which checkpoint a job resumes from; ``distlaunch train`` checks it before launch (torch-free),
 - ``safe``: reading the index and shards without running code from them, one line per failure,
 - ``shards``: model and optimizer state under single-process names, ready for DCP resharding,
 - ``state``: registered train-state parts (LR schedule, loss scaler, ...) and per-rank RNG,

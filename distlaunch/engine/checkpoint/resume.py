@@ -1,7 +1,9 @@
 """Which checkpoint a job resumes from, decided from directory listings and ``meta.json`` alone.
 
-Torch-free on purpose: rank 0 decides with it (``session``) from the same ``manifest`` rules that
-``distlaunch checkpoint`` uses.
+Torch-free on purpose: rank 0 decides with it (``session``), and ``distlaunch train`` runs the same
+decision before any process starts (``check_before_launch``), so a ``--resume`` that cannot work is
+one line and exit 2 instead of an error on every rank. The ranks still decide for themselves: on
+several hosts they may see other files than the launcher.
 
 ``checkpoint.resume``:
 
@@ -15,6 +17,7 @@ Torch-free on purpose: rank 0 decides with it (``session``) from the same ``mani
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from distlaunch.engine.checkpoint.manifest import (
@@ -22,6 +25,7 @@ from distlaunch.engine.checkpoint.manifest import (
     list_checkpoints,
     locate_checkpoint,
     read_latest,
+    read_manifest,
     step_of,
 )
 from distlaunch.errors import UsageError
@@ -65,3 +69,35 @@ def resume_candidates(source: Path | None, resume: str, tries: int) -> list[Path
     step = step_of(source) or 0
     older = [p for p in list_checkpoints(source.parent) if (step_of(p) or 0) < step]
     return [source, *reversed(older)]
+
+
+def preset_refusal(checkpoint: Path, saved: str, configured: str) -> UsageError:
+    """The one refusal of a checkpoint written for another ``model.preset``."""
+    return UsageError(
+        f"checkpoint {checkpoint} holds model.preset={saved!r}, the config says {configured!r}",
+        f"resume with --set model.preset={saved}",
+    )
+
+
+def check_before_launch(resume: str, ckpt_dir: str | None, preset: str, workdir: str | None = None) -> None:
+    """What rank 0 would refuse on the first try, found on this machine before any rank starts
+    (UsageError, exit 2): a resume path that is missing, a file, a symlink loop or holds no
+    published checkpoint; ``latest`` with nothing to resume; a ``checkpoint.dir`` that is a file; a
+    checkpoint of another preset. Damage is left to the ranks: they verify every file and fall back.
+    ``workdir`` is where the ranks run (relative paths are theirs)."""
+
+    def theirs(path: str) -> str:
+        full = Path(path).expanduser()
+        return str(full if full.is_absolute() or workdir is None else Path(workdir).expanduser() / full)
+
+    ckpt_dir = theirs(ckpt_dir) if ckpt_dir else None
+    if ckpt_dir is not None and os.path.lexists(ckpt_dir) and not Path(ckpt_dir).is_dir():
+        raise UsageError(
+            f"checkpoint.dir {ckpt_dir} is not a directory", "point checkpoint.dir at a directory (it is created)"
+        )
+    source, _ = resume_source(resume if resume in RESUME_WORDS else theirs(resume), ckpt_dir, tries=0)
+    if source is None:
+        return
+    meta, _ = read_manifest(source)  # a damaged manifest: the ranks say so, and fall back
+    if meta is not None and meta.preset != preset:
+        raise preset_refusal(source, meta.preset, preset)

@@ -33,6 +33,7 @@ from distlaunch.engine.checkpoint.manifest import (
     step_dir_name,
     write_meta,
 )
+from distlaunch.engine.checkpoint.resume import preset_refusal
 from distlaunch.engine.checkpoint.safe import load_state, load_value, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import (
     apply_model_weights,
@@ -178,10 +179,7 @@ def _check_model(engine, meta: CheckpointMeta, path: Path) -> dict[str, Any]:
     """The checkpoint's index, once it is known to hold this very model (preset and shapes)."""
     preset = engine.cfg.model.preset
     if meta.preset != preset:
-        raise UsageError(
-            f"checkpoint {path} holds model.preset={meta.preset!r}, the config says {preset!r}",
-            f"resume with --set model.preset={meta.preset}",
-        )
+        raise preset_refusal(path, meta.preset, preset)
     saved = read_dcp_metadata(path).state_dict_metadata
     mismatch = shape_mismatch(engine.data_parallel, saved)
     if mismatch is not None:  # same preset, other shape: the vocabulary, which the data sets
