@@ -128,7 +128,7 @@ def export(
     if json_output:
         print_json(report)
     else:
-        Console().print(
+        Console(soft_wrap=True).print(
             f"wrote {report.output} ({report.format}, {report.tensors} tensors, {_mib(report.bytes)}) "
             f"from step {report.step} of {report.source}"
         )

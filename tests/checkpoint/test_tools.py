@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,6 +93,42 @@ def test_crash_inside_a_save_leaves_the_previous_checkpoint_published_and_loadab
     assert f"resumed from {ckpt / 'step_000005'} (step 5" in r.stdout
     assert sorted(step_losses(metrics)) == list(range(1, 11))
     assert latest_checkpoint(ckpt) == ckpt / "step_000010" and not [p for p in ckpt.iterdir() if LEFTOVER.match(p.name)]
+
+
+def test_export_refuses_an_output_that_is_part_of_the_checkpoint_or_cannot_be_written(reference, tmp_path):
+    ckpt = Path(shutil.copytree(reference.ckpt, tmp_path / "ckpt"))
+    pointer = (ckpt / "latest").read_bytes()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cases = {
+        ckpt / "latest": f"export output {ckpt / 'latest'} is part of the checkpoint folder {ckpt} (latest)",
+        ckpt / "step_000020" / "w.safetensors": f"export output {ckpt / 'step_000020' / 'w.safetensors'} is part of",
+        ckpt / "step_000015" / ".." / "latest": f"export output {ckpt / 'step_000015' / '..' / 'latest'} is part of",
+        blocker / "w.safetensors": f"cannot write export output {blocker / 'w.safetensors'}: {blocker} is a file",
+        Path("/proc/distlaunch-test/w.safetensors"): "cannot write export output /proc/distlaunch-test/w.safetensors",
+        Path("/dev/null"): "export output /dev/null is not a regular file",
+    }
+    for output, expected in cases.items():
+        r = invoke(["checkpoint", "export", str(ckpt), str(output)])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, (output, r.stderr)
+        assert r.stderr.startswith(f"error: {expected}") and "internal error" not in r.stderr, r.stderr
+    assert (ckpt / "latest").read_bytes() == pointer
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_000015", "step_000020"]
+    assert not [p for p in tmp_path.rglob("*.tmp-*")]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_export_writes_either_format_atomically_with_the_mode_the_umask_gives(reference, tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        for name in ("w.safetensors", "w.pt", "new/folder/w.safetensors"):
+            r = invoke(["checkpoint", "export", str(reference.ckpt), str(tmp_path / name)])
+            assert r.exit_code == 0, r.stderr
+    finally:
+        os.umask(previous)
+    for name in ("w.safetensors", "w.pt", "new/folder/w.safetensors"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "w.pt", "w.safetensors"]  # no temporary file left
 
 
 def _resume_cases(reference, tmp_path) -> dict[str, tuple[list[str], str]]:

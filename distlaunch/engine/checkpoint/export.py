@@ -10,6 +10,9 @@ full-size tensors, keyed by the names ``GPT.load_state_dict`` expects. The outpu
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import warnings
 from pathlib import Path
 
@@ -18,8 +21,8 @@ from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, require_intact
-from distlaunch.engine.checkpoint.manifest import locate_checkpoint, resolve_checkpoint
-from distlaunch.engine.checkpoint.safe import index_problems, load_state, read_dcp_metadata
+from distlaunch.engine.checkpoint.manifest import LATEST_FILE, CheckpointMeta, locate_checkpoint, resolve_checkpoint
+from distlaunch.engine.checkpoint.safe import describe, index_problems, load_state, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import MODEL
 from distlaunch.errors import UsageError
 
@@ -56,8 +59,13 @@ def consolidated_state(path: str | Path, prefix: str = MODEL) -> dict[str, torch
 
 
 def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
-    """Write the model weights of checkpoint ``path`` (or a root's latest) to ``output``."""
+    """Write the model weights of checkpoint ``path`` (or a root's latest) to ``output``.
+
+    The output is checked before anything is read, written to a temporary file beside it and
+    renamed into place: it is complete or absent, never half-written.
+    """
     checkpoint, pointer_warning = locate_checkpoint(path)
+    output = usable_output(Path(output).expanduser(), checkpoint)
     meta = require_intact(checkpoint, DAMAGED_HINT)
     problems = index_problems(checkpoint)
     if problems:
@@ -69,21 +77,8 @@ def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
             f"checkpoint {checkpoint} has no checksums recorded (written by an older distlaunch): "
             "its files could not be verified, only read"
         )
-    output = Path(output).expanduser()
-    if output.is_dir():
-        raise UsageError(f"export output {output} is a directory", "name a file, e.g. model.safetensors")
-    output.parent.mkdir(parents=True, exist_ok=True)
     weights = consolidated_state(checkpoint)
-    if output.suffix in TORCH_SUFFIXES:
-        torch.save(weights, output)
-        fmt = "torch"
-    else:
-        from safetensors.torch import save_file  # a dependency; imported where it is needed
-
-        save_file(
-            weights, str(output), metadata={"step": str(meta.step), "preset": meta.preset, "source": str(checkpoint)}
-        )
-        fmt = "safetensors"
+    fmt = write_weights(weights, output, meta, checkpoint)
     return ExportReport(
         source=str(checkpoint),
         output=str(output),
@@ -94,3 +89,62 @@ def export_checkpoint(path: str | Path, output: str | Path) -> ExportReport:
         bytes=output.stat().st_size,
         warnings=notes,
     )
+
+
+def usable_output(output: Path, checkpoint: Path) -> Path:
+    """The file to write (a symlink's target), or UsageError: a directory, not a regular file, part
+    of the checkpoint folder (``latest``, a ``step_N`` directory), or under a file or an unwritable one."""
+    target = Path(os.path.realpath(output))
+    fix = "name a new file outside the checkpoint's step_N directories, e.g. model.safetensors"
+    if target.is_dir():
+        raise UsageError(f"export output {output} is a directory", fix)
+    if target.exists() and not target.is_file():
+        raise UsageError(f"export output {output} is not a regular file", fix)
+    root = Path(os.path.realpath(checkpoint.parent))
+    if target.is_relative_to(root) and target != root:
+        first = target.relative_to(root).parts[0]
+        if first in (LATEST_FILE, f"{LATEST_FILE}.tmp") or first.startswith("step_"):
+            raise UsageError(f"export output {output} is part of the checkpoint folder {root} ({first})", fix)
+    existing = target.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"cannot write export output {output}: {existing} is a file, not a directory", fix)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write export output {output}: {existing} is not writable", fix)
+    return target
+
+
+def write_weights(weights: dict[str, torch.Tensor], output: Path, meta: CheckpointMeta, checkpoint: Path) -> str:
+    """Write ``weights`` to ``output`` atomically (a temporary file beside it, then a rename), with the
+    mode the umask gives a new file whatever the format; returns the format written."""
+    missing = [p for p in [output.parent, *output.parent.parents] if not p.exists()]
+    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
+        mode = os.fstat(fd).st_mode & 0o777
+        with os.fdopen(fd, "wb") as f:
+            if output.suffix in TORCH_SUFFIXES:
+                torch.save(weights, f)
+                f.flush()
+                os.fsync(f.fileno())
+        if output.suffix not in TORCH_SUFFIXES:
+            from safetensors.torch import save_file  # a dependency; imported where it is needed
+
+            metadata = {"step": str(meta.step), "preset": meta.preset, "source": str(checkpoint)}
+            save_file(weights, str(tmp), metadata=metadata)  # replaces tmp with a file of mode 0600
+            os.chmod(tmp, mode)
+        os.replace(tmp, output)
+    except BaseException as err:  # OSError, safetensors' SafetensorError (no space, permissions), Ctrl-C
+        tmp.unlink(missing_ok=True)
+        for folder in missing:  # the innermost first: only what this export created, and only if empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(err, Exception):
+            raise
+        why = err.strerror if isinstance(err, OSError) and err.strerror else describe(err)  # not the temp file's name
+        raise UsageError(
+            f"cannot write export output {output}: {why}", "choose a writable place with enough free space"
+        ) from None
+    return "torch" if output.suffix in TORCH_SUFFIXES else "safetensors"
