@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from distlaunch.engine.checkpoint.manifest import (
+from distlaunch.engine.checkpoint.folder import (
     LATEST_FILE,
     META_FILE,
     latest_checkpoint,

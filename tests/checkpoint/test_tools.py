@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from distlaunch.engine.checkpoint.manifest import LEFTOVER, latest_checkpoint
+from distlaunch.engine.checkpoint.folder import LEFTOVER, latest_checkpoint
 from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.model import GPT, PRESETS

@@ -29,6 +29,9 @@ TORCH_FREE = [
     "distlaunch.engine.config",
     "distlaunch.engine.planner",
     "distlaunch.engine.precision",
+    "distlaunch.engine.parallel.bucketing",
+    "distlaunch.engine.checkpoint.folder",
+    "distlaunch.engine.checkpoint.manifest",
 ]
 
 

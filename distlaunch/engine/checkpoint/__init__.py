@@ -1,6 +1,7 @@
 """Sharded, atomic checkpoints that any layout can resume from (docs/checkpointing.md).
 
-- ``manifest``: the directory layout, ``meta.json`` and the ``latest`` pointer (torch-free),
+- ``folder``: the directory on disk: step names, the ``latest`` pointer, publishing, pruning (torch-free),
+- ``manifest``: ``meta.json``, its format and its one-line reasons when it is wrong (torch-free),
 - ``integrity``: checksums recorded at save and verified before a load (torch-free),
 - ``resume``: which checkpoint a job resumes from; ``distlaunch train`` checks it before launch (torch-free),
 - ``safe``: reading the index and shards without running code from them, one line per failure,

@@ -20,8 +20,9 @@ import torch
 from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from distlaunch.engine.checkpoint.folder import LATEST_FILE, locate_checkpoint, resolve_checkpoint
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, require_intact
-from distlaunch.engine.checkpoint.manifest import LATEST_FILE, CheckpointMeta, locate_checkpoint, resolve_checkpoint
+from distlaunch.engine.checkpoint.manifest import CheckpointMeta
 from distlaunch.engine.checkpoint.safe import describe, index_problems, load_state, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import MODEL
 from distlaunch.errors import UsageError

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from distlaunch.engine.checkpoint.folder import META_FILE
 from distlaunch.engine.checkpoint.manifest import (
-    META_FILE,
     CheckpointMeta,
     DamagedCheckpoint,
     FileDigest,

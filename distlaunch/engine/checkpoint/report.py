@@ -10,17 +10,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from distlaunch.engine.checkpoint.integrity import checkpoint_files, verify_share
-from distlaunch.engine.checkpoint.manifest import (
+from distlaunch.engine.checkpoint.folder import (
     LEFTOVER,
-    CheckpointMeta,
     is_checkpoint,
     list_checkpoints,
     locate_checkpoint,
     read_latest,
-    read_manifest,
     step_of,
 )
+from distlaunch.engine.checkpoint.integrity import checkpoint_files, verify_share
+from distlaunch.engine.checkpoint.manifest import CheckpointMeta, read_manifest
 
 
 class CheckpointEntry(BaseModel):

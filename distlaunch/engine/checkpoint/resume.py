@@ -20,14 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from distlaunch.engine.checkpoint.manifest import (
-    is_checkpoint,
-    list_checkpoints,
-    locate_checkpoint,
-    read_latest,
-    read_manifest,
-    step_of,
-)
+from distlaunch.engine.checkpoint.folder import is_checkpoint, list_checkpoints, locate_checkpoint, read_latest, step_of
+from distlaunch.engine.checkpoint.manifest import read_manifest
 from distlaunch.errors import UsageError
 
 RESUME_WORDS = ("auto", "latest", "never")

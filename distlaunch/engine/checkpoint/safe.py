@@ -25,7 +25,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from distlaunch.engine.checkpoint.manifest import META_FILE, DamagedCheckpoint, read_manifest
+from distlaunch.engine.checkpoint.folder import META_FILE
+from distlaunch.engine.checkpoint.manifest import DamagedCheckpoint, read_manifest
 from distlaunch.errors import DistlaunchError
 
 METADATA_FILE = ".metadata"

@@ -20,19 +20,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from distlaunch.engine.checkpoint.folder import directory_bytes, prune, publish, remove_leftovers, step_dir_name
 from distlaunch.engine.checkpoint.integrity import checkpoint_files, digest, share
-from distlaunch.engine.checkpoint.manifest import (
-    CheckpointMeta,
-    ComponentSize,
-    Layout,
-    directory_bytes,
-    prune,
-    publish,
-    read_meta,
-    remove_leftovers,
-    step_dir_name,
-    write_meta,
-)
+from distlaunch.engine.checkpoint.manifest import CheckpointMeta, ComponentSize, Layout, read_meta, write_meta
 from distlaunch.engine.checkpoint.resume import preset_refusal
 from distlaunch.engine.checkpoint.safe import load_state, load_value, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import (
