@@ -8,16 +8,19 @@
       shard_00000.bin     flat little-endian token ids (uint16 or uint32), no header: memory-mapped
       shard_00000.docs    little-endian uint64: the offset of each document's first token in the shard
 
-Every document ends with the tokenizer's end-of-text token when it has one (``eos_id``).
+Every document ends with the tokenizer's end-of-text token (``eos_id``; folders written before
+prepare required one may have none). ``check_dataset`` refuses a damaged folder torch-free, so the
+launcher checks it before any rank starts and every rank checks it again when it loads the shards.
 """
 
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from distlaunch.errors import UsageError
 
@@ -25,6 +28,20 @@ INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
 VOCAB_MULTIPLE = 128  # the model's vocabulary is padded to this, so every power-of-two tp up to 128 divides it
 TokenDtype = Literal["uint16", "uint32"]
+ITEMSIZE = {"uint16": 2, "uint32": 4}
+DOC_OFFSET_SIZE = 8  # a .docs file holds one uint64 per document
+REPREPARE = "prepare the folder again with distlaunch data prepare"
+
+
+def _plain_name(name: str) -> str:
+    # the folder's own files only: an index naming /etc/passwd or ../x must not make train read it
+    if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+        raise ValueError("must be a file name inside the folder")
+    return name
+
+
+FileName = Annotated[str, AfterValidator(_plain_name)]
+Count = Annotated[int, Field(ge=0)]
 
 
 class TokenizerInfo(BaseModel):
@@ -32,9 +49,9 @@ class TokenizerInfo(BaseModel):
 
     kind: Literal["bpe", "tokenizer.json", "tiktoken"]
     name: str  # bpe:VOCAB, the source tokenizer.json path, or gpt2
-    file: str  # relative to the folder
-    vocab_size: int
-    eos_id: int | None
+    file: FileName  # in the folder
+    vocab_size: int = Field(ge=1)
+    eos_id: Count | None
     pat_str: str | None = None  # tiktoken only: the pre-tokenizer pattern
     special_tokens: dict[str, int] = {}  # tiktoken only
 
@@ -42,10 +59,10 @@ class TokenizerInfo(BaseModel):
 class Shard(BaseModel):
     """One token file: its name, token count and document count (its ``.docs`` file has the offsets)."""
 
-    file: str
-    docs_file: str
-    tokens: int
-    documents: int
+    file: FileName
+    docs_file: FileName
+    tokens: Count
+    documents: Count
 
 
 class DatasetIndex(BaseModel):
@@ -53,11 +70,11 @@ class DatasetIndex(BaseModel):
 
     format: int = FORMAT_VERSION
     dtype: TokenDtype
-    vocab_size: int  # the tokenizer's; the model pads it (``padded_vocab_size``)
+    vocab_size: int = Field(ge=1)  # the tokenizer's; the model pads it (``padded_vocab_size``)
     tokenizer: TokenizerInfo
     shards: list[Shard]
-    tokens: int
-    documents: int
+    tokens: Count
+    documents: Count
     fingerprint: str  # sha256 over every shard's bytes: a checkpoint resumes only on the same data
     sources: list[str]
 
@@ -77,20 +94,83 @@ def is_dataset_dir(path: str | Path | None) -> bool:
     return path is not None and (Path(path).expanduser() / INDEX_FILE).is_file()
 
 
+def _first_problem(err: ValidationError) -> str:
+    """pydantic's first complaint as one line: the field, the value, what is wrong."""
+    first = err.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the file"
+    value = first.get("input")
+    shown = f" = {value!r}" if not isinstance(value, dict | list) else ""
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{where}{shown}: {msg}{more}"
+
+
 def read_index(folder: str | Path) -> DatasetIndex:
     """The folder's index, or a UsageError naming what is wrong."""
     path = Path(folder).expanduser() / INDEX_FILE
     try:
-        return DatasetIndex.model_validate(json.loads(path.read_text()))
+        raw = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(
             f"no {INDEX_FILE} in {path.parent}", "prepare the folder with distlaunch data prepare"
         ) from None
-    except (json.JSONDecodeError, ValidationError) as err:
-        first = str(err).splitlines()[0]
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror}", "check the file and its permissions") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        why = f"not UTF-8 (byte {err.start})" if isinstance(err, UnicodeDecodeError) else "not valid JSON"
+        raise UsageError(f"{path} is not a dataset index: {why}", REPREPARE) from None
+    if isinstance(raw, dict) and isinstance(raw.get("format"), int) and raw["format"] != FORMAT_VERSION:
         raise UsageError(
-            f"{path} is not a valid dataset index: {first}", "prepare the folder again with distlaunch data prepare"
-        ) from None
+            f"{path} has format {raw['format']}; this distlaunch reads format {FORMAT_VERSION}",
+            f"{REPREPARE} (or use the distlaunch that wrote it)",
+        )
+    try:
+        return DatasetIndex.model_validate(raw)
+    except ValidationError as err:
+        raise UsageError(f"{path} is not a valid dataset index: {_first_problem(err)}", REPREPARE) from None
+
+
+def _check_file(root: Path, name: str, size: int, what: str) -> None:
+    """``root/name`` is a regular file (a symlink to one is fine) of ``size`` bytes."""
+    path = root / name
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise UsageError(f"dataset file missing: {path} (listed in {INDEX_FILE})", REPREPARE) from None
+    except OSError as err:
+        raise UsageError(f"cannot read dataset file {path}: {err.strerror}", REPREPARE) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"dataset file {path} is not a regular file", REPREPARE)
+    if st.st_size != size:
+        raise UsageError(f"{path} has {st.st_size} bytes, but {INDEX_FILE} says {what} ({size} bytes)", REPREPARE)
+
+
+def check_dataset(folder: str | Path) -> DatasetIndex:
+    """The folder's index, checked against its shards (torch-free, no shard is read): a truncated,
+    missing or foreign shard, or counts that do not add up, are a UsageError naming the file."""
+    root = Path(folder).expanduser()
+    index = read_index(root)
+    where = root / INDEX_FILE
+    if index.tokens != sum(s.tokens for s in index.shards):
+        raise UsageError(
+            f"{where} says {index.tokens} tokens, but its shards add up to {sum(s.tokens for s in index.shards)}",
+            REPREPARE,
+        )
+    if index.documents != sum(s.documents for s in index.shards):
+        raise UsageError(
+            f"{where} says {index.documents} documents, but its shards add up to {sum(s.documents for s in index.shards)}",
+            REPREPARE,
+        )
+    if index.dtype != token_dtype(index.vocab_size) and index.dtype == "uint16":
+        raise UsageError(f"{where}: dtype uint16 cannot hold the ids of vocab_size {index.vocab_size}", REPREPARE)
+    eos = index.tokenizer.eos_id
+    if eos is not None and eos >= index.vocab_size:
+        raise UsageError(f"{where}: the end-of-text id {eos} is outside vocab_size {index.vocab_size}", REPREPARE)
+    itemsize = ITEMSIZE[index.dtype]
+    for shard in index.shards:
+        _check_file(root, shard.file, shard.tokens * itemsize, f"{shard.tokens} {index.dtype} tokens")
+        _check_file(root, shard.docs_file, shard.documents * DOC_OFFSET_SIZE, f"{shard.documents} documents")
+    return index
 
 
 def write_index(folder: Path, index: DatasetIndex) -> Path:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from distlaunch.data.index import is_dataset_dir, read_index
+from distlaunch.data.index import REPREPARE, check_dataset, is_dataset_dir, read_index
 from distlaunch.errors import UsageError
 
 BUNDLED_CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
@@ -45,6 +45,7 @@ def decode(tokens: torch.Tensor) -> str:
 
 # uint32 ids are read as int32: exact for every vocabulary below 2**31
 TOKEN_DTYPES = {"uint16": torch.uint16, "uint8": torch.uint8, "uint32": torch.int32}
+ID_CHECK_CHUNK = 1 << 24  # tokens widened to int32 at a time (64 MiB): torch has no max over uint16
 Tokens = torch.Tensor | list[torch.Tensor]  # one flat token tensor, or one per shard
 
 
@@ -88,10 +89,14 @@ def load_split(path: str | None, data_format: str, token_dtype: str, val_fractio
 
 
 def load_dataset_split(path: str, val_fraction: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """A prepared folder's shards, memory-mapped, cut at the last ``val_fraction`` of all its tokens."""
+    """A prepared folder's shards, memory-mapped and checked, cut at the last ``val_fraction`` of all its tokens."""
     root = Path(path).expanduser()
-    index = read_index(root)
-    shards = [map_token_file(str(root / shard.file), index.dtype) for shard in index.shards]
+    index = check_dataset(root)  # sizes, names and counts; the ids below
+    shards = []
+    for entry in index.shards:
+        shard = map_token_file(str(root / entry.file), index.dtype)
+        check_token_ids(shard, root / entry.file, index.vocab_size)
+        shards.append(shard)
     cut = index.tokens - int(index.tokens * val_fraction)
     train: list[torch.Tensor] = []
     held_out: list[torch.Tensor] = []
@@ -102,6 +107,19 @@ def load_dataset_split(path: str, val_fraction: float) -> tuple[list[torch.Tenso
         held_out += [shard[keep:]] if keep < shard.numel() else []
         start += shard.numel()
     return train, held_out
+
+
+def check_token_ids(shard: torch.Tensor, path: Path, vocab_size: int) -> None:
+    """Every id in ``shard`` is below ``vocab_size``. One pass over the data when it is loaded (about
+    as long as reading it once) refuses a damaged shard before the first step, not whenever a batch
+    happens to sample the bad id."""
+    for start in range(0, shard.numel(), ID_CHECK_CHUNK):
+        low, high = torch.aminmax(shard[start : start + ID_CHECK_CHUNK].to(torch.int32))
+        bad = int(low) + (1 << 32) if int(low) < 0 else int(high)  # uint32 ids are read as int32
+        if bad >= vocab_size:
+            raise UsageError(
+                f"{path} holds token id {bad}, outside the vocabulary of {vocab_size} in its index.json", REPREPARE
+            )
 
 
 def data_fingerprint(path: str | None) -> str:

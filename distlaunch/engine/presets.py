@@ -42,7 +42,7 @@ PRESETS: dict[str, GPTConfig] = {
 
 def model_config(preset: str, data_path: str | None = None) -> GPTConfig:
     """The preset's shape; with ``data_path`` at a prepared folder, its tokenizer's vocabulary, padded."""
-    from distlaunch.data.index import is_dataset_dir, padded_vocab_size, read_index
+    from distlaunch.data.index import check_dataset, is_dataset_dir, padded_vocab_size
     from distlaunch.errors import UsageError
 
     model = PRESETS[preset]
@@ -53,4 +53,5 @@ def model_config(preset: str, data_path: str | None = None) -> GPTConfig:
                 "point data.path at a text file, or at a folder made by distlaunch data prepare",
             )
         return model
-    return replace(model, vocab_size=padded_vocab_size(read_index(data_path).vocab_size))
+    # checked here, torch-free: the launcher refuses a damaged folder before any rank starts
+    return replace(model, vocab_size=padded_vocab_size(check_dataset(data_path).vocab_size))

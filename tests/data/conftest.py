@@ -25,3 +25,15 @@ def corpus(tmp_path) -> tuple[Path, Path, list[str]]:
     jsonl = tmp_path / "docs.jsonl"
     jsonl.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(records)))
     return text, jsonl, [text.read_text(), *records]
+
+
+def refused(result, *expected: str, code: int = 2) -> str:
+    """``result`` is exit ``code`` with one error line on stderr that holds every ``expected``: no
+    traceback, no "internal error". Returns the line."""
+    assert result.exit_code == code, result.stdout[-2000:] + result.stderr[-2000:]
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1, result.stderr
+    assert line.startswith("error: ") and "internal error" not in line and "Traceback" not in result.stderr
+    for text in expected:
+        assert text in line, line
+    return line
