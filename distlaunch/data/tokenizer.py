@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -42,10 +43,17 @@ def _require(module: str):
 
 
 class Tokenizer:
-    """The operations prepare needs, over an HF ``tokenizers.Tokenizer`` or a ``tiktoken.Encoding``."""
+    """The operations prepare needs, over an HF ``tokenizers.Tokenizer`` or a ``tiktoken.Encoding``.
 
-    def __init__(self, backend, info: TokenizerInfo, source_file: Path | None = None):
+    ``splits_at_spaces``: whether a text cut before a single space between two non-space characters
+    encodes to the same ids as the whole (prepare then encodes a long document in pieces). True for
+    GPT-2's pre-tokenizer pattern and for whitespace pre-tokenizers without a normalizer: their
+    tokens never span such a space, and a space followed by a non-space always starts a token.
+    """
+
+    def __init__(self, backend, info: TokenizerInfo, source_file: Path | None = None, splits_at_spaces: bool = False):
         self.backend, self.info, self.source_file = backend, info, source_file
+        self.splits_at_spaces = splits_at_spaces
 
     @property
     def vocab_size(self) -> int:
@@ -84,6 +92,13 @@ def parse_spec(spec: str) -> tuple[str, str]:
         return "tiktoken", spec
     if spec.endswith(".json"):
         return "tokenizer.json", spec
+    folder = Path(spec).expanduser()
+    if spec and folder.is_dir():
+        inside = [folder / name for name in ("tokenizer.json", "tokenizer.tiktoken") if (folder / name).is_file()]
+        raise UsageError(
+            f"--tokenizer {spec} is a folder",
+            f"pass the file: --tokenizer {inside[0]}" if inside else "pass PATH/tokenizer.json or PATH.tiktoken",
+        )
     raise UsageError(
         f"unknown --tokenizer {spec!r}",
         "use bpe:VOCAB (train on the corpus), PATH/tokenizer.json, PATH.tiktoken or gpt2",
@@ -126,10 +141,24 @@ def train_bpe(vocab: int, texts: Iterable[str]) -> Tokenizer:
         vocab_size=hf.get_vocab_size(with_added_tokens=True),
         eos_id=hf.token_to_id(ENDOFTEXT),
     )
-    return Tokenizer(hf, info)
+    return Tokenizer(hf, info, splits_at_spaces=True)  # ByteLevel with GPT-2's pattern, no normalizer
 
 
-def load_tokenizer_json(path: str | Path, name: str | None = None) -> Tokenizer:
+def _splits_at_spaces(config: dict) -> bool:
+    """Whether an HF tokenizer's config encodes a text cut at a space as it encodes the whole (see
+    ``Tokenizer``): no normalizer, a GPT-2-pattern or whitespace pre-tokenizer, and no added token
+    that holds whitespace or swallows the whitespace after it."""
+    pre = config.get("pre_tokenizer") or {}
+    safe_pre = (pre.get("type") == "ByteLevel" and pre.get("use_regex", True)) or pre.get("type") in (
+        "Whitespace",
+        "WhitespaceSplit",
+    )
+    added = config.get("added_tokens") or []
+    safe_added = all(not a.get("rstrip") and not any(c.isspace() for c in a.get("content", "")) for a in added)
+    return config.get("normalizer") is None and safe_pre and safe_added
+
+
+def load_tokenizer_json(path: str | Path, name: str | None = None, require_eos: bool = True) -> Tokenizer:
     """An HF ``tokenizer.json``; its end-of-text token is the first of EOS_CANDIDATES it has."""
     source = Path(path).expanduser()
     if not source.is_file():
@@ -139,15 +168,31 @@ def load_tokenizer_json(path: str | Path, name: str | None = None) -> Tokenizer:
         hf = hf_tokenizers.Tokenizer.from_file(str(source))
     except Exception as err:  # tokenizers raises its own Exception type for a bad file
         raise UsageError(f"{source} is not a tokenizer.json: {err}", "pass a file saved by HF tokenizers") from None
+    config = json.loads(hf.to_str())
+    model = config.get("model") or {}
+    unk = model.get("unk_token")
+    if unk is not None and isinstance(model.get("vocab"), dict) and unk not in model["vocab"]:
+        # tokenizers fails only when it meets an unknown word, mid-run: refuse it up front
+        raise UsageError(
+            f"{source}: its {model.get('type')} model's unknown-word token {unk!r} is not in its vocabulary",
+            f"add {unk!r} to the model's vocab (unknown words are encoded as it)",
+        )
     eos = next((hf.token_to_id(t) for t in EOS_CANDIDATES if hf.token_to_id(t) is not None), None)
+    if eos is None and require_eos:
+        raise UsageError(
+            f"{source} has no end-of-text token (none of {', '.join(EOS_CANDIDATES)})",
+            f"prepare ends every document with one: add it, e.g. tok.add_special_tokens([{ENDOFTEXT!r}]); "
+            "tok.save(PATH) with HF tokenizers",
+        )
     info = TokenizerInfo(
         kind="tokenizer.json",
         name=name or str(source),
         file="tokenizer.json",
-        vocab_size=hf.get_vocab_size(with_added_tokens=True),
+        # the largest id + 1, not the number of entries: a vocabulary may skip ids
+        vocab_size=max(hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1,
         eos_id=eos,
     )
-    return Tokenizer(hf, info)
+    return Tokenizer(hf, info, splits_at_spaces=_splits_at_spaces(config))
 
 
 def tiktoken_cache_dir() -> Path:
@@ -179,20 +224,42 @@ def find_gpt2_file() -> Path:
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:
-    """A tiktoken rank file: one ``base64(token) rank`` per line."""
+    """A tiktoken rank file: one ``base64(token) rank`` per line, checked so tiktoken cannot panic on it:
+    ranks are distinct, non-negative and below MAX_VOCAB, no token repeats, and every byte is a token."""
     ranks: dict[bytes, int] = {}
-    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+    lines: dict[int, int] = {}  # rank -> its line
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror}", "pass a readable .tiktoken rank file") from None
+    for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
+            token_b64, rank_text = line.split()
+            token, rank = base64.b64decode(token_b64, validate=True), int(rank_text)
         except ValueError:
             raise UsageError(
                 f"{path}:{number}: not a tiktoken rank line: {line[:60]!r}", "each line is: base64-token rank"
             ) from None
+        repeat = ("token", lines[ranks[token]]) if token in ranks else ("rank", lines[rank]) if rank in lines else None
+        if repeat:
+            raise UsageError(
+                f"{path}:{number}: {repeat[0]} repeats line {repeat[1]}: {line[:60].decode(errors='replace')!r}",
+                "each token, and each rank, appears once in a tiktoken rank file",
+            )
+        if not 0 <= rank < MAX_VOCAB - 1:  # the end-of-text token takes the rank after the last
+            raise UsageError(f"{path}:{number}: rank {rank} is not from 0 to {MAX_VOCAB - 2}", "ranks are token ids")
+        ranks[token], lines[rank] = rank, number
     if not ranks:
         raise UsageError(f"{path} holds no tokens", "pass a tiktoken rank file (base64-token rank per line)")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        shown = ", ".join(f"0x{b:02x}" for b in missing[:4]) + (", ..." if len(missing) > 4 else "")
+        raise UsageError(
+            f"{path} lacks {len(missing)} of the 256 single-byte tokens ({shown})",
+            "a tiktoken rank file is a byte-level BPE: every byte 0-255 must be a token of its own",
+        )
     return ranks
 
 
@@ -217,7 +284,7 @@ def load_tiktoken(arg: str) -> Tokenizer:
         pat_str=GPT2_PATTERN,
         special_tokens=specials,
     )
-    return Tokenizer(enc, info, source_file=path)
+    return Tokenizer(enc, info, source_file=path, splits_at_spaces=True)  # always GPT-2's pattern
 
 
 def make_tokenizer(spec: str, texts: Iterator[str] | None = None) -> Tokenizer:
@@ -241,5 +308,5 @@ def load_saved_tokenizer(folder: str | Path, info: TokenizerInfo) -> Tokenizer:
             special_tokens=info.special_tokens,
         )
         return Tokenizer(enc, info, source_file=path)
-    loaded = load_tokenizer_json(path, name=info.name)
+    loaded = load_tokenizer_json(path, name=info.name, require_eos=False)
     return Tokenizer(loaded.backend, info)
