@@ -42,7 +42,15 @@ def prepare_command(
         list[Path],
         typer.Argument(help="Text files (one document each) or JSONL files (one document per line)."),
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the shards, index and tokenizer to.")],
+    out: Annotated[
+        str,
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="DIR",
+            help="Folder to write the shards, index and tokenizer to: new, empty, or a prepared dataset.",
+        ),
+    ],
     tokenizer: Annotated[
         str,
         typer.Option(
@@ -60,6 +68,11 @@ def prepare_command(
 ) -> int:
     """Tokenize INPUT files into memory-mapped token shards, an index.json and the tokenizer, in --out."""
     spec = PrepareSpec(inputs=inputs, out=out, tokenizer=tokenizer, field=field, shard_tokens=shard_tokens)
-    report = prepare(spec)
+    status = Console(stderr=True)
+    if status.is_terminal:  # a live line on the terminal only: logs and pipes get just the result
+        with status.status("preparing") as line:
+            report = prepare(spec, progress=line.update)
+    else:
+        report = prepare(spec)
     print_json(report) if json_output else render_prepare(report, Console())
     return 0

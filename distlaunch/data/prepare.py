@@ -1,38 +1,43 @@
 """``distlaunch data prepare``: text or JSONL files -> memory-mapped token shards, an index, the tokenizer.
 
-A text file (any suffix but .jsonl/.ndjson) is one document; a JSONL file holds one document per
-line, the string in its ``text`` field (``field`` picks another). Every document is encoded and
-followed by the tokenizer's end-of-text token; a new shard starts once a shard holds
-``shard_tokens`` tokens (documents are never split across shards). See ``distlaunch.data.index``
-for the folder's layout.
+Every document (``distlaunch.data.inputs``) is encoded and followed by the tokenizer's end-of-text
+token; a new shard starts once a shard holds ``shard_tokens`` tokens (documents are never split
+across shards). The folder is built beside ``--out`` and renamed into place when complete
+(``distlaunch.data.outdir``). See ``distlaunch.data.index`` for its layout.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import BaseModel
 
-from distlaunch.data.index import INDEX_FILE, DatasetIndex, Shard, token_dtype, write_index
-from distlaunch.data.tokenizer import make_tokenizer, parse_spec
-from distlaunch.errors import UsageError
+from distlaunch.data.index import DatasetIndex, Shard, check_dataset, padded_vocab_size, token_dtype, write_index
+from distlaunch.data.inputs import check_inputs, documents, pieces
+from distlaunch.data.outdir import check_out, publish, staged
+from distlaunch.data.tokenizer import Tokenizer, bpe_vocab, make_tokenizer, parse_spec, train_bpe
+from distlaunch.errors import DistlaunchError, ExitCode, UsageError
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
-ENCODE_BATCH = 256  # documents per encode_batch call
+ENCODE_BATCH = 256  # pieces per encode_batch call
+# Encoding a text holds a few hundred bytes per token (HF keeps offsets and token strings), so a long
+# document is encoded in pieces of about PIECE_CHARS, and one call gets at most BATCH_CHARS.
+PIECE_CHARS = 1 << 18
+BATCH_CHARS = 1 << 21
 DEFAULT_SHARD_TOKENS = 100_000_000
+Progress = Callable[[str], None]
 
 
 class PrepareSpec(BaseModel):
     """What ``distlaunch data prepare`` was asked to do."""
 
     inputs: list[Path]
-    out: Path
+    out: str | Path  # a str keeps an empty --out visible (Path("") is ".")
     tokenizer: str
     field: str = "text"
     shard_tokens: int = DEFAULT_SHARD_TOKENS
@@ -46,65 +51,56 @@ class PrepareReport(BaseModel):
     padded_vocab_size: int
 
 
-def check_inputs(spec: PrepareSpec) -> None:
-    """Every input exists and is a file; the output is not a file; options are sane."""
-    if not spec.inputs:
-        raise UsageError("no input files", "pass one or more text or JSONL files")
-    for path in spec.inputs:
-        if not path.exists():
-            raise UsageError(f"input not found: {path}", "pass existing text or JSONL files")
-        if not path.is_file():
-            raise UsageError(f"input is not a file: {path}", "pass text or JSONL files, not folders")
-    if spec.out.exists() and not spec.out.is_dir():
-        raise UsageError(f"--out {spec.out} is a file", "pass a folder (it is created if missing)")
-    if spec.shard_tokens < 1:
-        raise UsageError(f"bad --shard-tokens {spec.shard_tokens}", "use a positive number of tokens")
+class Piece(NamedTuple):
+    where: str  # the document's FILE or FILE:LINE
+    text: str
+    starts: bool  # the document's first piece
+    ends: bool  # its last: the end-of-text token follows
 
 
-def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UsageError(
-                    f"{path}:{number}: not valid JSON ({err.msg})", "each line of a JSONL file is one JSON object"
-                ) from None
-            text = record.get(field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise UsageError(
-                    f"{path}:{number}: no string field {field!r} in this line",
-                    "pick the field that holds the text with --field NAME",
-                )
-            yield text
+def _pieces(docs: Iterator, split: bool) -> Iterator[Piece]:
+    for doc in docs:
+        parts = pieces(doc.text, PIECE_CHARS) if split else iter([doc.text])
+        part = next(parts)
+        first = True
+        for following in parts:
+            yield Piece(doc.where, part, first, False)
+            part, first = following, False
+        yield Piece(doc.where, part, first, True)
 
 
-def documents(spec: PrepareSpec) -> Iterator[str]:
-    """Every document of every input, in order; empty documents are skipped."""
-    for path in spec.inputs:
-        if path.suffix in JSONL_SUFFIXES:
-            docs: Iterator[str] = _jsonl_documents(path, spec.field)
-        else:
-            try:
-                docs = iter([path.read_text(encoding="utf-8")])
-            except UnicodeDecodeError as err:
-                raise UsageError(
-                    f"{path} is not UTF-8 text (byte {err.start})", "convert it to UTF-8, or pass JSONL"
-                ) from None
-        yield from (doc for doc in docs if doc)
-
-
-def _batches(items: Iterator[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _batches(items: Iterator[Piece]) -> Iterator[list[Piece]]:
+    batch: list[Piece] = []
+    chars = 0
     for item in items:
-        batch.append(item)
-        if len(batch) == size:
+        if batch and (len(batch) == ENCODE_BATCH or chars + len(item.text) > BATCH_CHARS):
             yield batch
-            batch = []
+            batch, chars = [], 0
+        batch.append(item)
+        chars += len(item.text)
     if batch:
         yield batch
+
+
+def _encode(tokenizer: Tokenizer, batch: list[Piece]) -> list[list[int]]:
+    """Token ids of each piece; a document the tokenizer fails on is a UsageError naming it."""
+    try:
+        return tokenizer.encode_batch([p.text for p in batch])
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # tokenizers' errors, and a Rust panic (not an Exception)
+        for piece in batch:
+            try:
+                tokenizer.encode_batch([piece.text])
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:
+                why = (str(err).splitlines() or [type(err).__name__])[0]
+                raise UsageError(
+                    f"{piece.where}: tokenizer {tokenizer.info.name} cannot encode this document: {why}",
+                    "check the tokenizer, or leave the document out",
+                ) from None
+        raise
 
 
 class ShardWriter:
@@ -118,10 +114,12 @@ class ShardWriter:
         self.tokens = array(self.typecode)
         self.offsets = array("Q")
 
-    def add(self, ids: list[int]) -> None:
-        if len(self.tokens) >= self.limit:
-            self.flush()
-        self.offsets.append(len(self.tokens))
+    def add(self, ids: list[int], starts: bool = True) -> None:
+        """Append ``ids`` to the current document, or start a new one with them."""
+        if starts:
+            if len(self.tokens) >= self.limit:
+                self.flush()
+            self.offsets.append(len(self.tokens))
         self.tokens.extend(ids)
 
     def flush(self) -> None:
@@ -141,49 +139,64 @@ class ShardWriter:
         self.tokens, self.offsets = array(self.typecode), array("Q")
 
 
-def prepare(spec: PrepareSpec) -> PrepareReport:
-    """Tokenize the inputs into ``spec.out``; returns the index it wrote."""
-    from distlaunch.data.index import padded_vocab_size
-
-    check_inputs(spec)
-    kind, _ = parse_spec(spec.tokenizer)
-    tokenizer = make_tokenizer(spec.tokenizer, documents(spec) if kind == "bpe" else None)
-    # one full pass before anything is written: a bad line anywhere leaves DIR untouched
-    if not sum(1 for _ in documents(spec)):
-        raise UsageError(
-            f"the corpus is empty: no text in {', '.join(map(str, spec.inputs))}", "pass files that hold text"
-        )
+def _write_dataset(folder: Path, tokenizer: Tokenizer, spec: PrepareSpec, progress: Progress) -> DatasetIndex:
+    """Encode every document into ``folder``'s shards, save the tokenizer, write the index last."""
     dtype = token_dtype(tokenizer.vocab_size)
-    spec.out.mkdir(parents=True, exist_ok=True)
-    (spec.out / INDEX_FILE).unlink(missing_ok=True)  # a folder without its index is never read
-    for old in [*spec.out.glob("shard_*.bin"), *spec.out.glob("shard_*.docs")]:
-        old.unlink()
-    writer = ShardWriter(spec.out, dtype, spec.shard_tokens)
+    writer = ShardWriter(folder, dtype, spec.shard_tokens)
     eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
-    for batch in _batches(documents(spec), ENCODE_BATCH):
-        for ids in tokenizer.encode_batch(batch):
-            writer.add(ids + eos)
+    count = 0
+    for batch in _batches(_pieces(documents(spec.inputs, spec.field), tokenizer.splits_at_spaces)):
+        for piece, ids in zip(batch, _encode(tokenizer, batch), strict=True):
+            writer.add(ids + eos if piece.ends else ids, starts=piece.starts)
+            count += piece.ends
+        progress(f"encoding: {count:,} documents, {sum(s.tokens for s in writer.shards) + len(writer.tokens):,} tokens")
     writer.flush()
     index = DatasetIndex(
         dtype=dtype,
         vocab_size=tokenizer.vocab_size,
-        tokenizer=tokenizer.save(spec.out),
+        tokenizer=tokenizer.save(folder),
         shards=writer.shards,
         tokens=sum(s.tokens for s in writer.shards),
         documents=sum(s.documents for s in writer.shards),
         fingerprint=writer.digest.hexdigest(),
         sources=[str(p) for p in spec.inputs],
     )
-    write_index(spec.out, index)
+    write_index(folder, index)
+    return index
+
+
+def prepare(spec: PrepareSpec, progress: Progress = lambda message: None) -> PrepareReport:
+    """Tokenize the inputs into ``spec.out``, replacing it only when complete; returns the index."""
+    if spec.shard_tokens < 1:
+        raise UsageError(f"bad --shard-tokens {spec.shard_tokens}", "use a positive number of tokens")
+    out = check_out(spec.out)
+    check_inputs(spec.inputs)
+    kind, arg = parse_spec(spec.tokenizer)
+    try:
+        tokenizer = None if kind == "bpe" else make_tokenizer(spec.tokenizer)
+        vocab = bpe_vocab(arg) if kind == "bpe" else None
+        progress("reading the inputs")
+        # one full pass before anything is written: a bad line anywhere stops prepare early
+        if not sum(1 for _ in documents(spec.inputs, spec.field)):
+            raise UsageError(
+                f"the corpus is empty: no text in {', '.join(map(str, spec.inputs))}", "pass files that hold text"
+            )
+        with staged(out, str(spec.out)) as folder:
+            if tokenizer is None:
+                progress(f"training {spec.tokenizer} on the inputs")
+                # in pieces too: cut at spaces, the BPE's pre-tokenizer sees the very same words
+                tokenizer = train_bpe(vocab, (p.text for p in _pieces(documents(spec.inputs, spec.field), True)))
+            index = _write_dataset(folder, tokenizer, spec, progress)
+            publish(folder, out)
+    except KeyboardInterrupt:
+        raise DistlaunchError(f"interrupted; {spec.out} unchanged", exit_code=ExitCode.SIGINT) from None
     return PrepareReport(out=str(spec.out), index=index, padded_vocab_size=padded_vocab_size(index.vocab_size))
 
 
 def read_documents(folder: str | Path) -> Iterator[list[int]]:
     """Every document's token ids back from a prepared folder (with its end-of-text token)."""
-    from distlaunch.data.index import read_index
-
     root = Path(folder).expanduser()
-    index = read_index(root)
+    index = check_dataset(root)
     typecode = {"uint16": "H", "uint32": "I"}[index.dtype]
     for shard in index.shards:
         tokens, offsets = array(typecode), array("Q")

@@ -143,7 +143,7 @@ def test_field_picks_the_jsonl_field_that_holds_the_text(tmp_path):
         ({"a.txt": "some text"}, "words", "unknown --tokenizer 'words'"),
         ({"a.txt": "some text"}, "missing/tokenizer.json", "tokenizer file not found"),
         ({"d.jsonl": '{"text": "fine"}\n{"text": oops}\n'}, "bpe:300", "d.jsonl:2: not valid JSON"),
-        ({"d.jsonl": '{"text": "fine"}\n["a list"]\n'}, "bpe:300", "d.jsonl:2: no string field 'text'"),
+        ({"d.jsonl": '{"text": "fine"}\n["a list"]\n'}, "bpe:300", "d.jsonl:2: not a JSON object but an array"),
         ({"bad.txt": b"\xff\xfe not utf-8"}, "bpe:300", "is not UTF-8 text"),
     ],
 )

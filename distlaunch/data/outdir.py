@@ -1,0 +1,132 @@
+"""Where ``distlaunch data prepare`` writes: the dataset is built in a hidden folder beside ``--out``
+and renamed into place only when complete, so a failed or interrupted run leaves the old dataset
+(or no folder at all), never a half-written one.
+
+``--out`` must be new, empty, or a dataset folder holding only its own files (those its index names):
+prepare replaces the whole folder, so it refuses one that holds anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from distlaunch.data.index import INDEX_FILE, read_index
+from distlaunch.errors import UsageError
+
+FRESH = "pick a new or empty folder"
+
+
+def check_out(raw: str | Path) -> Path:
+    """The absolute folder ``--out`` names, refused when prepare could not safely replace it."""
+    if str(raw) == "":
+        raise UsageError("--out is empty", "name the folder to write the dataset to, e.g. --out data/mine")
+    given = Path(raw).expanduser()
+    # a link to a folder: replace the folder it points at, and keep the link
+    out = given.resolve() if given.is_symlink() else Path(os.path.abspath(given))
+    cwd = Path.cwd()
+    if out == cwd or out in cwd.parents:
+        raise UsageError(
+            f"--out {raw} is the current folder or holds it",
+            "name a folder for the dataset, e.g. --out data/mine (prepare replaces the whole folder)",
+        )
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file" if folder == out else f"cannot be made: {folder} is a file, not a folder"
+                raise UsageError(f"--out {raw} {what}", "pass a folder (it is created if missing)")
+            break
+    if not out.is_dir():
+        return out
+    names = sorted(p.name for p in out.iterdir())
+    if not names:
+        return out
+    if INDEX_FILE not in names:
+        raise UsageError(
+            f"--out {raw} is not empty and holds no prepared dataset ({', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''})",
+            f"{FRESH}: prepare replaces only a dataset folder it wrote",
+        )
+    try:
+        index = read_index(out)
+    except UsageError as err:
+        raise UsageError(
+            f"--out {raw} holds a damaged dataset: {err.message}", f"remove it first, or {FRESH}"
+        ) from None
+    own = {INDEX_FILE, index.tokenizer.file, *(s.file for s in index.shards), *(s.docs_file for s in index.shards)}
+    foreign = [name for name in names if name not in own]
+    if foreign:
+        raise UsageError(
+            f"--out {raw} holds files that are not part of its dataset: {', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}",
+            f"move them out first (prepare replaces the whole folder), or {FRESH}",
+        )
+    return out
+
+
+@contextmanager
+def staged(out: Path, shown: str) -> Iterator[Path]:
+    """A fresh hidden folder beside ``out`` to build the dataset in; on any failure it is removed,
+    with the parents of ``out`` this made, and an OSError becomes a UsageError."""
+    made: list[Path] = []
+    tmp = out.parent / f".{out.name}.prepare-{secrets.token_hex(4)}"
+    try:
+        missing = [p for p in out.parents if not p.exists()]
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+        tmp.mkdir()
+    except OSError as err:
+        _remove(None, made)
+        where = out.parent if err.filename == str(tmp) else err.filename
+        raise UsageError(
+            f"cannot write --out {shown}: cannot make a folder in {where} ({err.strerror})",
+            f"pick a folder you can write to (prepare builds the dataset in {out.parent}, then renames it)",
+        ) from None
+    try:
+        yield tmp
+    except OSError as err:
+        _remove(tmp, made)
+        where = f" ({err.filename})" if err.filename else ""
+        raise UsageError(f"{err.strerror or err}{where}; {shown} unchanged", "free space or fix the file") from None
+    except BaseException:
+        _remove(tmp, made)
+        raise
+
+
+def _remove(tmp: Path | None, made: list[Path]) -> None:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Put the complete dataset ``tmp`` in the place of ``out`` (two renames; Ctrl-C waits for them)."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to hold off
+        previous = None
+    try:
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+            os.rename(out, old)
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(old, out)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
