@@ -37,14 +37,19 @@ def test_inspect_shows_step_layout_and_sizes_as_a_table_and_json(reference):
     assert model["bytes"] == 4 * model["numel"] and report["meta"]["components"]["optim"]["bytes"] > 2 * model["bytes"]
 
 
-def test_inspect_does_not_import_torch(reference):
+def assert_torch_free(args: list[str]) -> None:
+    """``distlaunch ARGS`` succeeds in a fresh interpreter without ever importing torch."""
     code = (
         "import sys; from distlaunch.cli.app import main; "
-        f"code = main(['checkpoint', 'inspect', {str(reference.ckpt)!r}, '--json']); "
+        f"code = main({args!r}); "
         "sys.exit(code or ('torch' in sys.modules and 'torch was imported'))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
+
+
+def test_inspect_does_not_import_torch(reference):
+    assert_torch_free(["checkpoint", "inspect", str(reference.ckpt), "--json"])
 
 
 def test_export_reloads_into_the_plain_model_with_the_same_loss(reference, tmp_path):
@@ -166,10 +171,4 @@ def test_train_refuses_a_resume_that_cannot_work_before_any_rank_starts(referenc
 
 
 def test_the_resume_check_before_launch_does_not_import_torch(reference):
-    code = (
-        "import sys; from distlaunch.cli.app import main; "
-        f"code = main(['train', '--dry-run', '-n', '2', '--parallel', 'dp=2', '--resume', {str(reference.ckpt)!r}]); "
-        "sys.exit(code or ('torch' in sys.modules and 'torch was imported'))"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.returncode == 0, r.stderr
+    assert_torch_free(["train", "--dry-run", "-n", "2", "--parallel", "dp=2", "--resume", str(reference.ckpt)])

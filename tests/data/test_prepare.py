@@ -11,11 +11,7 @@ import pytest
 from distlaunch.data.index import padded_vocab_size, read_index, token_dtype
 from distlaunch.data.prepare import read_documents
 from distlaunch.data.tokenizer import R50K_URL, load_saved_tokenizer
-from tests.helpers import invoke
-
-
-def prepare(*args: str, env: dict[str, str] | None = None):
-    return invoke(["data", "prepare", *args], env=env)
+from tests.data.conftest import prepare
 
 
 def decoded(folder) -> list[str]:

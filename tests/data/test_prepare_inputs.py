@@ -11,9 +11,8 @@ from distlaunch.data import prepare as prepare_module
 from distlaunch.data.index import read_index
 from distlaunch.data.prepare import read_documents
 from distlaunch.data.tokenizer import Tokenizer, load_saved_tokenizer, train_bpe
-from tests.data.conftest import paragraphs, refused
-from tests.data.test_prepare import decoded, prepare, tiny_tiktoken_file
-from tests.data.test_prepare_tokenizers import ranks_file, word_level
+from tests.data.conftest import assert_refused_case, paragraphs, prepare, word_level
+from tests.data.test_prepare import decoded, tiny_tiktoken_file
 
 # name -> (files to write, --tokenizer, what the one line says); "{tmp}" is the test's folder
 CASES = {
@@ -39,27 +38,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_bad_input_or_tokenizer_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
-    files, tokenizer, expected = CASES[case]
-    (tmp_path / "a.txt").write_text("some text to tokenize")
-    word_level(tmp_path / "wl.json", {"[UNK]": 0, "</s>": 1, "bad": 2})
-    inputs = [str(tmp_path / "a.txt")]
-    for name, content in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(exist_ok=True)
-        if name.endswith(".json"):
-            word_level(path, content)
-        elif isinstance(content, list | tuple):
-            ranks_file(path, *(content if isinstance(content, tuple) else (content,)))
-        elif content is None:
-            inputs.append(str(tmp_path / "a.txt"))
-        else:
-            path.write_bytes(content if isinstance(content, bytes) else content.encode())
-            inputs += [str(path)] if name.endswith(".jsonl") else []
-    before = sorted(p.name for p in tmp_path.iterdir())
-    r = prepare(*inputs, "--out", str(tmp_path / "out"), "--tokenizer", tokenizer.format(tmp=tmp_path))
-    refused(r, expected.format(tmp=tmp_path), "hint:")
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no --out, nothing beside it
+def test_a_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
+    assert_refused_case(tmp_path, *CASES[case])
 
 
 def test_a_byte_order_mark_at_the_start_of_a_file_is_not_part_of_the_text(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 from distlaunch.data import prepare as prepare_module
 from distlaunch.data.index import read_index
 from distlaunch.data.tokenizer import Tokenizer
-from tests.data.conftest import refused
-from tests.data.test_prepare import decoded, prepare, tiny_tiktoken_file
+from tests.data.conftest import prepare, refused
+from tests.data.test_prepare import decoded, tiny_tiktoken_file
 
 
 def snapshot(folder) -> dict[str, bytes]:
