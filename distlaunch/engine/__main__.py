@@ -65,5 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def end_process(code: int) -> None:
+    """Leave at once, once the output is out. A collective still in flight (a peer failed mid-way, or
+    DTensor left one unawaited) completes on a gloo worker thread, which then releases a Python tensor;
+    during interpreter shutdown that thread cannot take the GIL and the process aborts (SIGABRT, exit
+    134 instead of the rank's own code). Everything the run writes is closed by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        status = 130
+    except BaseException:  # a bug: its traceback, as Python prints it, and Python's exit code
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    end_process(status)
