@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.checkpoint.session import Checkpointing
 from distlaunch.engine.checkpoint.shards import param_entries
 from distlaunch.engine.config import load_config
@@ -62,3 +63,4 @@ def main(out_dir: str, spec_json: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    end_process(0)  # as an engine rank ends: no collective in flight can abort the exit

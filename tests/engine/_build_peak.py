@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.config import load_config
 from distlaunch.engine.model import PRESETS
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
@@ -54,3 +55,4 @@ def main(out_dir: str, preset: str, layouts: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    end_process(0)  # as an engine rank ends: no collective in flight can abort the exit

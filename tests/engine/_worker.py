@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.config import load_config
 from distlaunch.engine.model import PRESETS
 from distlaunch.engine.parallel.compile import is_compiled
@@ -132,3 +133,4 @@ def main(out_dir: str, spec_json: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    end_process(0)  # as an engine rank ends: no collective in flight can abort the exit

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.memory import storage_bytes
@@ -121,3 +122,4 @@ def main(out_dir: str, spec_json: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    end_process(0)  # as an engine rank ends: no collective in flight can abort the exit
