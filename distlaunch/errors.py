@@ -53,3 +53,24 @@ class NoAnswer(DistlaunchError):
     """A running job did not answer within the time given (exit 1): not bad input, and it may still answer."""
 
     exit_code = ExitCode.NO_ANSWER
+
+
+def validation_problem(err) -> str:
+    """A pydantic ``ValidationError`` as one line, ``field=value: why (and N more)``: pydantic's own text
+    spreads over lines and does not show the value. Used for files distlaunch reads back (a job record, a
+    dataset index, a checkpoint manifest), whose fields users do not type."""
+    first = err.errors()[0]
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    field = ".".join(str(part) for part in first["loc"])
+    why = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "json_invalid":
+        return f"not JSON ({first.get('ctx', {}).get('error', why)})"
+    if not field:
+        return f"not a JSON object{more}"
+    if first["type"] == "missing":
+        return f"{field} is missing{more}"
+    why = f"{why[:1].lower()}{why[1:]}{more}"
+    if isinstance(first.get("input"), dict | list):  # a whole table: the reason names what is wrong in it
+        return f"{field}: {why}"
+    value = repr(first.get("input"))
+    return f"{field}={value if len(value) <= 60 else value[:57] + '...'}: {why}"

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
-from distlaunch.errors import UsageError
+from distlaunch.errors import UsageError, validation_problem
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
@@ -94,17 +94,6 @@ def is_dataset_dir(path: str | Path | None) -> bool:
     return path is not None and (Path(path).expanduser() / INDEX_FILE).is_file()
 
 
-def _first_problem(err: ValidationError) -> str:
-    """pydantic's first complaint as one line: the field, the value, what is wrong."""
-    first = err.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "the file"
-    value = first.get("input")
-    shown = f" = {value!r}" if not isinstance(value, dict | list) else ""
-    msg = first["msg"].removeprefix("Value error, ")
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{where}{shown}: {msg}{more}"
-
-
 def read_index(folder: str | Path) -> DatasetIndex:
     """The folder's index, or a UsageError naming what is wrong."""
     path = Path(folder).expanduser() / INDEX_FILE
@@ -127,7 +116,7 @@ def read_index(folder: str | Path) -> DatasetIndex:
     try:
         return DatasetIndex.model_validate(raw)
     except ValidationError as err:
-        raise UsageError(f"{path} is not a valid dataset index: {_first_problem(err)}", REPREPARE) from None
+        raise UsageError(f"{path} is not a valid dataset index: {validation_problem(err)}", REPREPARE) from None
 
 
 def _check_file(root: Path, name: str, size: int, what: str) -> None:

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from distlaunch.errors import UsageError
+from distlaunch.errors import UsageError, validation_problem
 
 STATE_VAR = "DISTLAUNCH_STATE_DIR"
 RECORD = "job.json"
@@ -131,24 +131,7 @@ def read_record(folder: Path) -> JobRecord | Unreadable:
     try:
         return JobRecord.model_validate_json(raw)
     except ValidationError as exc:
-        return Unreadable(job_id=folder.name, problem=f"{RECORD} {_what_is_wrong(raw, exc)}")
-
-
-def _what_is_wrong(raw: bytes, exc: ValidationError) -> str:
-    """Why a record does not parse, in a few words: not JSON at all, or JSON of the wrong shape."""
-    try:
-        json.loads(raw)
-    except ValueError as bad:  # JSONDecodeError, or bytes that are not UTF-8
-        where = f" ({bad.msg} at line {bad.lineno} column {bad.colno})" if isinstance(bad, json.JSONDecodeError) else ""
-        return f"is not valid JSON{where}"
-    first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"])
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    if not field:
-        return "is not a job record: it holds no JSON object"
-    if first["type"] == "missing":
-        return f"is not a job record: field {field!r} is missing{more}"
-    return f"is not a job record: field {field!r}: {first['msg']}{more}"
+        return Unreadable(job_id=folder.name, problem=f"{RECORD} is not a job record: {validation_problem(exc)}")
 
 
 def list_records() -> list[JobRecord | Unreadable]:

@@ -57,11 +57,11 @@ DAMAGE = {
     ),
     "absolute shard path": (
         lambda d: edit_index(d, lambda i: i["shards"][0].update(file="/etc/passwd")),
-        "shards.0.file = '/etc/passwd': must be a file name inside the folder",
+        "shards.0.file='/etc/passwd': must be a file name inside the folder",
     ),
     "shard path outside": (
         lambda d: edit_index(d, lambda i: i["shards"][0].update(file="../../../etc/passwd")),
-        "shards.0.file = '../../../etc/passwd': must be a file name inside the folder",
+        "shards.0.file='../../../etc/passwd': must be a file name inside the folder",
     ),
     "wrong total tokens": (lambda d: edit_index(d, lambda i: i.update(tokens=i["tokens"] + 5)), "{d}/index.json says"),
     "wrong shard tokens": (
@@ -76,7 +76,7 @@ DAMAGE = {
     ),
     "negative vocabulary": (
         lambda d: edit_index(d, lambda i: i.update(vocab_size=-5)),
-        "{d}/index.json is not a valid dataset index: vocab_size = -5: Input should be greater than or equal to 1",
+        "{d}/index.json is not a valid dataset index: vocab_size=-5: input should be greater than or equal to 1",
     ),
     "dtype changed": (lambda d: edit_index(d, lambda i: i.update(dtype="uint32")), "uint32 tokens ("),
     "index not utf-8": (

@@ -133,10 +133,10 @@ def test_foreground_jobs_are_recorded_and_a_corrupt_record_breaks_nothing(state,
     (state / "jobs" / failed["job_id"] / "job.json").write_text('{"job_id": "dl-')  # half a record
     listed = jobs_json(tmp_path)
     assert [j["job_id"] for j in listed] == [ok["job_id"], failed["job_id"]]
-    assert listed[1]["problem"].startswith("job.json is not valid JSON")
+    assert listed[1]["problem"].startswith("job.json is not a job record: not JSON (")
     assert "unreadable" in cli("jobs", cwd=tmp_path).stdout
     bad = cli("status", failed["job_id"], cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "is not valid JSON" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "is not a job record: not JSON" in bad.stderr
 
     logs = cli("logs", ok["job_id"], cwd=tmp_path)
     assert logs.returncode == 2 and "kept no output" in logs.stderr
@@ -273,8 +273,8 @@ def test_unreadable_records_keep_the_jobs_table_readable_and_are_always_listed(s
     os.utime(jobs / "dl-bad0missing0", (1, 1))  # long past any supervisor's start
     (jobs / "dl-bad0starting").mkdir()  # a detached job whose supervisor writes its record any moment now
     reasons = {
-        "dl-badbadbadbad": "job.json is not valid JSON (Expecting value at line 1 column 1)",
-        "dl-bad0shape000": "job.json is not a job record: field 'backend' is missing (and 4 more)",
+        "dl-badbadbadbad": "job.json is not a job record: not JSON (expected value at line 1 column 1)",
+        "dl-bad0shape000": "job.json is not a job record: backend is missing (and 4 more)",
         "dl-bad0missing0": "job.json is missing",
     }
 

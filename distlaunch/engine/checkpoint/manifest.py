@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from distlaunch.engine.checkpoint.folder import META_FILE, os_reason, step_of, write_file_durably
-from distlaunch.errors import DistlaunchError, ExitCode
+from distlaunch.errors import DistlaunchError, ExitCode, validation_problem
 
 FORMAT_VERSION = 1
 
@@ -95,30 +95,11 @@ def read_manifest(checkpoint: Path) -> tuple[CheckpointMeta | None, str | None]:
     try:
         meta = CheckpointMeta.model_validate_json(raw)
     except ValidationError as err:
-        return None, f"{META_FILE} is not a valid manifest: {_first_error(err)}"
+        return None, f"{META_FILE} is not a valid manifest: {validation_problem(err)}"
     named = step_of(checkpoint)
     if named is not None and meta.step != named:
         return None, f"{META_FILE} is not a valid manifest: step={meta.step}, but the directory is {checkpoint.name}"
     return meta, None
-
-
-def _first_error(err: ValidationError) -> str:
-    """pydantic's first complaint as ``field=value: why`` (its own text names neither)."""
-    first = err.errors()[0]
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    field = ".".join(str(part) for part in first["loc"])
-    why = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "json_invalid":
-        return f"not JSON ({first.get('ctx', {}).get('error', why)})"
-    if not field:
-        return f"not a JSON object{more}"
-    if first["type"] == "missing":
-        return f"{field} is missing{more}"
-    why = f"{why[:1].lower()}{why[1:]}{more}"
-    if isinstance(first.get("input"), dict | list):  # a whole table: the reason names what is wrong in it
-        return f"{field}: {why}"
-    value = repr(first.get("input"))
-    return f"{field}={value if len(value) <= 60 else value[:57] + '...'}: {why}"
 
 
 def read_meta(path: Path) -> CheckpointMeta:

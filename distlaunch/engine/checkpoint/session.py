@@ -23,8 +23,6 @@ from distlaunch.engine.fault import FaultPlan, restart_count
 from distlaunch.engine.watchdog import Watchdog
 from distlaunch.errors import DistlaunchError
 
-__all__ = ["Checkpointing", "resume_candidates", "resume_source"]
-
 
 class Checkpointing:
     """Checkpoint, fault and watchdog hooks of one rank's training loop."""
