@@ -32,6 +32,12 @@ _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 LEFTOVER = re.compile(r"^step_\d{6,}\.(tmp|trash)-")
 
 
+def is_shard_name(name: str) -> bool:
+    """A plain name of a file inside a checkpoint directory, as the manifest and the DCP index must give
+    them: nothing that reaches outside it (``..``, ``/``), and not the manifest itself."""
+    return name not in ("", ".", "..", META_FILE) and "/" not in name and "\\" not in name
+
+
 def step_dir_name(step: int) -> str:
     """``step_000012``: zero-padded so names sort like steps."""
     return f"step_{step:06d}"

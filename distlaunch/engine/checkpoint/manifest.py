@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from distlaunch.engine.checkpoint.folder import META_FILE, os_reason, step_of, write_file_durably
+from distlaunch.engine.checkpoint.folder import META_FILE, is_shard_name, os_reason, step_of, write_file_durably
 from distlaunch.errors import DistlaunchError, ExitCode, validation_problem
 
 FORMAT_VERSION = 1
@@ -75,7 +75,7 @@ class CheckpointMeta(BaseModel):
     def _plain_names(cls, files: dict[str, FileDigest]) -> dict[str, FileDigest]:
         # verify hashes each named file: a name must never reach outside the checkpoint directory
         for name in files:
-            if name in ("", ".", "..", META_FILE) or "/" in name or "\\" in name:
+            if not is_shard_name(name):
                 raise ValueError(f"{name!r} is not the name of a file in the checkpoint directory")
         return files
 

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from distlaunch.engine.checkpoint.folder import META_FILE
+from distlaunch.engine.checkpoint.folder import is_shard_name
 from distlaunch.engine.checkpoint.manifest import DamagedCheckpoint, read_manifest
 from distlaunch.errors import DistlaunchError
 
@@ -106,7 +106,7 @@ def index_problems(checkpoint: Path) -> list[str]:
     problems = []
     for name, end in sorted(needed.items()):
         path = checkpoint / name
-        if name in ("", ".", "..", META_FILE) or "/" in name or "\\" in name:
+        if not is_shard_name(name):
             problems.append(f"the index names {name!r}, which is not a shard file of the checkpoint directory")
         elif not path.is_file():
             problems.append(f"{name} is missing (the index reads from it)")
