@@ -39,6 +39,7 @@ MAX_LINE_BYTES = 16384
 # output is written without ever blocking, so a stalled launcher never keeps the agent from its ranks.
 OUT_PENDING_BYTES = 1 << 20
 SPLIT_MARK = " [distlaunch: line continues]"
+EXITED = "exited"  # the selector's mark for a rank's exit descriptor
 
 
 # Rank stacks (on a hang, ``--hang-timeout``, or on request, ``distlaunch stacks``): Python ranks start through
@@ -114,6 +115,11 @@ class Rank:
         self.buffers = {1: b"", 2: b""}
         self.returncode: int | None = None
         self.exited_at = 0.0
+        # Wall-clock time the agent saw it end, and whether that came after a stop: the launcher takes the
+        # rank that ended first on its own as the root cause, whichever host's report reaches it first.
+        self.exit_time = 0.0
+        self.stopped = False
+        self.exit_fd = _exit_fd(proc.pid)
         self.reported = False
 
 
@@ -124,6 +130,7 @@ class Agent:
         self.sel = selectors.DefaultSelector()
         self.ranks: list[Rank] = []
         self.stop_deadline: float | None = None
+        self.stopping = False  # told to stop or kill its ranks (or orphaned): later exits are ours, not theirs
         self.stdin_open = True
         self.out_open = True
         self.commands = commands or _Lines(0)
@@ -226,10 +233,12 @@ class Agent:
                 )
             except OSError as exc:
                 self.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=_start_error(spec["argv"][0], exc))
-                self.emit(ev=p.EXIT, rank=spec["rank"], code=127)
+                self.emit(ev=p.EXIT, rank=spec["rank"], code=127, at=time.time(), stopped=False)
                 continue
             rank = Rank(spec, proc)
             self.ranks.append(rank)
+            if rank.exit_fd is not None:
+                self.sel.register(rank.exit_fd, selectors.EVENT_READ, EXITED)
             for fd, pipe in rank.pipes.items():
                 os.set_blocking(pipe.fileno(), False)
                 if not self.paused:
@@ -289,6 +298,8 @@ class Agent:
             if cmd == p.STOP:
                 self.begin_stop()
             elif cmd == p.KILL:
+                self.observe_exits()
+                self.stopping = True
                 self.signal_all(signal.SIGKILL)
             elif cmd == p.ASK_STACKS:
                 self.send_stacks()
@@ -443,18 +454,32 @@ class Agent:
     def begin_stop(self, max_grace: float | None = None) -> None:
         grace = float(self.node.get("grace_period", p.GRACE_PERIOD_S))
         deadline = time.monotonic() + (grace if max_grace is None else min(grace, max_grace))
+        self.observe_exits()  # a rank that ended before the stop failed on its own
+        self.stopping = True
         if self.stop_deadline is None:
             self.signal_all(signal.SIGTERM)
         if self.stop_deadline is None or deadline < self.stop_deadline:
             self.stop_deadline = deadline
 
+    def observe_exits(self) -> None:
+        """Stamp every rank that has ended since the last look."""
+        for rank in self.ranks:
+            if rank.returncode is not None:
+                continue
+            rc = rank.proc.poll()
+            if rc is None:
+                continue
+            rank.returncode, rank.exited_at, rank.exit_time = rc, time.monotonic(), time.time()
+            rank.stopped = self.stopping
+            if rank.exit_fd is not None:
+                self.sel.unregister(rank.exit_fd)
+                os.close(rank.exit_fd)
+                rank.exit_fd = None
+
     def reap(self) -> None:
         now = time.monotonic()
+        self.observe_exits()
         for rank in self.ranks:
-            if rank.returncode is None:
-                rc = rank.proc.poll()
-                if rc is not None:
-                    rank.returncode, rank.exited_at = rc, now
             if rank.returncode is not None and not rank.reported:
                 if rank.pipes and (self.paused or now - rank.exited_at < _DRAIN_AFTER_EXIT_S):
                     continue  # paused: its last output waits in the pipe until the launcher catches up
@@ -462,7 +487,14 @@ class Agent:
                     self.close_pipe(pipe, rank, fd)
                 rank.reported = True
                 error = read_error_file(rank.error_file) if rank.returncode else None
-                self.emit(ev=p.EXIT, rank=rank.rank, code=rank.returncode, **({"error": error} if error else {}))
+                self.emit(
+                    ev=p.EXIT,
+                    rank=rank.rank,
+                    code=rank.returncode,
+                    at=rank.exit_time,
+                    stopped=rank.stopped,
+                    **({"error": error} if error else {}),
+                )
 
     def run(self) -> int:
         self.sel.register(self.commands.fd, selectors.EVENT_READ, None)
@@ -493,7 +525,10 @@ class Agent:
         finally:
             if watch_out:
                 self.sel.unregister(self.out_fd)
+        self.observe_exits()  # before the commands: an exit that came first is stamped as not stopped
         for key, _ in ready:
+            if key.data == EXITED:
+                continue  # only a wake-up: observe_exits took it
             if key.data is None:
                 self.read_commands()
             elif key.data == "out":
@@ -537,6 +572,20 @@ class Agent:
 
 # Interpreter options that take the next word as their value (python -W error -X dev train.py).
 _VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def _exit_fd(pid: int) -> int | None:
+    """A descriptor that turns readable when process ``pid`` ends (Linux 5.3+, Python 3.9+), else None.
+
+    The agent's select wakes on it at the exit itself, not at its next poll: when a crash makes a peer rank
+    fail a few milliseconds later, the stamps must still put the crash first."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return pidfd_open(pid)
+    except OSError:
+        return None
 
 
 def _start_error(program: str, exc: OSError) -> str:

@@ -8,7 +8,9 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
     {"ev": "progress"}                                         a rank called distlaunch.progress()
     {"ev": "stacks", "rank": 3, "tool": "faulthandler", "text": "..."}
-    {"ev": "exit", "rank": 3, "code": 1, "error": {...}}       negative code: killed by that signal
+    {"ev": "exit", "rank": 3, "code": 1, "at": 1795552341.157,  negative code: killed by that signal; at: the
+     "stopped": false, "error": {...}}                         agent's wall clock when it saw the exit; stopped:
+                                                               it came after a stop or kill (else: on its own)
     {"ev": "stragglers", "count": 2, "pids": [..]}             processes of the job left after its ranks ended
     {"ev": "nccl-trace", "rank": 3, "name": "nccl_trace_rank_3", "size": 81920, "offset": 0,
      "data": "<base64>", "last": false}                        a piece of a rank's NCCL flight recorder dump,

@@ -87,7 +87,9 @@ class _Attempt:
         self.failures: list[RankExit] = []
         self.stopping = False
         self.killed = False
-        self.started_at = time.monotonic()
+        # Wall clock, as agents stamp exits with theirs: failures are ordered by when they happened, not by
+        # which host's report arrived first.
+        self.started_at = time.time()
         self.logs: dict[int, object] = {}
         self.silent: list[SilentHost] = []
         self.unconfirmed: list[str] = []  # hosts whose ranks we could not confirm stopped
@@ -121,6 +123,7 @@ class _Attempt:
                 conns.append(conn)
                 conn.start(self.payload(node))
             self.loop(conns)
+            self.failures.sort(key=lambda f: f.time_s)  # root cause first (stable: ties keep arrival order)
             if self.nccl_traces:
                 ranks = sorted(r for r in self.nccl_traces if r is not None)
                 folder = self.stacks_folder()
@@ -168,7 +171,7 @@ class _Attempt:
             elif kind == p.AGENT_OUT:
                 self.sink.notice(f"{self.node_of[node_rank].host}: {event['line']}")
             elif kind == p.EXIT:
-                self.on_exit(event["rank"], event["code"], conns, event.get("error"))
+                self.on_exit(event, conns)
             elif kind == p.STRAGGLERS:
                 self.stragglers += event["count"]
                 host = self.plan.nodes[node_rank].host
@@ -272,7 +275,7 @@ class _Attempt:
                         host=node.host,
                         exit_code=HOST_SILENT_CODE,
                         tail=[*list(self.tails[rank]), f"distlaunch: {node.host} went silent"],
-                        time_s=round(now - self.started_at, 3),
+                        time_s=self.since_start(),
                     )
                 )
             self.stop(
@@ -294,24 +297,35 @@ class _Attempt:
             log.write(f"{_stamp()} {'err' if fd == 2 else 'out'}| {line}\n")
             log.flush()
 
-    def on_exit(self, rank: int, returncode: int, conns: list[AgentConnection], error: dict | None = None) -> None:
+    def since_start(self, at: float | None = None) -> float:
+        return round((time.time() if at is None else at) - self.started_at, 3)
+
+    def on_exit(self, event: dict, conns: list[AgentConnection]) -> None:
+        """A rank ended. A failure on its own (before its agent was told to stop) is kept even while stopping:
+        a crash makes its peers fail milliseconds later, and their host's report may arrive first."""
+        rank = event["rank"]
         self.exited.add(rank)
-        if returncode == 0 or self.stopping:
+        if event["code"] == 0 or event.get("stopped", self.stopping):
             return
-        code, signame = exit_code_of(returncode)
-        self.failures.append(
-            RankExit(
-                rank=rank,
-                host=self.host_of[rank],
-                exit_code=code,
-                signal=signame,
-                tail=list(self.tails[rank]),
-                error=error,
-                time_s=round(time.monotonic() - self.started_at, 3),
-            )
+        code, signame = exit_code_of(event["code"])
+        failure = RankExit(
+            rank=rank,
+            host=self.host_of[rank],
+            exit_code=code,
+            signal=signame,
+            tail=list(self.tails[rank]),
+            error=event.get("error"),
+            time_s=self.since_start(event.get("at")),
         )
-        how = f"was killed by {signame}" if signame else f"exited with code {code}"
-        self.stop(conns, f"rank {rank} on {self.host_of[rank]} {how}")
+        first = min(self.failures, key=lambda f: f.time_s, default=None)
+        self.failures.append(failure)
+        if not self.stopping:
+            self.stop(conns, failure.what)
+        elif first is not None and failure.time_s < first.time_s:
+            self.sink.notice(
+                f"{failure.what}, {first.time_s - failure.time_s:.3f}s before rank {first.rank} did: "
+                "it failed first (the root cause)"
+            )
 
     def on_lost(self, node: NodePlan, conns: list[AgentConnection]) -> None:
         lost = [r.rank for r in node.ranks if r.rank not in self.exited]
@@ -324,7 +338,7 @@ class _Attempt:
                     host=node.host,
                     exit_code=LOST_AGENT_CODE,
                     tail=[*list(self.tails[rank]), "distlaunch: lost contact with this node's agent"],
-                    time_s=round(time.monotonic() - self.started_at, 3),
+                    time_s=self.since_start(),
                 )
             )
         self.stop(conns, f"lost contact with the agent on {node.host}")
@@ -429,7 +443,7 @@ def execute(
                 continue
             if not failures or interrupts.first is not None or restart_count == options.max_restarts:
                 break
-            sink.notice(f"restarting the job ({restart_count + 1}/{options.max_restarts})")
+            sink.notice(f"restarting the job ({restart_count + 1}/{options.max_restarts}) after {failures[0].what}")
     interrupted = signal.Signals(interrupts.first).name if interrupts.first else None
     silent = attempt.silent if attempt else []
     if interrupted:

@@ -21,6 +21,12 @@ class RankExit(BaseModel):
     error: dict[str, str] | None = None  # from its TORCHELASTIC_ERROR_FILE (@record): type, message, frame
     time_s: float = 0.0  # seconds since the attempt started
 
+    @property
+    def what(self) -> str:
+        """'rank 3 on node2 exited with code 1' (or 'was killed by SIGKILL')."""
+        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
+        return f"rank {self.rank} on {self.host} {how}"
+
     @computed_field
     @property
     def cause(self) -> str | None:

@@ -32,7 +32,7 @@ def test_rank_crash_at_step_12_restarts_from_step_10_and_matches_the_uninterrupt
         tmp_path, "-n", "2", "--max-restarts", "1", overrides=("fault.rank=1", "fault.step=12", "fault.kind='crash'")
     )
     assert "rank 1 crashes at step 12" in run.output
-    assert "rank 1 on localhost exited with code 42" in run.output and "restarting the job (1/1)" in run.output
+    assert "restarting the job (1/1) after rank 1 on localhost exited with code 42" in run.output
     assert f"resumed from {run.ckpt / 'step_000010'} (step 10" in run.output
     assert_same_run(run, reference)
 

@@ -80,6 +80,21 @@ def test_failing_rank_stops_the_others_and_sets_the_exit_code():
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
 
 
+def test_the_rank_that_failed_first_is_the_root_cause_even_when_its_report_comes_last(tmp_path):
+    crashed = tmp_path / "crashed"
+    r = run_cli(
+        "run", "-n", "2", "--grace-period", "1", "--json", "--env", f"CRASHED_FILE={crashed}", script("late_report.py"),
+        env=clean_env(),
+    )  # fmt: skip
+    report = json.loads(r.stdout)
+    # Rank 0's report came first and stopped the job; rank 1's exit, stamped earlier, is still the root cause.
+    assert "rank 0 on localhost exited with code 1; stopping all ranks" in r.stderr
+    assert re.search(r"rank 1 on localhost exited with code 42, 0\.\d{3}s before rank 0 did: it failed first", r.stderr)
+    assert r.returncode == 42 and report["exit_code"] == 42
+    assert [(f["rank"], f["exit_code"]) for f in report["failures"]] == [(1, 42), (0, 1)]
+    assert report["failures"][0]["time_s"] < report["failures"][1]["time_s"]
+
+
 def test_rank_killed_by_a_signal_reports_128_plus_n():
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     r = run_cli("run", "-n", "2", "--grace-period", "1", "--no-python", "python", "-c", code, env=clean_env())
