@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
 from typer.testing import CliRunner
 
 from distlaunch.cli.app import main
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -34,6 +40,31 @@ def invoke(args: list[str], env: dict[str, str] | None = None) -> Result:
 def distlaunch_cmd(*args: str) -> list[str]:
     """The real console entry point, as a user runs it."""
     return [sys.executable, "-m", "distlaunch", *args]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (read from /proc/*/stat: not every kernel has
+    /proc/PID/task/TID/children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after "(comm) state"
+            found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
 
 
 def pids_with_env(name: str, value: str) -> list[int]:
@@ -68,18 +99,45 @@ def run_cli(*args: str, timeout: float = 120, env: dict | None = None, cwd=None)
     return subprocess.run(distlaunch_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
 
 
-def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str, str]]:
+class PortTaken(Exception):
+    """A port that free_port found free was bound by someone else before our process bound it."""
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240, port_race: bool = False) -> list[tuple[int, str, str]]:
     """(returncode, stdout, stderr) of processes that run together, such as the nodes of one job. Their
     pipes are read at once, so none blocks on a full pipe while another is waited for; past the timeout
-    every one still running is killed (our own children, by pid) and the test fails with their output."""
+    every one still running is killed (our own children, by pid) and the test fails with their output.
+
+    ``port_race``: a process that ended saying a port is already in use ends the others at once and raises
+    PortTaken (see ``on_fresh_ports``), instead of leaving them to wait for a node that will never come.
+    """
+    deadline = time.monotonic() + timeout
     with ThreadPoolExecutor(max_workers=len(procs)) as pool:
         readers = [pool.submit(proc.communicate) for proc in procs]
-        _, late = wait(readers, timeout=timeout)
+        late, taken = set(readers), False
+        while late and not taken and time.monotonic() < deadline:
+            done, late = wait(late, timeout=deadline - time.monotonic(), return_when=FIRST_COMPLETED)
+            taken = port_race and any(PORT_TAKEN in reader.result()[1] for reader in done)
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
         outputs = [reader.result() for reader in readers]
+    if taken:
+        raise PortTaken(next(err for _, err in outputs if PORT_TAKEN in err))
     if late:
         tails = "\n".join(f"--- process {i}:\n{err[-2000:]}" for i, (_, err) in enumerate(outputs))
         raise AssertionError(f"{len(late)} of {len(procs)} processes still ran after {timeout:g}s (killed):\n{tails}")
     return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs, strict=True)]
+
+
+PORT_TAKEN = "already in use"
+
+
+def on_fresh_ports(job: Callable[[], T], attempts: int = 3) -> T:
+    """Run ``job`` (which picks its ports with free_port and finishes with ``port_race=True``) again on new
+    ports when another process took one in the second between free_port and the bind: a port that is free
+    when asked is not reserved. PyTorch's own distributed tests retry this race the same way."""
+    for _ in range(attempts - 1):
+        with contextlib.suppress(PortTaken):
+            return job()
+    return job()

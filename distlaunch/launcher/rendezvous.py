@@ -49,6 +49,26 @@ def is_own_address(host: str) -> bool:
     return False
 
 
+POLL_S = 0.5  # between tries to reach the store
+
+
+def wait_until_served(host: str, port: int, deadline: float) -> bool:
+    """Whether something listens on HOST:PORT before the (monotonic) deadline, tried with plain connects.
+
+    The nodes that start before node 0 wait here, not in torch's store client: that client prints a C++
+    stack for every failed try and overruns its timeout by its retry backoff.
+    """
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=min(1.0, max(0.1, left))):
+                return True
+        except OSError:  # refused, unreachable, or a name that does not resolve yet
+            if left <= 0:
+                return False
+            time.sleep(min(POLL_S, left))
+
+
 class NodeStore:
     """One node's view of the nodes' store; ``host`` is True on the node that serves it."""
 
@@ -78,6 +98,8 @@ class NodeStore:
         deadline = time.monotonic() + timeout
         while store is None:
             try:
+                if not wait_until_served(host, port, deadline):
+                    raise TimeoutError
                 store = TCPStore(host, port, None, False, timedelta(seconds=max(1.0, deadline - time.monotonic())))
             except Exception:  # also a name not resolvable yet (a pod's DNS record appears when it starts)
                 if time.monotonic() >= deadline:
@@ -85,7 +107,7 @@ class NodeStore:
                         f"node rendezvous at {endpoint} not reachable within {timeout:g}s: no node serves it",
                         "start node 0 (or the first node on that host) and check the address and port",
                     ) from None
-                time.sleep(1.0)
+                time.sleep(POLL_S)
         store.set_timeout(wait)  # blocking gets wait the whole --rdzv-timeout, whatever connecting took
         node = cls(store, endpoint, nnodes, timeout, serving)
         try:

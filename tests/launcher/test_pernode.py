@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 from distlaunch.contract.endpoint import free_port
-from tests.helpers import distlaunch_cmd, finish, invoke, pids_with_env, wait_until
+from tests.helpers import distlaunch_cmd, finish, invoke, on_fresh_ports, pids_with_env, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ALLREDUCE = ["-m", "distlaunch.examples.allreduce"]
@@ -32,11 +32,21 @@ def static_args(nnodes: int, node_rank: int, port: int, store: int, n: int = 2) 
     ]  # fmt: skip
 
 
+def run_static(order: tuple[int, ...], *args: str, n: int = 2, **env) -> tuple[int, list[tuple[int, str, str]]]:
+    """Start the nodes of a 2-node job with node ranks, in ``order``, and finish them: the master port and the
+    results (again on new ports when another process took one of ours before node 0 bound it)."""
+
+    def job():
+        port, store = free_port(), free_port()
+        procs = [start_node(*static_args(2, r, port, store, n), *args, **env) for r in order]
+        return port, finish(procs, port_race=True)
+
+    return on_fresh_ports(job)
+
+
 def test_two_nodes_with_node_ranks_form_one_allreduce_job():
-    port, store = free_port(), free_port()
     # Node 1 first: it must wait for node 0, which serves the nodes' store.
-    procs = [start_node(*static_args(2, r, port, store), *ALLREDUCE) for r in (1, 0)]
-    results = finish(procs)
+    _, results = run_static((1, 0), *ALLREDUCE)
     for code, _, err in results:
         assert code == 0, err
     lines = [line for _, out, _ in results for line in out.splitlines() if "all_reduce" in line]
@@ -46,9 +56,7 @@ def test_two_nodes_with_node_ranks_form_one_allreduce_job():
 
 
 def test_every_rank_gets_its_global_rank_and_node_environment():
-    port, store = free_port(), free_port()
-    dump = str(SCRIPTS / "env_dump.py")
-    results = finish([start_node(*static_args(2, r, port, store), dump) for r in (0, 1)])
+    port, results = run_static((0, 1), str(SCRIPTS / "env_dump.py"))
     envs = [
         json.loads(line.split("ENV ", 1)[1]) for _, out, _ in results for line in out.splitlines() if "ENV " in line
     ]
@@ -86,17 +94,26 @@ def test_rendezvous_timeout_names_how_many_nodes_arrived():
 
 
 def test_a_rank_failing_on_node_1_stops_node_0_with_its_exit_code():
-    port, store, mark = free_port(), free_port(), uuid.uuid4().hex
-    fail = [str(SCRIPTS / "fail_one.py")]
-    extra = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}"]
-    env = {"FAIL_RANK": "3", "FAIL_CODE": "7", "FAIL_AFTER": "2"}
-    procs = [start_node(*static_args(2, r, port, store), *extra, *fail, **env) for r in (0, 1)]
-    results = finish(procs)
+    mark = uuid.uuid4().hex
+    extra = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}", str(SCRIPTS / "fail_one.py")]
+    _, results = run_static((0, 1), *extra, FAIL_RANK="3", FAIL_CODE="7", FAIL_AFTER="2")
     assert [code for code, _, _ in results] == [7, 7], [err for _, _, err in results]
     assert "stopped because rank 3 on node 1 failed with code 7" in results[0][2]
     assert "root cause" in results[0][2] and "node 1" in results[0][2]
     assert "rank 3 on localhost exited with code 7" in results[1][2]
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
+
+
+def test_a_node_whose_node_0_never_comes_waits_quietly_and_gives_up_after_the_timeout():
+    store = free_port()  # nothing will serve it
+    args = static_args(2, 1, free_port(), store, n=1)
+    code, _, err = finish([start_node(*args, "--rdzv-timeout", "3", *ALLREDUCE)])[0]
+    assert code == 3
+    # one line, not torch's store client logging a C++ stack for every try
+    assert err.strip().splitlines() == [
+        f"error: node rendezvous at 127.0.0.1:{store} not reachable within 3s: no node serves it "
+        "(hint: start node 0 (or the first node on that host) and check the address and port)"
+    ]
 
 
 def test_dry_run_shows_this_nodes_part_of_the_plan():
@@ -138,14 +155,21 @@ def test_bad_per_node_options_are_one_line_and_exit_2(tmp_path):
 
 
 def test_stopping_one_node_stops_the_others():
-    port, store, mark = free_port(), free_port(), uuid.uuid4().hex
+    mark = uuid.uuid4().hex
     sleeper = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}", str(SCRIPTS / "fail_one.py")]
-    procs = [start_node(*static_args(2, r, port, store, n=1), *sleeper) for r in (0, 1)]
-    for rank, proc in enumerate(procs):
-        line = proc.stdout.readline()
-        assert f"rank {rank} up" in line, line
-    procs[0].send_signal(signal.SIGTERM)
-    results = finish(procs)
+
+    def job():
+        port, store = free_port(), free_port()
+        procs = [start_node(*static_args(2, r, port, store, n=1), *sleeper) for r in (0, 1)]
+        for rank, proc in enumerate(procs):
+            line = proc.stdout.readline()
+            if not line:  # ended before its rank came up: finish says why (PortTaken on the port race)
+                return finish(procs, port_race=True)
+            assert f"rank {rank} up" in line, line
+        procs[0].send_signal(signal.SIGTERM)
+        return finish(procs)
+
+    results = on_fresh_ports(job)
     assert [code for code, _, _ in results] == [143, 143], [err for _, _, err in results]
     assert "stopped because node 0 was stopped with code 143" in results[1][2]
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
