@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 from distlaunch.agent import SPLIT_MARK
-from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
+from tests.helpers import children, distlaunch_cmd, pids_with_env, wait_until
 
 FLOOD = str(Path(__file__).parent / "scripts" / "flood.py")
 
@@ -35,13 +35,6 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmHWM for {pid}")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
 
 
 def test_a_blocked_stdout_does_not_stop_fail_fast_or_lose_the_exit_code(tmp_path):

@@ -10,20 +10,10 @@ import time
 from pathlib import Path
 
 from tests.fixtures.sshd import SSHD
+from tests.helpers import descendants
 from tests.remote.test_multihost import WORKER, Job
 
 NODE2 = "127.0.0.12"
-
-
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").iterdir():
-            with contextlib.suppress(OSError):
-                kids = [int(c) for c in (task / "children").read_text().split()]
-                found += kids
-                todo += kids
-    return found
 
 
 def socket_inodes_on(address: str, port: int) -> set[str]:

@@ -7,11 +7,19 @@ leaves it behind; after a partition test such a session waits on a dead connecti
 from __future__ import annotations
 
 import subprocess
-import time
+from pathlib import Path
 
 from distlaunch.agent import is_running
 from tests.fixtures import require
-from tests.fixtures.sshd import children, sshd_missing_reason, start_sshd, stop_sshd
+from tests.fixtures.sshd import sshd_missing_reason, start_sshd, stop_sshd
+from tests.helpers import descendants, wait_until
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""  # ended meanwhile
 
 
 def test_stopping_the_server_ends_its_open_sessions(tmp_path):
@@ -24,10 +32,9 @@ def test_stopping_the_server_ends_its_open_sessions(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 20
-        while not (sessions := children(cluster.pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert sessions, "the ssh session never started"
+        # Wait for the remote command itself: a connection still authenticating has forks to come.
+        assert wait_until(lambda: any(_comm(p) == "sleep" for p in descendants(cluster.pid)), 20), "no session"
+        sessions = descendants(cluster.pid)  # the session's processes, the remote command among them
         stop_sshd(cluster.dir)
         alive = [pid for pid in sessions if is_running(pid)]
         assert not alive, f"sessions outlived their server: {alive}"
