@@ -8,6 +8,7 @@ from distlaunch.doctor.gather import CLOCK_ROUND_TRIPS, HostResult, ListenerResu
 from distlaunch.doctor.model import LOCAL, Check, check
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.launcher.hostname import host_port
 from distlaunch.launcher.plan import host_layout
 from distlaunch.remote import sshlog
 from distlaunch.remote.ssh import SshError
@@ -171,7 +172,7 @@ def master_port_check(listener: ListenerResult) -> Check:
     reason = status.get("reason")
     if status.get("bound"):
         note = f" ({listener.chosen_at_launch})" if listener.chosen_at_launch else ""
-        return check("master-port", host, "pass", f"{listener.address}:{port} is free on {host}{note}")
+        return check("master-port", host, "pass", f"{host_port(listener.address, port)} is free on {host}{note}")
     if reason == "dns":
         return check(
             "master-port",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from distlaunch.doctor.checks_host import is_loopback
 from distlaunch.doctor.gather import ListenerResult
 from distlaunch.doctor.model import Check, HostFacts, Interface, check
+from distlaunch.launcher.hostname import host_port
 
 
 def dns_check(host: str, target_name: str | None, facts: HostFacts | None, master_addr: str) -> Check:
@@ -27,7 +28,7 @@ def dns_check(host: str, target_name: str | None, facts: HostFacts | None, maste
 
 def reachable_check(host: str, facts: HostFacts | None, listener: ListenerResult) -> Check:
     """The host opened a TCP connection to the doctor's listener at MASTER_ADDR:MASTER_PORT."""
-    where = f"{listener.address}:{listener.port}"
+    where = host_port(listener.address, listener.port)
     if not listener.bound:
         return check("master-reachable", host, "skip", f"no listener on {where} (see master-port)")
     master = (facts.master or {}) if facts else {}

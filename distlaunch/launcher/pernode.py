@@ -20,6 +20,7 @@ from distlaunch.contract.endpoint import choose_port
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.launcher.hostname import host_port
 from distlaunch.launcher.job import ExecOptions, Sink
 from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
@@ -127,7 +128,7 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
         host, port, node.nnodes, node.rdzv_timeout, first=None if node.node_rank is None else node.node_rank == 0
     ) as store:
         node_rank = store.arrive(node.node_rank)
-        sink.notice(f"node {node_rank} of {node.nnodes}: waiting for the other nodes at {host}:{port}")
+        sink.notice(f"node {node_rank} of {node.nnodes}: waiting for the other nodes at {host_port(host, port)}")
         store.wait_all()
         if node_rank == 0:
             addr, mport = master_for_first_node(opts, host)

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 from distlaunch.errors import HostError, UsageError
+from distlaunch.launcher.hostname import host_port
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -83,7 +84,7 @@ class NodeStore:
         """Serve the store (node 0; ``first=None``: the first node on the endpoint's machine), else reach it."""
         from torch.distributed import TCPStore  # lazily: only per-node launches need torch here
 
-        endpoint = f"{host}:{port}"
+        endpoint = host_port(host, port)
         wait = timedelta(seconds=timeout)
         store, serving = None, False
         if first or (first is None and is_own_address(host)):

@@ -15,6 +15,7 @@ import paramiko
 from pydantic import BaseModel, Field
 
 from distlaunch.errors import UsageError
+from distlaunch.launcher.hostname import host_port
 
 DEFAULT_CONFIG = "~/.ssh/config"
 # As OpenSSH: without an IdentityFile, these are tried (the ones that exist).
@@ -45,7 +46,7 @@ class SshTarget(BaseModel):
     @property
     def endpoint(self) -> str:
         """``host:port`` as it appears in messages."""
-        return f"{self.hostname}:{self.port}"
+        return host_port(self.hostname, self.port)
 
     @property
     def known_hosts_name(self) -> str:

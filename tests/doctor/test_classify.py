@@ -222,6 +222,17 @@ def test_master_port_reasons():
     assert master_port_check(listener(started=False, error="master host gpu0 could not be reached")).status == "skip"
 
 
+def test_an_ipv6_address_and_its_port_are_written_in_brackets():
+    v6 = listener(address="fd00::1")
+    assert "[fd00::1]:29500 is free on gpu0" in master_port_check(v6).detail
+    assert (
+        "no listener on [fd00::1]:29500"
+        in reachable_check("h", facts(), listener(address="fd00::1", bound=False)).detail
+    )
+    assert SshTarget(alias="n", hostname="fd00::2", user="u", port=2222).endpoint == "[fd00::2]:2222"
+    assert SshTarget(alias="n", hostname="node2", user="u", port=22).endpoint == "node2:22"
+
+
 def test_ssh_checks_pass_before_the_failed_step_and_skip_after():
     r = result("gpu1", None)
     r.ssh_error = SshError("gpu1", "hostkey-unknown", "host key unknown", "ssh-keyscan …")
