@@ -259,7 +259,7 @@ class _Attempt:
 
     def check_heartbeats(self, conns: list[AgentConnection], pending: dict[int, AgentConnection]) -> None:
         """Send every agent our heartbeat; give up a host whose agent has been silent for the timeout."""
-        now = time.monotonic()
+        now, now_wall = time.monotonic(), time.time()
         for conn in list(pending.values()):
             conn.send(p.command(p.PING))
             silent_s = now - conn.last_seen
@@ -275,7 +275,8 @@ class _Attempt:
                         host=node.host,
                         exit_code=HOST_SILENT_CODE,
                         tail=[*list(self.tails[rank]), f"distlaunch: {node.host} went silent"],
-                        time_s=self.since_start(),
+                        time_s=self.since_start(now_wall),
+                        at=now_wall,
                     )
                 )
             self.stop(
@@ -297,8 +298,8 @@ class _Attempt:
             log.write(f"{_stamp()} {'err' if fd == 2 else 'out'}| {line}\n")
             log.flush()
 
-    def since_start(self, at: float | None = None) -> float:
-        return round((time.time() if at is None else at) - self.started_at, 3)
+    def since_start(self, at: float) -> float:
+        return round(at - self.started_at, 3)
 
     def on_exit(self, event: dict, conns: list[AgentConnection]) -> None:
         """A rank ended. A failure on its own (before its agent was told to stop) is kept even while stopping:
@@ -308,6 +309,7 @@ class _Attempt:
         if event["code"] == 0 or event.get("stopped", self.stopping):
             return
         code, signame = exit_code_of(event["code"])
+        at = event.get("at") or time.time()
         failure = RankExit(
             rank=rank,
             host=self.host_of[rank],
@@ -315,22 +317,24 @@ class _Attempt:
             signal=signame,
             tail=list(self.tails[rank]),
             error=event.get("error"),
-            time_s=self.since_start(event.get("at")),
+            time_s=self.since_start(at),
+            at=at,
         )
         first = min(self.failures, key=lambda f: f.time_s, default=None)
         self.failures.append(failure)
         if not self.stopping:
             self.stop(conns, failure.what)
         elif first is not None and failure.time_s < first.time_s:
-            self.sink.notice(
-                f"{failure.what}, {first.time_s - failure.time_s:.3f}s before rank {first.rank} did: "
-                "it failed first (the root cause)"
-            )
+            earlier = f"{first.time_s - failure.time_s:.3f}s before rank {first.rank} did"
+            self.sink.notice(f"{failure.what}, {earlier}: it failed first (the root cause)")
+        elif first is None and (self.interrupts.first_at or at) >= at:  # stopping for a signal that came after it
+            self.sink.notice(f"{failure.what}, before the stop: it failed first (the root cause)")
 
     def on_lost(self, node: NodePlan, conns: list[AgentConnection]) -> None:
         lost = [r.rank for r in node.ranks if r.rank not in self.exited]
         if not lost or self.stopping:
             return
+        now = time.time()
         for rank in lost:
             self.failures.append(
                 RankExit(
@@ -338,7 +342,8 @@ class _Attempt:
                     host=node.host,
                     exit_code=LOST_AGENT_CODE,
                     tail=[*list(self.tails[rank]), "distlaunch: lost contact with this node's agent"],
-                    time_s=self.since_start(),
+                    time_s=self.since_start(now),
+                    at=now,
                 )
             )
         self.stop(conns, f"lost contact with the agent on {node.host}")
@@ -444,7 +449,9 @@ def execute(
             if not failures or interrupts.first is not None or restart_count == options.max_restarts:
                 break
             sink.notice(f"restarting the job ({restart_count + 1}/{options.max_restarts}) after {failures[0].what}")
-    interrupted = signal.Signals(interrupts.first).name if interrupts.first else None
+    # A rank that failed before the signal came is the outcome; the signal only met a job already stopping.
+    failed_first = bool(failures) and interrupts.first_at is not None and failures[0].at <= interrupts.first_at
+    interrupted = signal.Signals(interrupts.first).name if interrupts.first and not failed_first else None
     silent = attempt.silent if attempt else []
     if interrupted:
         exit_code = 128 + interrupts.first

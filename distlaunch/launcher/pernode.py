@@ -29,6 +29,7 @@ from distlaunch.launcher.report import RankExit, RunReport
 from distlaunch.launcher.spec import is_loopback, make_spec
 
 POLL_S = 0.5  # how often a node looks for another node's failure
+SETTLE_S = 2.0  # past the grace period: how long a failed node waits for the others' reports of their failures
 
 
 class NodeOptions(BaseModel):
@@ -142,32 +143,61 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
             report = launch(plan, opts, exec_opts, sink)
         finally:
             watcher.stop()
-        return settle(store, watcher, report, node_rank, sink)
+        return settle(store, watcher, report, node_rank, sink, exec_opts.grace_period)
 
 
-def settle(store: NodeStore, watcher: FailureWatcher, report: RunReport, node_rank: int, sink: Sink) -> RunReport:
-    """Publish this node's failure for the others, or take over the code of the node that failed first."""
-    remote = watcher.failure
-    if remote is not None and report.interrupted == "SIGTERM" and not report.failures:
-        report = report.model_copy(update={"exit_code": remote["exit_code"]})
-        if remote["rank"] is None:  # that node was interrupted: so is this one, with its code
-            sink.notice(f"stopped because node {remote['node_rank']} was stopped with code {remote['exit_code']}")
-        else:  # the root cause is a rank of another node: report it as this node's first failure
-            where = f"node {remote['node_rank']}"
-            sink.notice(f"stopped because rank {remote['rank']} on {where} failed with code {remote['exit_code']}")
-            cause = RankExit(rank=remote["rank"], host=where, exit_code=remote["exit_code"], tail=[f"(on {where})"])
-            report = report.model_copy(update={"interrupted": None, "failures": [cause]})
-    elif report.exit_code != 0:
-        first = report.failures[0] if report.failures else None
+def settle(
+    store: NodeStore, watcher: FailureWatcher, report: RunReport, node_rank: int, sink: Sink, grace_period: float
+) -> RunReport:
+    """Publish this node's failure, wait for the other nodes' (the rank that failed first may be reported
+    last), and report the earliest as the root cause: this node's own, or a rank of another node."""
+    stopped_by_other = watcher.failure is not None and report.interrupted == "SIGTERM" and not report.failures
+    own = report.failures[0] if report.failures else None
+    if report.exit_code != 0 and not stopped_by_other:
+        at = own.at if own else time.time()
         store.publish_failure(
-            {
-                "node_rank": node_rank,
-                "rank": first.rank if first else None,
-                "exit_code": report.exit_code,
-            }
+            {"node_rank": node_rank, "rank": own.rank if own else None, "exit_code": report.exit_code, "at": at}
         )
     store.finish()
+    if report.exit_code == 0 and watcher.failure is None:
+        return report
+    # Every node stops within its grace period of the first failure; then each has published its own.
+    store.wait_finished(grace_period + SETTLE_S)
+    root = _failure(store) or watcher.failure
+    if root is None or root["node_rank"] == node_rank:
+        return report
+    where, code = f"node {root['node_rank']}", root["exit_code"]
+    if stopped_by_other:
+        report = report.model_copy(update={"exit_code": code})
+        if root["rank"] is None:  # that node was interrupted: so is this one, with its code
+            sink.notice(f"stopped because {where} was stopped with code {code}")
+            return report
+        sink.notice(f"stopped because rank {root['rank']} on {where} failed with code {code}")
+        cause = RankExit(rank=root["rank"], host=where, exit_code=code, tail=[f"(on {where})"], at=root["at"])
+        return report.model_copy(update={"interrupted": None, "failures": [cause]})
+    if own is not None and root["rank"] is not None and root["at"] < own.at:
+        earlier = own.at - root["at"]
+        sink.notice(
+            f"rank {root['rank']} on {where} failed with code {code}, {earlier:.3f}s before rank {own.rank} here: "
+            "it failed first (the root cause)"
+        )
+        cause = RankExit(
+            rank=root["rank"],
+            host=where,
+            exit_code=code,
+            tail=[f"(on {where})"],
+            time_s=max(0.0, round(own.time_s - earlier, 3)),  # another host's clock: never before the start
+            at=root["at"],
+        )
+        return report.model_copy(update={"exit_code": code, "failures": [cause, *report.failures]})
     return report
+
+
+def _failure(store: NodeStore) -> dict | None:
+    try:
+        return store.failure()
+    except Exception:  # the hosting node is gone: what the watcher saw is all there is
+        return None
 
 
 class FailureWatcher:

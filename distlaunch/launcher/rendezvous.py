@@ -7,8 +7,8 @@ only per-node launches pay for the import. It listens on its own port (``--rdzv-
 the master port + 1), never on MASTER_PORT, where rank 0's init_process_group hosts the ranks' store.
 
 Keys: ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1), ``node/<i>`` (a node rank
-given twice is an error), ``job`` (job id and master address from node 0), ``failed`` (the first failure,
-written once), ``finished`` (counter; the hosting node keeps the store up until every node is done).
+given twice is an error), ``job`` (job id and master address from node 0), ``failed`` (the earliest failure
+any node reported), ``finished`` (counter; the hosting node keeps the store up until every node is done).
 """
 
 from __future__ import annotations
@@ -160,10 +160,14 @@ class NodeStore:
         return job_id, addr, int(port)
 
     def publish_failure(self, failure: dict) -> None:
-        """Tell the other nodes; only the first failure is kept (it is the root cause)."""
+        """Tell the other nodes. The store keeps the earliest failure by its ``at`` (the root cause), not the
+        first reported: compare-and-set until ours is in or an earlier one is."""
+        ours, expected = json.dumps(failure), ""
         with contextlib.suppress(Exception):  # the hosting node may be gone already
-            if self._call("add", "failures", 1) == 1:
-                self._call("set", "failed", json.dumps(failure))
+            while (kept := self._call("compare_set", "failed", expected, ours).decode()) != ours:
+                if json.loads(kept)["at"] <= failure["at"]:
+                    return
+                expected = kept
 
     def failure(self) -> dict | None:
         if not self._call("check", ["failed"]):
@@ -177,10 +181,14 @@ class NodeStore:
         with contextlib.suppress(Exception):
             self._call("add", "finished", 1)
 
-    def linger(self) -> None:
-        """The serving node keeps the store up until every node has finished (or the timeout)."""
-        self.finish()  # this node too, also when it leaves early with an error
-        deadline = time.monotonic() + self.timeout
+    def wait_finished(self, timeout: float) -> None:
+        """Until every node that arrived has finished (and so published its failure, if any), or the timeout."""
+        deadline = time.monotonic() + timeout
         with contextlib.suppress(Exception):
             while self._call("add", "finished", 0) < self._call("add", "arrived", 0) and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+    def linger(self) -> None:
+        """The serving node keeps the store up until every node has finished (or the timeout)."""
+        self.finish()  # this node too, also when it leaves early with an error
+        self.wait_finished(self.timeout)

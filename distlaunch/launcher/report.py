@@ -20,6 +20,7 @@ class RankExit(BaseModel):
     tail: list[str] = Field(default_factory=list)  # its last lines of output
     error: dict[str, str] | None = None  # from its TORCHELASTIC_ERROR_FILE (@record): type, message, frame
     time_s: float = 0.0  # seconds since the attempt started
+    at: float = 0.0  # when it ended: wall-clock time, as its host's clock read (how nodes compare failures)
 
     @property
     def what(self) -> str:

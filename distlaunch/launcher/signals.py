@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 
 class SignalTrap:
-    """Context manager: ``first`` is the first signal received, ``count`` how many arrived."""
+    """Context manager: ``first`` is the first signal received (``first_at``: when, wall clock), ``count`` how
+    many arrived."""
 
     def __init__(self, on_signal: Callable[[int], None] | None = None):
         self.first: int | None = None
+        self.first_at: float | None = None
         self.count = 0
         self.on_signal = on_signal
         self._saved: dict[int, object] = {}
@@ -29,7 +32,8 @@ class SignalTrap:
             signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
-        self.first = self.first or signum
+        if self.first is None:
+            self.first, self.first_at = signum, time.time()
         self.count += 1
         if self.on_signal is not None:
             self.on_signal(signum)

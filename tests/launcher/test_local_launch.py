@@ -95,6 +95,22 @@ def test_the_rank_that_failed_first_is_the_root_cause_even_when_its_report_comes
     assert report["failures"][0]["time_s"] < report["failures"][1]["time_s"]
 
 
+def test_a_rank_that_failed_before_an_interrupt_is_the_outcome(tmp_path):
+    crashed = tmp_path / "crashed"
+    args = ("run", "-n", "2", "--grace-period", "1", "--env", f"CRASHED_FILE={crashed}", script("late_report.py"))
+    proc, mark = start(*args, PEER="waits")
+    try:
+        assert wait_until(crashed.exists, 30), "rank 1 never crashed"
+        proc.send_signal(signal.SIGTERM)  # while rank 1's exit is still on its way to the launcher
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "received SIGTERM; stopping all ranks" in err
+    assert "rank 1 on localhost exited with code 42, before the stop: it failed first (the root cause)" in err
+    assert proc.returncode == 42, err
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
+
+
 def test_rank_killed_by_a_signal_reports_128_plus_n():
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     r = run_cli("run", "-n", "2", "--grace-period", "1", "--no-python", "python", "-c", code, env=clean_env())

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -152,6 +153,22 @@ def test_bad_per_node_options_are_one_line_and_exit_2(tmp_path):
         r = invoke(["run", *args, "--dry-run", "train.py"])
         assert r.exit_code == 2, (args, r.stderr)
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_every_node_names_the_rank_that_failed_first_on_any_node(tmp_path):
+    # Rank 1 (node 1) crashes first, but its report comes a second late; rank 0 (node 0) fails 0.3 s after it.
+    crashed = tmp_path / "crashed"
+    script = ["--grace-period", "2", "--env", f"CRASHED_FILE={crashed}", str(SCRIPTS / "late_report.py")]
+    _, results = run_static((0, 1), *script, n=1)
+    assert [code for code, _, _ in results] == [42, 42], [err for _, _, err in results]
+    node0_err = results[0][2]
+    assert re.search(
+        r"rank 1 on node 1 failed with code 42, 0\.\d{3}s before rank 0 here: it failed first \(the root cause\)",
+        node0_err,
+    ), node0_err
+    # node 0's table: the root cause first, then its own rank
+    table = node0_err[node0_err.index("root cause first") :]
+    assert table.index("node 1") < table.index("localhost")
 
 
 def test_stopping_one_node_stops_the_others():
