@@ -327,7 +327,8 @@ class _Attempt:
         elif first is not None and failure.time_s < first.time_s:
             earlier = f"{first.time_s - failure.time_s:.3f}s before rank {first.rank} did"
             self.sink.notice(f"{failure.what}, {earlier}: it failed first (the root cause)")
-        elif first is None and (self.interrupts.first_at or at) >= at:  # stopping for a signal that came after it
+        elif first is None and (self.interrupts.first_at is None or at <= self.interrupts.first_at):
+            # the job is stopping for a signal (or a hang) that came after this failure
             self.sink.notice(f"{failure.what}, before the stop: it failed first (the root cause)")
 
     def on_lost(self, node: NodePlan, conns: list[AgentConnection]) -> None:
