@@ -103,6 +103,11 @@ _CONTRACT = {
 }
 
 
+# Rows of the failure table: the root cause and what failed right after it. When one rank crashes, its peers
+# on every host fail within milliseconds, before the stop reaches them; a 64-rank job would fill a screen.
+FAILURE_ROWS = 8
+
+
 def plural(count: int, noun: str) -> str:
     """'1 rank', '4 ranks'."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
@@ -143,12 +148,18 @@ def render_report(report: RunReport, console: Console) -> None:
         table = Table(title=f"[red]job {report.job_id} failed[/red] (root cause first)", show_lines=True)
         for col in ("rank", "host", "exit", "time", "error / last output"):
             table.add_column(col, overflow="fold")
-        for i, f in enumerate(report.failures):
+        shown, more = report.failures[:FAILURE_ROWS], report.failures[FAILURE_ROWS:]
+        for i, f in enumerate(shown):
             exit_text = f"{f.exit_code} ({f.signal})" if f.signal else str(f.exit_code)
             style = "bold red" if i == 0 else ""
             # A rank's output and a host name are data, never rich markup: gloo prints "[/path/x.cc:12]".
             table.add_row(str(f.rank), Text(f.host), exit_text, f"{f.time_s:.1f}s", Text(failure_text(f)), style=style)
         console.print(table)
+        if more:
+            console.print(
+                f"{plural(len(more), 'more rank')} failed after those ({ranges([f.rank for f in more])}): "
+                "--json lists every failure, --log-dir keeps every rank's output"
+            )
         explained = next((f for f in report.failures if f.cause), None)
         if explained is not None:
             console.print(Text.assemble(("cause", "bold"), f" (rank {explained.rank}): {explained.cause}"))

@@ -111,6 +111,22 @@ def test_a_rank_that_failed_before_an_interrupt_is_the_outcome(tmp_path):
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
 
 
+def test_the_failure_table_shows_the_first_failures_and_counts_the_rest(tmp_path):
+    def run_all_fail(*extra: str):
+        barrier = tmp_path / f"barrier{len(extra)}"
+        barrier.mkdir()
+        args = ("run", "-n", "10", "--grace-period", "1", "--env", f"BARRIER_DIR={barrier}", *extra)
+        return run_cli(*args, script("all_fail.py"), env=clean_env())
+
+    r = run_all_fail()
+    assert r.returncode == 3, r.stderr
+    rows = [line for line in r.stderr.splitlines() if "│ localhost │ 3 " in line]
+    assert len(rows) == 8, r.stderr
+    assert re.search(r"^2 more ranks failed after those \(\d[,-]\d\): --json lists every failure", r.stderr, re.M)
+    report = json.loads(run_all_fail("--json").stdout)
+    assert sorted(f["rank"] for f in report["failures"]) == list(range(10))
+
+
 def test_rank_killed_by_a_signal_reports_128_plus_n():
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     r = run_cli("run", "-n", "2", "--grace-period", "1", "--no-python", "python", "-c", code, env=clean_env())
