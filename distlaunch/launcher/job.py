@@ -174,7 +174,7 @@ class _Attempt:
                 self.on_exit(event, conns)
             elif kind == p.STRAGGLERS:
                 self.stragglers += event["count"]
-                host = self.plan.nodes[node_rank].host
+                host = self.node_of[node_rank].host
                 self.sink.notice(f"ended {event['count']} stray process(es) of this job on {host}: {event['pids']}")
             elif kind == p.NCCL_TRACE:
                 self.on_nccl_trace(event)
@@ -227,7 +227,7 @@ class _Attempt:
 
     def waiting_ranks(self, pending: dict[int, AgentConnection]) -> set[int]:
         """Ranks still running under an agent that still answers: those whose stacks can come."""
-        return {r.rank for c in pending.values() for r in self.plan.nodes[c.node_rank].ranks} - self.exited
+        return {r.rank for c in pending.values() for r in self.node_of[c.node_rank].ranks} - self.exited
 
     def check_requested_stacks(self, pending: dict[int, AgentConnection]) -> None:
         """'distlaunch stacks' signalled us: gather every rank's stack as on a hang, write a new numbered
@@ -267,7 +267,7 @@ class _Attempt:
                 continue
             del pending[conn.node_rank]  # nothing more can be expected from it
             self.silent.append(SilentHost(host=conn.host, silent_s=round(silent_s, 1)))
-            node = self.plan.nodes[conn.node_rank]
+            node = self.node_of[conn.node_rank]
             for rank in (r.rank for r in node.ranks if r.rank not in self.exited):
                 self.failures.append(
                     RankExit(

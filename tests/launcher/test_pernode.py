@@ -171,6 +171,18 @@ def test_every_node_names_the_rank_that_failed_first_on_any_node(tmp_path):
     assert table.index("node 1") < table.index("localhost")
 
 
+def test_a_node_other_than_node_0_ends_strays_and_gathers_stacks_of_its_own_ranks(tmp_path):
+    # Events that name a node (stray processes, stacks on a hang) on a node whose part of the plan is not node 0.
+    _, results = run_static((0, 1), str(SCRIPTS / "straggler.py"), n=1)
+    assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
+    assert "ended 1 stray process(es) of this job on localhost" in results[1][2]
+    napper = tmp_path / "napper.py"
+    napper.write_text("import time\n\n\ndef nap():\n    time.sleep(120)\n\n\nnap()\n")
+    _, results = run_static((0, 1), "--hang-timeout", "3", "--grace-period", "1", str(napper), n=1)
+    assert [code for code, _, _ in results] == [124, 124], [err for _, _, err in results]
+    assert "distlaunch: hang: rank 1 waits in nap (napper.py:5)" in results[1][2]
+
+
 def test_stopping_one_node_stops_the_others():
     mark = uuid.uuid4().hex
     sleeper = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}", str(SCRIPTS / "fail_one.py")]
