@@ -87,12 +87,15 @@ def test_the_rank_that_failed_first_is_the_root_cause_even_when_its_report_comes
         env=clean_env(),
     )  # fmt: skip
     report = json.loads(r.stdout)
-    # Rank 0's report came first and stopped the job; rank 1's exit, stamped earlier, is still the root cause.
-    assert "rank 0 on localhost exited with code 1; stopping all ranks" in r.stderr
-    assert re.search(r"rank 1 on localhost exited with code 42, 0\.\d{3}s before rank 0 did: it failed first", r.stderr)
-    assert r.returncode == 42 and report["exit_code"] == 42
-    assert [(f["rank"], f["exit_code"]) for f in report["failures"]] == [(1, 42), (0, 1)]
-    assert report["failures"][0]["time_s"] < report["failures"][1]["time_s"]
+    assert r.returncode == 42 and report["exit_code"] == 42, r.stderr
+    assert (report["failures"][0]["rank"], report["failures"][0]["exit_code"]) == (1, 42)
+    # Nearly always rank 0's report comes first and stops the job (on a machine so loaded that rank 0 needs
+    # over a second to fail, rank 1's report wins the race and rank 0 is stopped instead).
+    if "rank 0 on localhost exited with code 1; stopping all ranks" in r.stderr:
+        earlier = r"rank 1 on localhost exited with code 42, \d+\.\d{3}s before rank 0 did: it failed first"
+        assert re.search(earlier, r.stderr), r.stderr
+        assert [(f["rank"], f["exit_code"]) for f in report["failures"]] == [(1, 42), (0, 1)]
+        assert report["failures"][0]["time_s"] < report["failures"][1]["time_s"]
 
 
 def test_a_rank_that_failed_before_an_interrupt_is_the_outcome(tmp_path):

@@ -23,6 +23,6 @@ while not crashed.exists():
     time.sleep(0.01)
 if os.environ.get("PEER") == "waits":
     time.sleep(600)
-time.sleep(0.3)
+time.sleep(0.2)
 print("rank 0: my peer is gone", file=sys.stderr, flush=True)
 sys.exit(1)
