@@ -173,24 +173,24 @@ def settle(
             sink.notice(f"stopped because {where} was stopped with code {code}")
             return report
         sink.notice(f"stopped because rank {root['rank']} on {where} failed with code {code}")
-        cause = RankExit(rank=root["rank"], host=where, exit_code=code, tail=[f"(on {where})"], at=root["at"])
-        return report.model_copy(update={"interrupted": None, "failures": [cause]})
+        return report.model_copy(update={"interrupted": None, "failures": [_remote_cause(root)]})
     if own is not None and root["rank"] is not None and root["at"] < own.at:
         earlier = own.at - root["at"]
         sink.notice(
             f"rank {root['rank']} on {where} failed with code {code}, {earlier:.3f}s before rank {own.rank} here: "
             "it failed first (the root cause)"
         )
-        cause = RankExit(
-            rank=root["rank"],
-            host=where,
-            exit_code=code,
-            tail=[f"(on {where})"],
-            time_s=max(0.0, round(own.time_s - earlier, 3)),  # another host's clock: never before the start
-            at=root["at"],
-        )
+        cause = _remote_cause(root, time_s=max(0.0, round(own.time_s - earlier, 3)))  # another clock: never < 0
         return report.model_copy(update={"exit_code": code, "failures": [cause, *report.failures]})
     return report
+
+
+def _remote_cause(root: dict, time_s: float = 0.0) -> RankExit:
+    """Another node's failure as it reported it (its rank's output stays on that node)."""
+    where = f"node {root['node_rank']}"
+    return RankExit(
+        rank=root["rank"], host=where, exit_code=root["exit_code"], tail=[f"(on {where})"], time_s=time_s, at=root["at"]
+    )
 
 
 def _failure(store: NodeStore) -> dict | None:
