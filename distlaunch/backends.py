@@ -96,7 +96,7 @@ class Node(Backend):
     def plan(self, request: LaunchRequest):
         from distlaunch.launcher.pernode import dry_run_plan
 
-        return dry_run_plan(request.opts, request.node)
+        return dry_run_plan(request.opts, request.node, request.exec_opts.workdir)
 
     def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
         from distlaunch.launcher.pernode import launch_node

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from distlaunch.contract.endpoint import choose_port
 from distlaunch.contract.options import LaunchOptions
-from distlaunch.errors import UsageError
+from distlaunch.errors import DistlaunchError, ExitCode, UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.hostname import host_port
 from distlaunch.launcher.job import ExecOptions, Sink
@@ -92,9 +92,12 @@ def store_endpoint(opts: LaunchOptions, node: NodeOptions) -> tuple[str, int]:
     return opts.master_addr or "127.0.0.1", port
 
 
-def node_plan(opts: LaunchOptions, nnodes: int, node_rank: int, job_id: str | None = None) -> LaunchPlan:
-    """The whole job's plan, built as for a hostfile of ``nnodes`` equal nodes, cut down to this node's part."""
-    spec = make_spec(opts)  # this machine's slots, backend, env, port; every node has the same count
+def node_plan(
+    opts: LaunchOptions, nnodes: int, node_rank: int, job_id: str | None = None, workdir: str | None = None
+) -> LaunchPlan:
+    """The whole job's plan, built as for a hostfile of ``nnodes`` equal nodes, cut down to this node's part;
+    its ranks start in ``workdir`` (--workdir; default: the current directory), where their program is checked."""
+    spec = make_spec(opts, workdir=workdir)  # this machine's slots, backend, env, port; every node has the same count
     slots = spec.hosts[0].slots
     hosts = [HostSlots(host="localhost" if i == node_rank else f"node{i}", slots=slots) for i in range(nnodes)]
     spec = spec.model_copy(update={"hosts": hosts, **({"job_id": job_id} if job_id else {})})
@@ -102,13 +105,13 @@ def node_plan(opts: LaunchOptions, nnodes: int, node_rank: int, job_id: str | No
     return plan.model_copy(update={"nodes": [plan.nodes[node_rank]]})
 
 
-def dry_run_plan(opts: LaunchOptions, node: NodeOptions) -> LaunchPlan:
+def dry_run_plan(opts: LaunchOptions, node: NodeOptions, workdir: str | None = None) -> LaunchPlan:
     """This node's part without meeting the others (with --rdzv-endpoint: the part of the node that arrives first)."""
     check_node_options(opts, node)
     if node.node_rank is None and node.rdzv_endpoint is not None:
         host, _ = parse_endpoint(node.rdzv_endpoint)
         opts = opts.model_copy(update={"master_addr": opts.master_addr or host})
-    return node_plan(opts, node.nnodes, node.node_rank or 0)
+    return node_plan(opts, node.nnodes, node.node_rank or 0, workdir=workdir)
 
 
 def master_for_first_node(opts: LaunchOptions, store_host: str) -> tuple[str, int]:
@@ -123,7 +126,7 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
     """Meet the other nodes, run this node's ranks, and stop them when a rank fails on any node."""
     check_node_options(opts, node, exec_opts.max_restarts)
     if node.nnodes == 1 and node.rdzv_endpoint is None:  # a job of one node: nobody to meet
-        return launch(node_plan(opts, 1, 0), opts, exec_opts, sink)
+        return launch(node_plan(opts, 1, 0, workdir=exec_opts.workdir), opts, exec_opts, sink)
     host, port = store_endpoint(opts, node)
     with NodeStore.open(
         host, port, node.nnodes, node.rdzv_timeout, first=None if node.node_rank is None else node.node_rank == 0
@@ -136,11 +139,18 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
             store.publish_job(make_spec(opts).job_id, addr, mport)
         job_id, addr, mport = store.job()
         opts = opts.model_copy(update={"master_addr": addr, "master_port": str(mport)})
-        plan = node_plan(opts, node.nnodes, node_rank, job_id)
+        plan = node_plan(opts, node.nnodes, node_rank, job_id, exec_opts.workdir)
         watcher = FailureWatcher(store)
         watcher.start()
         try:
             report = launch(plan, opts, exec_opts, sink)
+        except BaseException as exc:
+            # This node cannot run its part (its script is missing here, say): the other nodes' ranks must not
+            # wait for its ranks until their collectives time out.
+            code = exc.exit_code if isinstance(exc, DistlaunchError) else ExitCode.CHECK_FAILED
+            code = ExitCode.SIGINT if isinstance(exc, KeyboardInterrupt) else code
+            store.publish_failure({"node_rank": node_rank, "rank": None, "exit_code": int(code), "at": time.time()})
+            raise
         finally:
             watcher.stop()
         return settle(store, watcher, report, node_rank, sink, exec_opts.grace_period)
@@ -169,8 +179,8 @@ def settle(
     where, code = f"node {root['node_rank']}", root["exit_code"]
     if stopped_by_other:
         report = report.model_copy(update={"exit_code": code})
-        if root["rank"] is None:  # that node was interrupted: so is this one, with its code
-            sink.notice(f"stopped because {where} was stopped with code {code}")
+        if root["rank"] is None:  # that node was interrupted, or could not run its part: its output says why
+            sink.notice(f"stopped because {where} ended with code {code}, with no rank failing there")
             return report
         sink.notice(f"stopped because rank {root['rank']} on {where} failed with code {code}")
         return report.model_copy(update={"interrupted": None, "failures": [_remote_cause(root)]})

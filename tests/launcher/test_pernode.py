@@ -1,5 +1,6 @@
 """Per-node mode for real: several ``distlaunch run --nnodes`` processes on this machine form one job."""
 
+import contextlib
 import json
 import os
 import signal
@@ -8,7 +9,7 @@ import uuid
 from pathlib import Path
 
 from distlaunch.contract.endpoint import free_port
-from tests.helpers import distlaunch_cmd, finish, invoke, on_fresh_ports, pids_with_env, wait_until
+from tests.helpers import children, distlaunch_cmd, finish, invoke, on_fresh_ports, pids_with_env, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ALLREDUCE = ["-m", "distlaunch.examples.allreduce"]
@@ -180,6 +181,65 @@ def test_a_node_other_than_node_0_ends_strays_and_gathers_stacks_of_its_own_rank
     assert "distlaunch: hang: rank 1 waits in nap (napper.py:5)" in results[1][2]
 
 
+def test_a_frozen_agent_on_node_1_is_named_and_every_node_stops(tmp_path):
+    mark = uuid.uuid4().hex
+    args = [
+        "--heartbeat-timeout",
+        "3",
+        "--grace-period",
+        "1",
+        "--env",
+        f"DLTEST_MARK={mark}",
+        str(SCRIPTS / "fail_one.py"),
+    ]
+
+    def job():
+        port, store = free_port(), free_port()
+        procs = [start_node(*static_args(2, r, port, store, n=1), *args) for r in (0, 1)]
+        for rank, proc in enumerate(procs):
+            line = proc.stdout.readline()
+            if not line:  # ended before its rank came up: finish says why (PortTaken on the port race)
+                return finish(procs, port_race=True)
+            assert f"rank {rank} up" in line, line
+        (agent,) = children(procs[1].pid)  # node 1's agent: SIGSTOP makes it a host that went silent
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            return finish(procs)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # a local agent given up is killed by its launcher
+                os.kill(agent, signal.SIGCONT)
+
+    results = on_fresh_ports(job)
+    assert [code for code, _, _ in results] == [3, 3], [err for _, _, err in results]
+    assert "localhost has been silent for" in results[1][2] and "--heartbeat-timeout 3" in results[1][2]
+    assert "stopped because rank 1 on node 1 failed with code 3" in results[0][2]
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=15), "a rank outlived its frozen agent"
+
+
+def test_a_node_that_cannot_run_its_part_stops_the_others(tmp_path):
+    # The script is missing on node 1 only (no shared filesystem): node 1 refuses it after the rendezvous,
+    # and node 0's ranks must not wait for node 1's ranks until their collectives time out.
+    mark = uuid.uuid4().hex
+    (tmp_path / "node0").mkdir()
+    (tmp_path / "node1").mkdir()
+    (tmp_path / "node0" / "train.py").write_text((SCRIPTS / "fail_one.py").read_text())
+
+    def job():
+        port, store = free_port(), free_port()
+        procs = [
+            start_node(*static_args(2, r, port, store, n=1), "--grace-period", "1", "--env", f"DLTEST_MARK={mark}",
+                       "--workdir", str(tmp_path / f"node{r}"), "train.py")
+            for r in (0, 1)
+        ]  # fmt: skip
+        return finish(procs, timeout=60, port_race=True)
+
+    results = on_fresh_ports(job)
+    assert [code for code, _, _ in results] == [2, 2], [err for _, _, err in results]
+    assert "train.py" in results[1][2]  # node 1's one line says what is missing where
+    assert "stopped because node 1 ended with code 2, with no rank failing there" in results[0][2]
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
+
+
 def test_stopping_one_node_stops_the_others():
     mark = uuid.uuid4().hex
     sleeper = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}", str(SCRIPTS / "fail_one.py")]
@@ -197,5 +257,5 @@ def test_stopping_one_node_stops_the_others():
 
     results = on_fresh_ports(job)
     assert [code for code, _, _ in results] == [143, 143], [err for _, _, err in results]
-    assert "stopped because node 0 was stopped with code 143" in results[1][2]
+    assert "stopped because node 0 ended with code 143, with no rank failing there" in results[1][2]
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
