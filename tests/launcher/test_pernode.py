@@ -45,6 +45,19 @@ def run_static(order: tuple[int, ...], *args: str, n: int = 2, **env) -> tuple[i
     return on_fresh_ports(job)
 
 
+def sleepers_up(*args: str) -> list[subprocess.Popen]:
+    """Two nodes of one rank each (ARGS end in fail_one.py, whose ranks sleep), once both ranks are up. A node
+    that ends first fails the test with its output (or raises PortTaken on the port race)."""
+    port, store = free_port(), free_port()
+    procs = [start_node(*static_args(2, r, port, store, n=1), *args) for r in (0, 1)]
+    for rank, proc in enumerate(procs):
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"node {rank} ended before its rank came up: {finish(procs, port_race=True)}")
+        assert f"rank {rank} up" in line, line
+    return procs
+
+
 def test_two_nodes_with_node_ranks_form_one_allreduce_job():
     # Node 1 first: it must wait for node 0, which serves the nodes' store.
     _, results = run_static((1, 0), *ALLREDUCE)
@@ -194,13 +207,7 @@ def test_a_frozen_agent_on_node_1_is_named_and_every_node_stops(tmp_path):
     ]
 
     def job():
-        port, store = free_port(), free_port()
-        procs = [start_node(*static_args(2, r, port, store, n=1), *args) for r in (0, 1)]
-        for rank, proc in enumerate(procs):
-            line = proc.stdout.readline()
-            if not line:  # ended before its rank came up: finish says why (PortTaken on the port race)
-                return finish(procs, port_race=True)
-            assert f"rank {rank} up" in line, line
+        procs = sleepers_up(*args)
         (agent,) = children(procs[1].pid)  # node 1's agent: SIGSTOP makes it a host that went silent
         os.kill(agent, signal.SIGSTOP)
         try:
@@ -245,13 +252,7 @@ def test_stopping_one_node_stops_the_others():
     sleeper = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}", str(SCRIPTS / "fail_one.py")]
 
     def job():
-        port, store = free_port(), free_port()
-        procs = [start_node(*static_args(2, r, port, store, n=1), *sleeper) for r in (0, 1)]
-        for rank, proc in enumerate(procs):
-            line = proc.stdout.readline()
-            if not line:  # ended before its rank came up: finish says why (PortTaken on the port race)
-                return finish(procs, port_race=True)
-            assert f"rank {rank} up" in line, line
+        procs = sleepers_up(*sleeper)
         procs[0].send_signal(signal.SIGTERM)
         return finish(procs)
 
