@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
+from tests.helpers import children, distlaunch_cmd, pids_with_env, run_cli, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -98,12 +98,26 @@ def test_the_rank_that_failed_first_is_the_root_cause_even_when_its_report_comes
         assert report["failures"][0]["time_s"] < report["failures"][1]["time_s"]
 
 
+def rank_ended(launcher: int) -> bool:
+    """Whether one of the ranks under the launcher's agent has ended: it is a zombie, or already reaped."""
+    ranks = [pid for agent in children(launcher) for pid in children(agent)]
+    return len(ranks) < 2 or any(_state(pid) == "Z" for pid in ranks)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_a_rank_that_failed_before_an_interrupt_is_the_outcome(tmp_path):
     crashed = tmp_path / "crashed"
     args = ("run", "-n", "2", "--grace-period", "1", "--env", f"CRASHED_FILE={crashed}", script("late_report.py"))
     proc, mark = start(*args, PEER="waits")
     try:
         assert wait_until(crashed.exists, 30), "rank 1 never crashed"
+        assert wait_until(lambda: rank_ended(proc.pid), 10), "rank 1 never ended"  # its exit, not only its file
         proc.send_signal(signal.SIGTERM)  # while rank 1's exit is still on its way to the launcher
         _out, err = proc.communicate(timeout=60)
     finally:
