@@ -298,8 +298,7 @@ class Agent:
             if cmd == p.STOP:
                 self.begin_stop()
             elif cmd == p.KILL:
-                self.observe_exits()
-                self.stopping = True
+                self.mark_stopping()
                 self.signal_all(signal.SIGKILL)
             elif cmd == p.ASK_STACKS:
                 self.send_stacks()
@@ -454,12 +453,16 @@ class Agent:
     def begin_stop(self, max_grace: float | None = None) -> None:
         grace = float(self.node.get("grace_period", p.GRACE_PERIOD_S))
         deadline = time.monotonic() + (grace if max_grace is None else min(grace, max_grace))
-        self.observe_exits()  # a rank that ended before the stop failed on its own
-        self.stopping = True
+        self.mark_stopping()
         if self.stop_deadline is None:
             self.signal_all(signal.SIGTERM)
         if self.stop_deadline is None or deadline < self.stop_deadline:
             self.stop_deadline = deadline
+
+    def mark_stopping(self) -> None:
+        """From now on an exit is one we caused; a rank that ended before this failed on its own."""
+        self.observe_exits()
+        self.stopping = True
 
     def observe_exits(self) -> None:
         """Stamp every rank that has ended since the last look."""
@@ -477,8 +480,8 @@ class Agent:
                 rank.exit_fd = None
 
     def reap(self) -> None:
+        """Report the ranks that ended (step() has stamped them), once their pipes are drained."""
         now = time.monotonic()
-        self.observe_exits()
         for rank in self.ranks:
             if rank.returncode is not None and not rank.reported:
                 if rank.pipes and (self.paused or now - rank.exited_at < _DRAIN_AFTER_EXIT_S):
