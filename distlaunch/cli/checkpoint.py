@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from distlaunch.cli.render import print_json
+from distlaunch.cli.render import plural, print_json
+from distlaunch.data.source import describe_data
 from distlaunch.engine.checkpoint.report import CheckpointReport, inspect_checkpoint, verify_folder
 
 checkpoint_app = typer.Typer(
@@ -42,8 +43,10 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
     meta, layout = report.meta, report.meta.layout
     console.print(
         f"step {meta.step}, model {meta.preset}, written by dp={layout.dp},tp={layout.tp},pp={layout.pp},"
-        f"zero={layout.zero} ({layout.world_size} ranks)"
+        f"zero={layout.zero} ({plural(layout.world_size, 'rank')})"
     )
+    if meta.data is not None:
+        console.print(f"trained on {describe_data(meta.data.path)}, vocabulary {meta.data.vocab_size:,}")
     console.print(f"saved {meta.saved_at} in {meta.save_seconds:g}s by job {meta.job}, torch {meta.torch_version}")
     table = Table(title=f"{_mib(meta.files_bytes)} on disk")
     for col in ("component", "entries", "elements", "tensor bytes"):

@@ -23,7 +23,7 @@ from distlaunch.launcher.spec import local_gpu_count
 from distlaunch.launcher.stacks import ranges
 from distlaunch.launcher.train import (
     TrainPlan,
-    check_resume,
+    check_training_files,
     default_nproc,
     engine_program,
     parallel_spec,
@@ -104,7 +104,7 @@ def train(
     if resume is not None:  # a JSON string is a valid TOML basic string, whatever the path holds
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
     cfg, rank_sets = train_config(config, overrides, parallel, nproc_per_node is not None or hostfile is not None)
-    check_resume(cfg, hostfile, workdir)
+    check_training_files(cfg, hostfile, workdir)
     metrics = metrics_file or (log_dir / "metrics.jsonl" if log_dir else None)
     nproc = default_nproc(cfg, hostfile, nproc_per_node)
     backend, why = train_backend(backend, hostfile, nproc, local_gpu_count())

@@ -20,16 +20,15 @@ is held out for evaluation.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from distlaunch.data.index import REPREPARE, check_dataset, is_dataset_dir, read_index
+from distlaunch.data.index import REPREPARE, check_dataset, is_dataset_dir
+from distlaunch.data.source import data_file, data_fingerprint, other_data
 from distlaunch.errors import UsageError
 
-BUNDLED_CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
 VOCAB_SIZE = 256
 
 
@@ -58,12 +57,9 @@ def is_token_file(path: str | None, data_format: str) -> bool:
 
 def map_token_file(path: str, token_dtype: str) -> torch.Tensor:
     """A token file as a read-only memory map (pages are read when a batch touches them)."""
-    source = Path(path).expanduser()
+    source = data_file(path)
     dtype = TOKEN_DTYPES[token_dtype]
-    try:
-        nbytes = source.stat().st_size
-    except FileNotFoundError:
-        raise UsageError(f"data.path not found: {source}", "point data.path at a token file") from None
+    nbytes = source.stat().st_size
     itemsize = dtype.itemsize
     if nbytes % itemsize:
         raise UsageError(
@@ -122,23 +118,11 @@ def check_token_ids(shard: torch.Tensor, path: Path, vocab_size: int) -> None:
             )
 
 
-def data_fingerprint(path: str | None) -> str:
-    """What the data is, independent of where it lies: a checkpoint resumes only on the same data."""
-    if is_dataset_dir(path):
-        return "prepared:" + read_index(path).fingerprint
-    source = Path(path).expanduser() if path else BUNDLED_CORPUS
-    with source.open("rb") as f:
-        head = hashlib.sha256(f.read(1 << 20)).hexdigest()
-    return f"file:{source.stat().st_size}:{head}"
-
-
 def load_tokens(path: str | None) -> torch.Tensor:
     """The bytes of a text file (``data.path``), or of the bundled corpus when ``path`` is None."""
-    source = Path(path).expanduser() if path else BUNDLED_CORPUS
+    source = data_file(path)
     try:
         raw = source.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"data.path not found: {source}", "point data.path at a text file") from None
     except IsADirectoryError:
         raise UsageError(
             f"data.path is a directory without an index.json: {source}",
@@ -243,11 +227,8 @@ class DataPosition:
         return {"fingerprint": self.fingerprint, "path": self.path, "batches": self.batches}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["fingerprint"] != self.fingerprint:
-            raise UsageError(
-                f"the checkpoint was trained on other data (data.path={state['path']!r}) than data.path={self.path!r}",
-                "resume with the same data.path, or start fresh with checkpoint.resume=never or a new checkpoint.dir",
-            )
+        if state["fingerprint"] != self.fingerprint:  # a checkpoint whose meta.json does not say (older)
+            raise other_data(state["path"], self.path)
         self.batches = state["batches"]
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from distlaunch.data.source import DataIdentity
 from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleStep, TrainState
 from distlaunch.engine.config import TrainingConfig, TrainSection
 from distlaunch.engine.data import build_samplers, to_device
@@ -299,6 +300,12 @@ class Engine:
             scale_gradients(self.data_parallel.grad_pieces(), factor)
         self.optimizer_step()
         self.scheduler.step()
+
+    def data_identity(self) -> DataIdentity:
+        """What this job trains on, as a checkpoint's ``meta.json`` records it."""
+        return DataIdentity(
+            fingerprint=self.data_position.fingerprint, path=self.cfg.data.path, vocab_size=self.model_cfg.vocab_size
+        )
 
     def state_bytes(self) -> dict[str, int]:
         """This rank's parameter / gradient / optimizer-state bytes, measured from storages."""

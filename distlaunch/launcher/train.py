@@ -69,14 +69,15 @@ def train_config(
     return load_config(EMBEDDED_CONFIG, rank_sets), rank_sets
 
 
-def check_resume(cfg: TrainingConfig, hostfile: Path | None, workdir: str | None) -> None:
-    """Refuse a ``checkpoint.resume`` that cannot work before any rank starts (UsageError, exit 2).
+def check_training_files(cfg: TrainingConfig, hostfile: Path | None, workdir: str | None) -> None:
+    """Refuse a ``data.path`` that is not there, or a ``checkpoint.resume`` that cannot work, before
+    any rank starts (UsageError, exit 2).
 
     Only where the ranks see this machine's files: no hostfile (ranks here, or this is one Slurm
     task) and a first try. On several hosts the ranks decide alone, as they always do too.
     """
     if hostfile is None and restart_count() == 0:
-        check_before_launch(cfg.checkpoint.resume, cfg.checkpoint.dir, cfg.model.preset, workdir)
+        check_before_launch(cfg.checkpoint.resume, cfg.checkpoint.dir, cfg.model.preset, cfg.data.path, workdir)
 
 
 def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: int | None) -> int | None:

@@ -202,7 +202,12 @@ def test_a_bad_manifest_field_is_named_with_its_value(ckpt, fields, expected):
     assert "validation error" not in verified.stdout
 
 
-def test_resuming_on_data_with_another_vocabulary_is_refused_before_any_tensor_is_read(ckpt, tmp_path):
+@pytest.mark.parametrize("named", [True, False], ids=["meta.json names the data", "an older meta.json"])
+def test_resuming_on_data_with_another_vocabulary_is_refused_before_any_tensor_is_read(ckpt, tmp_path, named):
+    """The ranks' own check (``run`` starts them whatever the checkpoint): from meta.json's data,
+    or, in a checkpoint that does not record it, from the embedding's saved shape."""
+    if not named:
+        edit_meta(ckpt / NEWEST, data=None)
     data = tmp_path / "bpe384"
     corpus = REPO / "distlaunch" / "data" / "corpus.txt"
     prepared = invoke(["data", "prepare", str(corpus), "--out", str(data), "--tokenizer", "bpe:384"])
@@ -210,7 +215,10 @@ def test_resuming_on_data_with_another_vocabulary_is_refused_before_any_tensor_i
     args = engine_args(ckpt, tmp_path / "resumed.jsonl", "train.steps=21", f"data.path='{data}'")
     r = run_cli("run", "--grace-period", "1", "-n", "2", *args, env=cli_env(), timeout=180, cwd=REPO)
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"checkpoint {ckpt / NEWEST} was trained on other data: it holds model.tok_emb.weight as 256x128" in r.stderr
+    because = (
+        "its vocabulary has 256 tokens, this model's has 384" if named else "it holds model.tok_emb.weight as 256x128"
+    )
+    assert f"checkpoint {ckpt / NEWEST} was trained on other data: {because}" in r.stderr
     assert "Size mismatch" not in r.stderr and "Traceback" not in r.stderr
 
 

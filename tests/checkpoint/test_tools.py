@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from distlaunch.data.source import BUNDLED_CORPUS, data_fingerprint
 from distlaunch.engine.checkpoint.folder import LEFTOVER, latest_checkpoint
 from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
@@ -30,9 +31,11 @@ def test_inspect_shows_step_layout_and_sizes_as_a_table_and_json(reference):
     table = invoke(["checkpoint", "inspect", str(reference.ckpt)])
     assert table.exit_code == 0, table.stderr
     assert "step 20, model tiny, written by dp=2,tp=1,pp=1,zero=0 (2 ranks)" in table.stdout
+    assert "trained on the bundled corpus, vocabulary 256" in table.stdout
     assert "model" in table.stdout and "optim" in table.stdout and "15, 20 (latest)" in table.stdout
     report = json.loads(invoke(["checkpoint", "inspect", str(reference.ckpt / "step_000015"), "--json"]).stdout)
     assert report["meta"]["step"] == 15 and report["meta"]["layout"]["world_size"] == 2
+    assert report["meta"]["data"] == {"fingerprint": data_fingerprint(None), "path": None, "vocab_size": 256}
     model = report["meta"]["components"]["model"]
     assert model["bytes"] == 4 * model["numel"] and report["meta"]["components"]["optim"]["bytes"] > 2 * model["bytes"]
 
@@ -141,6 +144,10 @@ def _resume_cases(reference, tmp_path) -> dict[str, tuple[list[str], str]]:
     empty.mkdir()
     a_file.write_text("x")
     loop.symlink_to(loop.name)
+    newest = reference.ckpt / "step_000020"
+    bpe = tmp_path / "bpe384"  # another vocabulary than the bundled corpus' 256 bytes
+    if invoke(["data", "prepare", str(BUNDLED_CORPUS), "--out", str(bpe), "--tokenizer", "bpe:384"]).exit_code:
+        raise AssertionError("data prepare failed")
     return {
         "missing": (["--resume", str(tmp_path / "missing")], f"checkpoint not found: {tmp_path / 'missing'}"),
         "empty": (["--resume", str(empty)], f"no published checkpoint in {empty}"),
@@ -158,10 +165,38 @@ def _resume_cases(reference, tmp_path) -> dict[str, tuple[list[str], str]]:
             ["--resume", "missing", "--workdir", str(tmp_path)],
             f"checkpoint not found: {tmp_path / 'missing'}",
         ),
+        "another vocabulary": (
+            ["--resume", str(reference.ckpt), "--set", f"data.path='{bpe}'"],
+            f"checkpoint {newest} was trained on other data: its vocabulary has 256 tokens, this model's has 384 "
+            f"(the vocabulary comes from data.path='{bpe}') (hint: resume on the data it was trained on "
+            "(the bundled corpus), or start fresh",
+        ),
+        "other data": (
+            ["--resume", str(reference.ckpt), "--set", f"data.path='{a_file}'"],
+            f"checkpoint {newest} was trained on other data (the bundled corpus) than data.path='{a_file}'",
+        ),
+        "no data": (
+            ["--set", f"data.path='{tmp_path / 'missing.txt'}'"],
+            f"data.path not found: {tmp_path / 'missing.txt'}",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "file", "loop", "preset", "latest", "relative to --workdir"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "empty",
+        "file",
+        "loop",
+        "preset",
+        "latest",
+        "relative to --workdir",
+        "another vocabulary",
+        "other data",
+        "no data",
+    ],
+)
 def test_train_refuses_a_resume_that_cannot_work_before_any_rank_starts(reference, tmp_path, case):
     args, expected = _resume_cases(reference, tmp_path)[case]
     r = invoke(["train", "-n", "2", "--parallel", "dp=2", "--set", "train.steps=4", *args])

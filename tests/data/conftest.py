@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distlaunch.engine.data import BUNDLED_CORPUS
+from distlaunch.data.source import BUNDLED_CORPUS
 from tests.helpers import invoke
 
 

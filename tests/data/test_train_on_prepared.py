@@ -115,7 +115,8 @@ def test_dp2_trains_on_a_prepared_folder_and_a_crash_restart_resumes_at_the_exac
     assert model_config("tiny", str(other)).vocab_size == 512
     r = invoke_engine_resume(tmp_path / "crash", other)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "the checkpoint was trained on other data" in r.stdout + r.stderr
+    assert f"checkpoint {run.ckpt / 'step_000008'} was trained on other data (data.path='{data}')" in r.stderr
+    assert f"than data.path='{other}'" in r.stderr
 
 
 def invoke_engine_resume(run_dir, data):

@@ -15,8 +15,8 @@ import threading
 import pytest
 import torch
 
+from distlaunch.data.source import BUNDLED_CORPUS
 from distlaunch.engine.config import load_config
-from distlaunch.engine.data import BUNDLED_CORPUS
 from distlaunch.engine.model import GPT, PRESETS, init_weights
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.planner import rank_memory

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from distlaunch.data.source import DataIdentity
 from distlaunch.engine.checkpoint.folder import META_FILE, is_shard_name, os_reason, step_of, write_file_durably
 from distlaunch.errors import DistlaunchError, ExitCode, validation_problem
 
@@ -62,6 +63,8 @@ class CheckpointMeta(BaseModel):
     save_seconds: float = Field(ge=0)
     # every file but meta.json, checked before a load (empty in checkpoints of older versions)
     files: dict[str, FileDigest] = {}
+    # what it was trained on: a resume on other data is refused before a rank starts (None in older versions)
+    data: DataIdentity | None = None
 
     @field_validator("format")
     @classmethod

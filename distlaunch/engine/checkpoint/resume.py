@@ -20,8 +20,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from distlaunch.data.source import DataIdentity, check_same_data, data_file, data_fingerprint
 from distlaunch.engine.checkpoint.folder import is_checkpoint, list_checkpoints, locate_checkpoint, read_latest, step_of
 from distlaunch.engine.checkpoint.manifest import read_manifest
+from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
 
 RESUME_WORDS = ("auto", "latest", "never")
@@ -73,17 +75,22 @@ def preset_refusal(checkpoint: Path, saved: str, configured: str) -> UsageError:
     )
 
 
-def check_before_launch(resume: str, ckpt_dir: str | None, preset: str, workdir: str | None = None) -> None:
-    """What rank 0 would refuse on the first try, found on this machine before any rank starts
-    (UsageError, exit 2): a resume path that is missing, a file, a symlink loop or holds no
-    published checkpoint; ``latest`` with nothing to resume; a ``checkpoint.dir`` that is a file; a
-    checkpoint of another preset. Damage is left to the ranks: they verify every file and fall back.
-    ``workdir`` is where the ranks run (relative paths are theirs)."""
+def check_before_launch(
+    resume: str, ckpt_dir: str | None, preset: str, data_path: str | None = None, workdir: str | None = None
+) -> None:
+    """What the ranks would refuse on the first try, found on this machine before any rank starts
+    (UsageError, exit 2): a ``data_path`` that does not exist; a resume path that is missing, a
+    file, a symlink loop or holds no published checkpoint; ``latest`` with nothing to resume; a
+    ``checkpoint.dir`` that is a file; a checkpoint of another preset, or of other data (another
+    vocabulary or other tokens than ``data_path``'s). Damage is left to the ranks: they verify every
+    file and fall back. ``workdir`` is where the ranks run (relative paths are theirs)."""
 
     def theirs(path: str) -> str:
         full = Path(path).expanduser()
         return str(full if full.is_absolute() or workdir is None else Path(workdir).expanduser() / full)
 
+    data = theirs(data_path) if data_path else None
+    data_file(data)
     ckpt_dir = theirs(ckpt_dir) if ckpt_dir else None
     if ckpt_dir is not None and os.path.lexists(ckpt_dir) and not Path(ckpt_dir).is_dir():
         raise UsageError(
@@ -93,5 +100,11 @@ def check_before_launch(resume: str, ckpt_dir: str | None, preset: str, workdir:
     if source is None:
         return
     meta, _ = read_manifest(source)  # a damaged manifest: the ranks say so, and fall back
-    if meta is not None and meta.preset != preset:
+    if meta is None:
+        return
+    if meta.preset != preset:
         raise preset_refusal(source, meta.preset, preset)
+    if meta.data is not None:
+        vocab_size = model_config(preset, data).vocab_size  # first: it refuses a folder that is no dataset
+        here = DataIdentity(fingerprint=data_fingerprint(data), path=data_path, vocab_size=vocab_size)
+        check_same_data(source, meta.data, here)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from distlaunch.data.source import check_same_data
 from distlaunch.engine.checkpoint.folder import directory_bytes, prune, publish, remove_leftovers, step_dir_name
 from distlaunch.engine.checkpoint.integrity import checkpoint_files, digest, share
 from distlaunch.engine.checkpoint.manifest import CheckpointMeta, ComponentSize, Layout, read_meta, write_meta
@@ -107,6 +108,7 @@ def save_checkpoint(
                 torch_version=torch.__version__,
                 save_seconds=round(time.perf_counter() - started, 3),
                 files={name: d for part in digests for name, d in sorted(part.items())},
+                data=engine.data_identity(),
             ),
         )
         final = publish(root, tmp, step, tag)
@@ -170,9 +172,11 @@ def _check_model(engine, meta: CheckpointMeta, path: Path) -> dict[str, Any]:
     preset = engine.cfg.model.preset
     if meta.preset != preset:
         raise preset_refusal(path, meta.preset, preset)
+    if meta.data is not None:
+        check_same_data(path, meta.data, engine.data_identity())
     saved = read_dcp_metadata(path).state_dict_metadata
     mismatch = shape_mismatch(engine.data_parallel, saved)
-    if mismatch is not None:  # same preset, other shape: the vocabulary, which the data sets
+    if mismatch is not None:  # same preset, other shape: the vocabulary of data meta.json does not name (older)
         key, there, here = mismatch
         data = engine.cfg.data.path
         raise UsageError(
