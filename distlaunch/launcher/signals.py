@@ -9,6 +9,17 @@ import time
 from collections.abc import Callable
 
 
+def catch(sig: int, handler: Callable) -> object | None:
+    """Install ``handler`` for ``sig``; the previous handler, or None when ``sig`` was left alone.
+
+    A signal ignored when distlaunch started stays ignored: ``nohup distlaunch ...`` (SIGHUP ignored)
+    must outlive the terminal that started it, as every program run under nohup does.
+    """
+    if signal.getsignal(sig) is signal.SIG_IGN:
+        return None
+    return signal.signal(sig, handler)
+
+
 class SignalTrap:
     """Context manager: ``first`` is the first signal received (``first_at``: when, wall clock), ``count`` how
     many arrived."""
@@ -23,8 +34,11 @@ class SignalTrap:
     def __enter__(self) -> SignalTrap:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             # SIGHUP: the terminal that started a foreground job was closed; stop the job in order, and say so.
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for sig in (signal.SIGINT, signal.SIGTERM):
                 self._saved[sig] = signal.signal(sig, self._handle)
+            previous = catch(signal.SIGHUP, self._handle)
+            if previous is not None:
+                self._saved[signal.SIGHUP] = previous
         return self
 
     def __exit__(self, *exc) -> None:

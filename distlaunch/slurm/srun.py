@@ -26,7 +26,7 @@ from typing import TextIO
 from pydantic import BaseModel
 
 from distlaunch.errors import HostError
-from distlaunch.launcher.signals import SignalTrap
+from distlaunch.launcher.signals import SignalTrap, catch
 from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
 
 STEP_LOOKUP_S = 10.0  # how long to look for srun's step after a signal (it may still be starting)
@@ -179,11 +179,12 @@ def _on_hangup(handler: Callable[[int], None]) -> Iterator[list[int]]:
         got.append(signum)
         handler(signum)
 
-    saved = signal.signal(signal.SIGHUP, on_hup)
+    saved = catch(signal.SIGHUP, on_hup)
     try:
         yield got
     finally:
-        signal.signal(signal.SIGHUP, saved)
+        if saved is not None:
+            signal.signal(signal.SIGHUP, saved)
 
 
 def run_srun(

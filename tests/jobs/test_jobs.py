@@ -248,6 +248,24 @@ def test_closing_the_terminal_of_a_foreground_job_stops_it_and_says_so(state, tm
     assert status_json(job["job_id"], tmp_path)["state"] == "interrupted"
 
 
+def test_a_job_under_nohup_outlives_its_terminal(state, tmp_path):
+    proc = subprocess.Popen(
+        ["nohup", *distlaunch_cmd("run", "-n", "2", "ticker.py", "20", "0")],  # nohup: SIGHUP ignored
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        start_new_session=True,
+    )
+    assert "tick" in proc.stdout.readline()
+    os.killpg(proc.pid, signal.SIGHUP)  # the terminal closes
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "tick 19 of rank 0" in out and "tick 19 of rank 1" in out
+    assert "SIGHUP" not in err
+
+
 def _record(job_id: str, age_s: float = 0.0):
     """A finished local job's record, written as a launcher would have."""
     import time
