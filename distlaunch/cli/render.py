@@ -130,6 +130,10 @@ def render_report(report: RunReport, console: Console) -> None:
         console.print(
             f"[yellow]{cause or f'interrupted by {report.interrupted}'}[/yellow]: {how} (exit {report.exit_code})"
         )
+    if report.stopped_by:
+        console.print(
+            f"[yellow]stopped because {report.stopped_by}[/yellow]: every rank here was stopped (exit {report.exit_code})"
+        )
     if report.hang is not None:
         console.print(
             f"[red]job {report.job_id} hung[/red] (no progress for {report.hang.timeout_s:g}s): {report.hang.summary}"
@@ -165,7 +169,7 @@ def render_report(report: RunReport, console: Console) -> None:
             console.print(Text.assemble(("cause", "bold"), f" (rank {explained.rank}): {explained.cause}"))
         if report.restarts:
             console.print(f"gave up after {report.restarts} restart(s)")
-    elif not report.interrupted and report.hang is None:
+    elif not report.interrupted and not report.stopped_by and report.hang is None:
         extra = f" after {report.restarts} restart(s)" if report.restarts else ""
         console.print(
             f"[green]job {report.job_id} finished[/green]: {plural(report.world_size, 'rank')} exited 0 in "

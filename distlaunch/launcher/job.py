@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from distlaunch import protocol as p
 from distlaunch.errors import UsageError
 from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
-from distlaunch.launcher.plan import LaunchPlan, NodePlan
+from distlaunch.launcher.plan import LaunchPlan, NodePlan, RankPlan
 from distlaunch.launcher.report import (
     HANG_CODE,
     HOST_SILENT_CODE,
@@ -29,7 +29,7 @@ from distlaunch.launcher.report import (
     SilentHost,
     exit_code_of,
 )
-from distlaunch.launcher.signals import SignalTrap, StackRequests
+from distlaunch.launcher.signals import SignalTrap, StackRequests, StopRequest
 from distlaunch.launcher.stacks import ranges, write_rank_stacks
 from distlaunch.protocol import AgentConnection
 
@@ -75,13 +75,16 @@ class _Attempt:
         restart_count: int,
         interrupts: SignalTrap,
         requests: StackRequests | None = None,
+        stop_request: StopRequest | None = None,
     ):
         self.plan, self.options, self.sink, self.connect = plan, options, sink, connect
         self.restart_count, self.interrupts, self.requests = restart_count, interrupts, requests
+        self.stop_request = stop_request
         self.events: queue.Queue[tuple[int, dict]] = queue.Queue(EVENT_QUEUE_SIZE)
         self.host_of = {r.rank: n.host for n in plan.nodes for r in n.ranks}
         self.node_of = {n.node_rank: n for n in plan.nodes}  # a per-node launch holds one node, not node 0
         self.local_rank_of = {r.rank: r.local_rank for n in plan.nodes for r in n.ranks}
+        self.placed = {r.rank: (n, r) for n in plan.nodes for r in n.ranks}  # rank -> its node and its plan
         self.tails = {r: collections.deque(maxlen=TAIL_LINES) for r in self.host_of}
         self.exited: set[int] = set()
         self.failures: list[RankExit] = []
@@ -90,7 +93,9 @@ class _Attempt:
         # Wall clock, as agents stamp exits with theirs: failures are ordered by when they happened, not by
         # which host's report arrived first.
         self.started_at = time.time()
-        self.logs: dict[int, object] = {}
+        self.logs: dict[int, object] = {}  # rank -> its open log, once it has printed (--log-dir)
+        self.logged: set[int] = set()  # ranks whose log has this attempt's header or restart mark
+        self.log_folder: Path | None = None  # <log-dir>/<job id>, once made
         self.silent: list[SilentHost] = []
         self.unconfirmed: list[str] = []  # hosts whose ranks we could not confirm stopped
         self.kill_deadline: float | None = None
@@ -162,7 +167,9 @@ class _Attempt:
             kind = event.get("ev")
             if kind in (p.OUT, p.PROGRESS):
                 self.progress_at = time.monotonic()
-            if kind == p.OUT:
+            if kind == p.STARTED:
+                self.on_started(event["rank"])
+            elif kind == p.OUT:
                 self.on_output(event["rank"], event["fd"], event["line"])
             elif kind == p.STACKS:
                 for gathering in (self.stacks, self.asked):  # a hang and a request may gather at once
@@ -285,6 +292,18 @@ class _Attempt:
                 f"--heartbeat-timeout {self.options.heartbeat_timeout:g})",
             )
 
+    def on_started(self, rank: int) -> None:
+        """A rank is running: with --log-dir its log gets its header (or this restart's mark) now, with the
+        time it started, whether or not it ever prints."""
+        if self.options.log_dir is not None and rank not in self.logged:
+            self.logged.add(rank)
+            start_rank_log(self.rank_log(rank), self.plan, *self.placed[rank], self.restart_count)
+
+    def rank_log(self, rank: int) -> Path:
+        if self.log_folder is None:
+            self.log_folder = job_folder(self.plan, self.options)
+        return self.log_folder / f"rank{rank}.log"
+
     def on_output(self, rank: int, fd: int, line: str) -> None:
         self.tails[rank].append(line)
         shown = self.options.local_ranks_filter
@@ -293,8 +312,11 @@ class _Attempt:
         if self.options.log_dir is not None:
             log = self.logs.get(rank)
             if log is None:
-                # Kept open across lines (closed in close()): reopening per line would cost a syscall storm.
-                log = self.logs[rank] = open_rank_log(self.plan, self.options, rank, self.restart_count)
+                self.on_started(rank)  # a rank its agent could not start has no 'started', only its reason
+                # Opened at the first line, not at the start: a rank that never prints holds no descriptor (a
+                # job may have thousands). Kept open across lines (closed with the attempt): reopening per
+                # line would cost a syscall storm.
+                log = self.logs[rank] = open(self.rank_log(rank), "a", encoding="utf-8")  # noqa: SIM115
             log.write(f"{_stamp()} {'err' if fd == 2 else 'out'}| {line}\n")
             log.flush()
 
@@ -358,6 +380,8 @@ class _Attempt:
             conn.send(p.command(p.STOP))
 
     def check_interrupts(self, conns: list[AgentConnection]) -> None:
+        if self.stop_request is not None and self.stop_request.reason is not None:
+            self.stop(conns, self.stop_request.reason)
         if self.interrupts.first is None:
             return
         if not self.stopping:
@@ -385,24 +409,21 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
-def open_rank_log(plan: LaunchPlan, options: ExecOptions, rank: int, restart_count: int):
-    """<log-dir>/<job id>/rank<N>.log, opened for appending; a header on creation, a mark on each restart."""
-    path = job_folder(plan, options) / f"rank{rank}.log"
+def start_rank_log(path: Path, plan: LaunchPlan, node: NodePlan, spec: RankPlan, restart_count: int) -> None:
+    """When a rank starts, in its <log-dir>/<job id>/rank<N>.log: the header if the file is new, this restart's
+    mark if it is a restart. The file is closed again at once; the rank's first line reopens it."""
     new = not path.exists()
-    log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed with the attempt
-    if new:
-        node = next(n for n in plan.nodes if any(r.rank == rank for r in n.ranks))
-        spec = next(r for r in node.ranks if r.rank == rank)
-        log.write(
-            f"# distlaunch job {plan.job_id}: rank {rank} (local rank {spec.local_rank}) on {node.host}, "
-            f"started {_stamp()}\n# command: {shlex.join(spec.argv)}\n"
-            f"# plan: world_size={plan.world_size} nnodes={plan.nnodes} backend={plan.backend} "
-            f"parallel={plan.parallel} master={plan.master_addr}:{plan.master_port}\n"
-            "# each line: UTC time, stream (out|err), the rank's line\n"
-        )
-    if restart_count:
-        log.write(f"# --- restart {restart_count}, {_stamp()} ---\n")
-    return log
+    with open(path, "a", encoding="utf-8") as log:
+        if new:
+            log.write(
+                f"# distlaunch job {plan.job_id}: rank {spec.rank} (local rank {spec.local_rank}) on {node.host}, "
+                f"started {_stamp()}\n# command: {shlex.join(spec.argv)}\n"
+                f"# plan: world_size={plan.world_size} nnodes={plan.nnodes} backend={plan.backend} "
+                f"parallel={plan.parallel} master={plan.master_addr}:{plan.master_port}\n"
+                "# each line: UTC time, stream (out|err), the rank's line\n"
+            )
+        if restart_count:
+            log.write(f"# --- restart {restart_count}, {_stamp()} ---\n")
 
 
 def write_hang_report(
@@ -419,10 +440,16 @@ def _discard(events: queue.Queue) -> None:
 
 
 def execute(
-    plan: LaunchPlan, options: ExecOptions, sink: Sink, connect: Connect, requests: StackRequests | None = None
+    plan: LaunchPlan,
+    options: ExecOptions,
+    sink: Sink,
+    connect: Connect,
+    requests: StackRequests | None = None,
+    stop_request: StopRequest | None = None,
 ) -> RunReport:
     """Run the plan to completion (with up to ``max_restarts`` restarts) and report how it ended; ``requests``
-    (from ``launch``) brings 'distlaunch stacks' signals, answered while the job runs on."""
+    (from ``launch``) brings 'distlaunch stacks' signals, answered while the job runs on; ``stop_request``
+    a stop asked by distlaunch itself."""
     if options.log_dir is not None:
         try:
             Path(options.log_dir).mkdir(parents=True, exist_ok=True)
@@ -440,22 +467,26 @@ def execute(
     with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
         for restart_count in range(options.max_restarts + 1):
             restarts = restart_count
-            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, requests)
+            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, requests, stop_request)
             failures = attempt.run()
             stragglers += attempt.stragglers
             hang = attempt.hang or hang
             if attempt.hang is not None and restart_count < options.max_restarts:
                 sink.notice(f"restarting the job after the hang ({restart_count + 1}/{options.max_restarts})")
                 continue
-            if not failures or interrupts.first is not None or restart_count == options.max_restarts:
+            asked_to_stop = interrupts.first is not None or (stop_request is not None and stop_request.reason)
+            if not failures or asked_to_stop or restart_count == options.max_restarts:
                 break
             sink.notice(f"restarting the job ({restart_count + 1}/{options.max_restarts}) after {failures[0].what}")
     # A rank that failed before the signal came is the outcome; the signal only met a job already stopping.
     failed_first = bool(failures) and interrupts.first_at is not None and failures[0].at <= interrupts.first_at
     interrupted = signal.Signals(interrupts.first).name if interrupts.first and not failed_first else None
     silent = attempt.silent if attempt else []
+    stopped_by = None
     if interrupted:
         exit_code = 128 + interrupts.first
+    elif stop_request is not None and stop_request.reason is not None and not failures:
+        exit_code, stopped_by = stop_request.exit_code, stop_request.reason
     elif attempt is not None and attempt.hang is not None:
         exit_code = HANG_CODE
     elif silent:
@@ -469,6 +500,7 @@ def execute(
         restarts=restarts,
         failures=failures,
         interrupted=interrupted,
+        stopped_by=stopped_by,
         silent_hosts=silent,
         unconfirmed_hosts=attempt.unconfirmed if attempt else [],
         stragglers=stragglers,

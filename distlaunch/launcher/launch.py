@@ -13,7 +13,7 @@ from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.program import check_local_program, check_workdir
 from distlaunch.launcher.report import RunReport
-from distlaunch.launcher.signals import StackRequests
+from distlaunch.launcher.signals import StackRequests, StopRequest
 from distlaunch.launcher.spec import (
     check_master_port,
     is_local_host,
@@ -105,12 +105,18 @@ def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
 
 
 def launch(
-    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink, command: list[str] | None = None
+    plan: LaunchPlan,
+    opts: LaunchOptions,
+    exec_opts: ExecOptions,
+    sink: Sink,
+    command: list[str] | None = None,
+    stop_request: StopRequest | None = None,
 ) -> RunReport:
-    """Execute a plan built from ``opts``, keep its job record (``distlaunch jobs``) and report how it ended."""
+    """Execute a plan built from ``opts``, keep its job record (``distlaunch jobs``) and report how it ended;
+    ``stop_request``: a stop distlaunch itself may ask of the running job (``launcher/pernode.py``)."""
     with master_port_held(plan, opts):
         check_launch(plan, opts)
-        return _recorded(plan, opts, exec_opts, sink, command)
+        return _recorded(plan, opts, exec_opts, sink, command, stop_request)
 
 
 def starts_rank0_here(plan: LaunchPlan) -> bool:
@@ -128,7 +134,12 @@ def master_port_held(plan: LaunchPlan, opts: LaunchOptions) -> AbstractContextMa
 
 
 def _recorded(
-    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink, command: list[str] | None
+    plan: LaunchPlan,
+    opts: LaunchOptions,
+    exec_opts: ExecOptions,
+    sink: Sink,
+    command: list[str] | None,
+    stop_request: StopRequest | None,
 ) -> RunReport:
     from distlaunch.jobs.journal import Journal
     from distlaunch.jobs.store import jobs_dir
@@ -140,7 +151,7 @@ def _recorded(
         journal = Journal.begin(plan, backend, command or [], log_dir, sink.notice)
         requests.folder = None if journal.broken else jobs_dir() / plan.job_id
         try:
-            report = _launch(plan, opts, exec_opts, sink, requests)
+            report = _launch(plan, opts, exec_opts, sink, requests, stop_request)
         except DistlaunchError as exc:
             journal.end(exit_code=exc.exit_code, error=str(exc))
             raise
@@ -155,11 +166,16 @@ def _recorded(
 
 
 def _launch(
-    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, sink: Sink, requests: StackRequests
+    plan: LaunchPlan,
+    opts: LaunchOptions,
+    exec_opts: ExecOptions,
+    sink: Sink,
+    requests: StackRequests,
+    stop_request: StopRequest | None,
 ) -> RunReport:
     remote = [node.host for node in plan.nodes if not node.local]
     if not remote:
-        return execute(plan, exec_opts, sink, make_connect(opts), requests)
+        return execute(plan, exec_opts, sink, make_connect(opts), requests, stop_request)
     from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote
 
     # Preflight: every remote host connected and able to run the agent before any rank starts anywhere.
@@ -171,4 +187,4 @@ def _launch(
         workdir=plan.nodes[0].workdir,
         job_id=plan.job_id,
     ) as hosts:
-        return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests)
+        return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests, stop_request)

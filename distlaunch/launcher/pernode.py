@@ -9,8 +9,6 @@ when a rank failed, so every node stops its ranks (fail-fast across nodes).
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
@@ -26,6 +24,7 @@ from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
 from distlaunch.launcher.report import RankExit, RunReport
+from distlaunch.launcher.signals import StopRequest
 from distlaunch.launcher.spec import is_loopback, make_spec
 
 POLL_S = 0.5  # how often a node looks for another node's failure
@@ -143,7 +142,7 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
         watcher = FailureWatcher(store)
         watcher.start()
         try:
-            report = launch(plan, opts, exec_opts, sink)
+            report = launch(plan, opts, exec_opts, sink, stop_request=watcher.stop_request)
         except BaseException as exc:
             # This node cannot run its part (its script is missing here, say): the other nodes' ranks must not
             # wait for its ranks until their collectives time out.
@@ -161,7 +160,7 @@ def settle(
 ) -> RunReport:
     """Publish this node's failure, wait for the other nodes' (the rank that failed first may be reported
     last), and report the earliest as the root cause: this node's own, or a rank of another node."""
-    stopped_by_other = watcher.failure is not None and report.interrupted == "SIGTERM" and not report.failures
+    stopped_by_other = report.stopped_by is not None
     own = report.failures[0] if report.failures else None
     if report.exit_code != 0 and not stopped_by_other:
         at = own.at if own else time.time()
@@ -177,13 +176,9 @@ def settle(
     if root is None or root["node_rank"] == node_rank:
         return report
     where, code = f"node {root['node_rank']}", root["exit_code"]
-    if stopped_by_other:
-        report = report.model_copy(update={"exit_code": code})
-        if root["rank"] is None:  # that node was interrupted, or could not run its part: its output says why
-            sink.notice(f"stopped because {where} ended with code {code}, with no rank failing there")
-            return report
-        sink.notice(f"stopped because rank {root['rank']} on {where} failed with code {code}")
-        return report.model_copy(update={"interrupted": None, "failures": [_remote_cause(root)]})
+    if stopped_by_other:  # the root cause may be another node's than the one that stopped us: it failed earlier
+        failures = [] if root["rank"] is None else [_remote_cause(root)]
+        return report.model_copy(update={"exit_code": code, "stopped_by": describe(root), "failures": failures})
     if own is not None and root["rank"] is not None and root["at"] < own.at:
         earlier = own.at - root["at"]
         sink.notice(
@@ -193,6 +188,14 @@ def settle(
         cause = _remote_cause(root, time_s=max(0.0, round(own.time_s - earlier, 3)))  # another clock: never < 0
         return report.model_copy(update={"exit_code": code, "failures": [cause, *report.failures]})
     return report
+
+
+def describe(failure: dict) -> str:
+    """Another node's failure in words, as a reason to stop this node."""
+    where, code = f"node {failure['node_rank']}", failure["exit_code"]
+    if failure["rank"] is None:  # that node was interrupted, or could not run its part: its output says why
+        return f"{where} ended with code {code}, with no rank failing there"
+    return f"rank {failure['rank']} on {where} failed with code {code}"
 
 
 def _remote_cause(root: dict, time_s: float = 0.0) -> RankExit:
@@ -211,16 +214,13 @@ def _failure(store: NodeStore) -> dict | None:
 
 
 class FailureWatcher:
-    """Polls the store for another node's failure; on one, stops this node's job as a SIGTERM would.
-
-    The job's supervisor already stops every rank in order on SIGTERM (grace period, then SIGKILL), so the
-    watcher sends SIGTERM to this launcher process only, and ``settle`` turns the result into the failing
-    rank's exit code.
-    """
+    """Polls the store for another node's failure; on one, asks this node's job to stop (``stop_request``):
+    every rank stops in order, as on a Ctrl-C, and the job ends with that failure's exit code."""
 
     def __init__(self, store: NodeStore):
         self.store = store
         self.failure: dict | None = None
+        self.stop_request = StopRequest()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -240,9 +240,5 @@ class FailureWatcher:
             if failure is None:
                 continue
             self.failure = failure
-            # Only once the supervisor's own handler is installed (not the default, which would kill us).
-            while not self._done.is_set() and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                time.sleep(0.05)
-            if not self._done.is_set():
-                os.kill(os.getpid(), signal.SIGTERM)
+            self.stop_request.ask(describe(failure), failure["exit_code"])
             return

@@ -8,7 +8,9 @@ the master port + 1), never on MASTER_PORT, where rank 0's init_process_group ho
 
 Keys: ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1), ``node/<i>`` (a node rank
 given twice is an error), ``job`` (job id and master address from node 0), ``failed`` (the earliest failure
-any node reported), ``finished`` (counter; the hosting node keeps the store up until every node is done).
+any node reported), ``finished`` (counter; the hosting node keeps the store up until every node is done),
+``left`` (counter: a node that will not call the store again; the hosting node waits for them, so no node's
+last call meets a closed store).
 """
 
 from __future__ import annotations
@@ -51,6 +53,24 @@ def is_own_address(host: str) -> bool:
 
 
 POLL_S = 0.5  # between tries to reach the store
+LEAVE_S = 5.0  # once every node has finished: how long the hosting node waits for the others to leave
+
+
+def tcp_store_class():
+    """torch's TCPStore, imported with its C++ warnings off in this process: a store that went away is handled
+    here in one line, never with the C++ stack torch prints for each failed call. Our own setting of the
+    variable ends with the import, so the ranks get the user's environment unchanged."""
+    import os
+
+    ours = "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if ours:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"  # read once, when torch's libraries load
+    try:
+        from torch.distributed import TCPStore  # lazily: only per-node launches need torch here
+    finally:
+        if ours:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+    return TCPStore
 
 
 def wait_until_served(host: str, port: int, deadline: float) -> bool:
@@ -82,8 +102,7 @@ class NodeStore:
     @contextlib.contextmanager
     def open(cls, host: str, port: int, nnodes: int, timeout: float, first: bool | None) -> Iterator[NodeStore]:
         """Serve the store (node 0; ``first=None``: the first node on the endpoint's machine), else reach it."""
-        from torch.distributed import TCPStore  # lazily: only per-node launches need torch here
-
+        TCPStore = tcp_store_class()
         endpoint = host_port(host, port)
         wait = timedelta(seconds=timeout)
         store, serving = None, False
@@ -114,7 +133,7 @@ class NodeStore:
         try:
             yield node
         finally:
-            node.linger() if serving else node.finish()
+            node.linger() if serving else node.leave()
 
     def _call(self, name: str, *args):
         with self._lock:
@@ -188,7 +207,18 @@ class NodeStore:
             while self._call("add", "finished", 0) < self._call("add", "arrived", 0) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
+    def leave(self) -> None:
+        """A node that does not serve the store makes its last call: it has finished and will not come back."""
+        self.finish()  # also when it leaves early with an error
+        with contextlib.suppress(Exception):
+            self._call("add", "left", 1)
+
     def linger(self) -> None:
-        """The serving node keeps the store up until every node has finished (or the timeout)."""
+        """The serving node keeps the store up until every node has finished (or the timeout), then until the
+        others have left: a node reads the root cause after the last one finished."""
         self.finish()  # this node too, also when it leaves early with an error
         self.wait_finished(self.timeout)
+        deadline = time.monotonic() + LEAVE_S
+        with contextlib.suppress(Exception):
+            while self._call("add", "left", 0) < self._call("add", "arrived", 0) - 1 and time.monotonic() < deadline:
+                time.sleep(0.05)

@@ -63,6 +63,7 @@ class RunReport(BaseModel):
     restarts: int = 0
     failures: list[RankExit] = Field(default_factory=list)  # root cause first
     interrupted: str | None = None  # "SIGINT" / "SIGTERM" when the user stopped the job
+    stopped_by: str | None = None  # per-node mode: what on another node stopped this one (its exit code is ours)
     silent_hosts: list[SilentHost] = Field(default_factory=list)
     unconfirmed_hosts: list[str] = Field(default_factory=list)  # after a second interrupt: not confirmed clean
     hang: HangReport | None = None

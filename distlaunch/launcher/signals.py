@@ -53,6 +53,21 @@ class SignalTrap:
             self.on_signal(signum)
 
 
+class StopRequest:
+    """A stop that distlaunch itself asks of a running job, from another thread (per-node mode: another node
+    failed). The job stops every rank in order, saying ``reason``, and ends with ``exit_code`` unless a rank
+    of its own failed first."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        self.exit_code = 0
+
+    def ask(self, reason: str, exit_code: int) -> None:
+        if self.reason is None:
+            self.exit_code = exit_code
+            self.reason = reason  # last: the job's loop reads it as the flag
+
+
 # ``distlaunch stacks JOB`` asks a running launcher for its ranks' stacks with this signal (docs/jobs.md).
 STACKS_REQUEST_SIGNAL = signal.SIGUSR1
 

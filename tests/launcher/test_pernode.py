@@ -45,6 +45,15 @@ def run_static(order: tuple[int, ...], *args: str, n: int = 2, **env) -> tuple[i
     return on_fresh_ports(job)
 
 
+def assert_quiet(results: list[tuple[int, str, str]]) -> None:
+    """No node says it got a signal nobody sent it, and none prints the C++ stack of torch's store client (a
+    node reading the store after the hosting node left)."""
+    for _, _, err in results[1:]:  # node 0 may have been signalled by the test itself
+        assert "received SIGTERM" not in err and "interrupted by SIGTERM" not in err, err
+    for _, _, err in results:
+        assert "TCPStore" not in err and "frame #" not in err, err
+
+
 def sleepers_up(*args: str) -> list[subprocess.Popen]:
     """Two nodes of one rank each (ARGS end in fail_one.py, whose ranks sleep), once both ranks are up. A node
     that ends first fails the test with its output (or raises PortTaken on the port race)."""
@@ -112,9 +121,11 @@ def test_a_rank_failing_on_node_1_stops_node_0_with_its_exit_code():
     extra = ["--grace-period", "3", "--env", f"DLTEST_MARK={mark}", str(SCRIPTS / "fail_one.py")]
     _, results = run_static((0, 1), *extra, FAIL_RANK="3", FAIL_CODE="7", FAIL_AFTER="2")
     assert [code for code, _, _ in results] == [7, 7], [err for _, _, err in results]
+    assert "rank 3 on node 1 failed with code 7; stopping all ranks" in results[0][2]  # said when it happens
     assert "stopped because rank 3 on node 1 failed with code 7" in results[0][2]
     assert "root cause" in results[0][2] and "node 1" in results[0][2]
     assert "rank 3 on localhost exited with code 7" in results[1][2]
+    assert_quiet(results)
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
 
 
@@ -258,5 +269,8 @@ def test_stopping_one_node_stops_the_others():
 
     results = on_fresh_ports(job)
     assert [code for code, _, _ in results] == [143, 143], [err for _, _, err in results]
+    assert "node 0 ended with code 143, with no rank failing there; stopping all ranks" in results[1][2]
     assert "stopped because node 0 ended with code 143, with no rank failing there" in results[1][2]
+    assert "finished" not in results[1][2]
+    assert_quiet(results)
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
