@@ -41,14 +41,51 @@ def data_file(path: str | None) -> Path:
     return source
 
 
+SAMPLES, SAMPLE_BYTES = 64, 1 << 16  # a file's fingerprint reads at most 4 MiB of it, wherever it lies
+
+
 def data_fingerprint(path: str | None) -> str:
-    """What the data is, independent of where it lies: a checkpoint resumes only on the same data."""
+    """What the data is, independent of where it lies: a checkpoint resumes only on the same data.
+
+    A prepared folder: the sha256 of all its tokens (``index.json``, written at prepare) and where its
+    shards end (a window never crosses a shard, so the boundaries shape every batch). A text or token file:
+    its size and a sha256 over all of it up to 4 MiB, else over 64 slices of 64 KiB spread evenly from its
+    first byte to its last; every rank computes it at start, so it must stay cheap for files of many GB.
+    """
+    if is_dataset_dir(path):
+        index = read_index(path)
+        bounds = hashlib.sha256(",".join(str(shard.tokens) for shard in index.shards).encode()).hexdigest()
+        return f"prepared2:{index.fingerprint}:{bounds[:16]}"
+    source = data_file(path)
+    size = source.stat().st_size
+    digest = hashlib.sha256()
+    with source.open("rb") as f:
+        if size <= SAMPLES * SAMPLE_BYTES:
+            digest.update(f.read())
+        else:
+            for i in range(SAMPLES):
+                f.seek(i * (size - SAMPLE_BYTES) // (SAMPLES - 1))
+                digest.update(f.read(SAMPLE_BYTES))
+    return f"file2:{size}:{digest.hexdigest()}"
+
+
+def _first_fingerprint(path: str | None) -> str:
+    """The fingerprint of checkpoints written before ``data_fingerprint`` read the whole data (its tokens'
+    sha256 for a folder, the first MiB of a file): such checkpoints still resume on their data."""
     if is_dataset_dir(path):
         return "prepared:" + read_index(path).fingerprint
     source = data_file(path)
     with source.open("rb") as f:
         head = hashlib.sha256(f.read(1 << 20)).hexdigest()
     return f"file:{source.stat().st_size}:{head}"
+
+
+def same_data(saved: str, current: str, path: str | None) -> bool:
+    """Whether a checkpoint that recorded the fingerprint ``saved`` (of any version) was trained on the data at
+    ``path``, whose fingerprint is ``current``."""
+    if saved.split(":", 1)[0] in ("file", "prepared"):
+        return saved == _first_fingerprint(path)
+    return saved == current
 
 
 def describe_data(path: str | None) -> str:
@@ -73,5 +110,5 @@ def check_same_data(checkpoint: Path, saved: DataIdentity, here: DataIdentity) -
             f"this model's has {here.vocab_size} (the vocabulary comes from {describe_data(here.path)})",
             f"resume on the data it was trained on ({describe_data(saved.path)}), {FRESH_START}",
         )
-    if saved.fingerprint != here.fingerprint:
+    if not same_data(saved.fingerprint, here.fingerprint, here.path):
         raise other_data(saved.path, here.path, checkpoint)

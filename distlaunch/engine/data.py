@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from distlaunch.data.index import REPREPARE, check_dataset, is_dataset_dir
-from distlaunch.data.source import data_file, data_fingerprint, other_data
+from distlaunch.data.source import data_file, data_fingerprint, other_data, same_data
 from distlaunch.errors import UsageError
 
 VOCAB_SIZE = 256
@@ -227,7 +227,7 @@ class DataPosition:
         return {"fingerprint": self.fingerprint, "path": self.path, "batches": self.batches}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["fingerprint"] != self.fingerprint:  # a checkpoint whose meta.json does not say (older)
+        if not same_data(state["fingerprint"], self.fingerprint, self.path):  # meta.json did not say (older)
             raise other_data(state["path"], self.path)
         self.batches = state["batches"]
 

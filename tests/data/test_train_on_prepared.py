@@ -75,16 +75,16 @@ def test_a_prepared_folder_sets_the_vocabulary_and_holds_out_its_tail(tmp_path):
 
 
 def test_resuming_on_other_data_is_refused():
-    position = DataPosition("prepared:abc", "/data/a")
+    position = DataPosition("prepared2:abc", "/data/a")
     position.batches = 7
-    other = DataPosition("prepared:def", "/data/b")
+    other = DataPosition("prepared2:def", "/data/b")
     try:
         other.load_state_dict(position.state_dict())
     except Exception as err:
         assert "trained on other data (data.path='/data/a')" in str(err) and "data.path='/data/b'" in str(err)
     else:
         raise AssertionError("loading another dataset's position must fail")
-    same = DataPosition("prepared:abc", "/elsewhere/a")
+    same = DataPosition("prepared2:abc", "/elsewhere/a")
     same.load_state_dict(position.state_dict())
     assert same.batches == 7
 
