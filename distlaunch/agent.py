@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import os
 import selectors
@@ -212,7 +213,7 @@ class Agent:
         argv = list(spec["argv"])
         if not _is_python(argv):
             return argv
-        at = _program_index(argv)
+        at, _ = program_index(argv)
         return [*argv[:at], RANKBOOT, *argv[at:]]
 
     def start(self) -> None:
@@ -233,7 +234,7 @@ class Agent:
                 )
             except OSError as exc:
                 self.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=_start_error(spec["argv"][0], exc))
-                self.emit(ev=p.EXIT, rank=spec["rank"], code=127, at=time.time(), stopped=False)
+                self.emit(ev=p.EXIT, rank=spec["rank"], code=_start_exit_code(exc), at=time.time(), stopped=False)
                 continue
             rank = Rank(spec, proc)
             self.ranks.append(rank)
@@ -574,7 +575,7 @@ class Agent:
 
 
 # Interpreter options that take the next word as their value (python -W error -X dev train.py).
-_VALUED_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
+_VALUED_LONG_OPTIONS = ("--check-hash-based-pycs",)
 
 
 def _exit_fd(pid: int) -> int | None:
@@ -600,12 +601,39 @@ def _start_error(program: str, exc: OSError) -> str:
     return line
 
 
-def _program_index(argv: list[str]) -> int:
-    """Where the program starts in ``python [OPTIONS] SCRIPT|-m MODULE ...``: past the interpreter's options."""
+def _start_exit_code(exc: OSError) -> int:
+    """A shell's exit code for a program it could not run: 126 found but not runnable (no execute
+    permission, not a format the kernel runs), 127 not found (or anything else that kept it from starting)."""
+    return 126 if exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ETXTBSY) else 127
+
+
+def program_index(argv: list[str]) -> tuple[int, str]:
+    """Where the program starts in ``python [OPTIONS] SCRIPT|-m MODULE|-c CODE|- [ARGS]``, past the
+    interpreter's own options, and what it is: "script", "module" (``-m MODULE``), "code" (``-c CODE``, or a
+    group of options that ends in c or m, as ``-uc CODE`` or ``-mjson.tool``: rankboot cannot take those, so
+    they run as given), "stdin" (``-``), or "" when nothing follows the options. Python's own grammar: short
+    options group (``-uO``); W and X take the rest of their word, or the next word."""
     i = 1
-    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c", "-"):
-        i += 2 if argv[i] in _VALUED_OPTIONS else 1
-    return i
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-":
+            return i, "stdin"
+        if not arg.startswith("-"):
+            return i, "script"
+        if arg == "-m":
+            return i, "module"
+        if arg.startswith("--"):
+            i += 2 if arg in _VALUED_LONG_OPTIONS else 1
+            continue
+        for j, letter in enumerate(arg[1:], start=1):
+            if letter in "cm":  # the rest of the word, or the next word, is the code or the module
+                return i, "code"
+            if letter in "WX":
+                i += 1 if j < len(arg) - 1 else 2
+                break
+        else:
+            i += 1
+    return i, ""
 
 
 RANKBOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rankboot.py")
@@ -615,8 +643,7 @@ def _is_python(argv: list[str]) -> bool:
     """A rank run by a Python interpreter on a script or module (what rankboot can start)."""
     if len(argv) < 2 or not os.path.basename(argv[0]).startswith("python"):
         return False
-    at = _program_index(argv)
-    return at < len(argv) and argv[at] not in ("-c", "-")
+    return program_index(argv)[1] in ("script", "module")
 
 
 def _pids_with(marks: set[bytes]) -> list[int]:

@@ -2,7 +2,10 @@
 the checks that can catch a wrong program before any rank starts, where the ranks start.
 
 Relative paths are the ranks' own: they start in the working directory (``--workdir``, else the
-launcher's), so a script is looked for there, not where the launcher was started.
+launcher's), so a script is looked for there, not where the launcher was started. The program itself
+(``--python``, an interpreter named in PROGRAM, a ``--no-python`` executable) is found as the agent's exec
+finds it (``subprocess.Popen`` with ``cwd=workdir``): a name with a slash from the working directory, a bare
+name on the ranks' PATH. ``exec_candidates`` is that rule, once, for every check.
 """
 
 from __future__ import annotations
@@ -10,10 +13,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
+from distlaunch.agent import program_index
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 
@@ -54,9 +57,15 @@ def script_of(opts: LaunchOptions) -> str | None:
     if opts.module or opts.no_python or not opts.program:
         return None
     if is_interpreter(opts.program[0]):
-        rest = opts.program[1:]
-        return rest[0] if rest and not rest[0].startswith("-") else None
+        return interpreter_script(opts.program)
     return opts.program[0]
+
+
+def interpreter_script(argv: list[str]) -> str | None:
+    """The script in ``python [OPTIONS] SCRIPT ...``, past the interpreter's options (-u, -O, -X dev,
+    -W error, ...), where the agent puts rankboot; None for a module, code or stdin."""
+    at, kind = program_index(argv)
+    return argv[at] if kind == "script" else None
 
 
 def build_command(opts: LaunchOptions, workdir: str | None = None) -> list[str]:
@@ -109,17 +118,100 @@ def check_workdir(workdir: str) -> None:
 
 
 def check_local_program(opts: LaunchOptions, workdir: str) -> None:
-    """Where every rank starts on this machine: the working directory, the ranks' Python and the program,
-    each refused in one line (exit 2) instead of failing on every rank."""
+    """Where every rank starts on this machine: the working directory, the program the ranks exec (the
+    ranks' Python, a named interpreter or a --no-python executable) and the script, each refused in one line
+    (exit 2) instead of failing on every rank."""
     check_workdir(workdir)
-    if not runs_directly(opts, workdir) and shutil.which(opts.python) is None:
-        raise UsageError(
-            f"--python {opts.python!r} is not an executable on this machine",
-            "give the path of the Python that runs the ranks, or leave --python out (the launcher's own)",
-        )
+    command = build_command(opts, workdir)
+    script = script_of(opts)
+    if script is None or command[0] not in (script, f"./{script}"):  # else check_script knows the file best
+        check_executable(command[0], _label(opts), workdir, rank_search_path(opts))
     check_script(opts, workdir=workdir)
     if opts.module and opts.program and opts.python == sys.executable:
         check_module(opts.program[0], workdir)
+
+
+def rank_search_path(opts: LaunchOptions) -> list[str]:
+    """The PATH a local rank's exec searches: the launcher's (local ranks inherit it), or --env PATH=..."""
+    from distlaunch.launcher.spec import parse_env  # spec imports this module
+
+    return os.get_exec_path({**os.environ, **parse_env(opts.env)})
+
+
+def exec_candidates(program: str, workdir: str, search_path: list[str]) -> list[Path]:
+    """The files exec tries, in order, for ``program`` run with ``workdir`` as the current directory: a
+    name with a slash is that path from ``workdir``; a bare name is tried in each PATH entry (a relative
+    entry, too, is relative to ``workdir``). The first one that can run is run."""
+    if "/" in program:
+        return [in_workdir(program, workdir)]
+    return [in_workdir(os.path.join(folder, program), workdir) for folder in search_path]
+
+
+def _runs(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _label(opts: LaunchOptions) -> str:
+    """What the user called the thing the ranks exec."""
+    if opts.no_python:
+        return "program"
+    return "interpreter" if is_interpreter(opts.program[0]) else "--python"
+
+
+def check_executable(program: str, label: str, workdir: str, search_path: list[str]) -> None:
+    """``program`` must be a file the ranks can exec: missing is exit 127 on every rank, not executable 126."""
+    candidates = exec_candidates(program, workdir, search_path)
+    if any(_runs(path) for path in candidates):
+        return
+    named = f"{label} {program!r}"
+    relative = "/" in program and not Path(program).is_absolute()
+    seen_from = f" (ranks start in {workdir})" if relative else ""
+    present = next((path for path in candidates if path.exists()), None)
+    if present is None:
+        where = f"does not exist on this machine{seen_from}" if "/" in program else "is not on the ranks' PATH here"
+        raise UsageError(f"{named} {where}", _missing_hint(program, label, workdir))
+    shown = "" if "/" in program else f" (found on PATH as {present})"
+    if present.is_dir():
+        raise UsageError(f"{named} is a directory, not a program{shown}{seen_from}", "give the program's path")
+    raise UsageError(
+        f"{named} is not executable (no execute permission){shown}{seen_from}",
+        _not_executable_hint(program, present, label),
+    )
+
+
+def _missing_hint(program: str, label: str, workdir: str) -> str:
+    if label == "--python":
+        start = " (a relative path starts from the working directory)" if "/" in program else ""
+        return f"give the path of the Python that runs the ranks{start}, or leave --python out (the launcher's own)"
+    if "/" not in program and Path(workdir, program).is_file():
+        return f"exec looks a bare name up on PATH: write ./{program} for the file in the working directory"
+    if label == "interpreter":
+        return "install it, give its path, or leave it out: SCRIPT alone runs with --python (default: the launcher's)"
+    return "check the spelling, install it, or give its path (a relative path starts from the working directory)"
+
+
+def _not_executable_hint(program: str, path: Path, label: str) -> str:
+    chmod = f"chmod +x {os.path.abspath(path)}"
+    if label != "program":
+        return f"{chmod}, or give the path of an executable Python"
+    interpreter = shebang_interpreter(path)
+    python_script = is_interpreter(interpreter) if interpreter else path.suffix == ".py"
+    if python_script:
+        return f"{chmod}, or run it with Python: leave out --no-python (distlaunch run {program})"
+    return f"{chmod}, or run it through its interpreter: --no-python {interpreter or 'sh'} {program}"
+
+
+def shebang_interpreter(path: Path) -> str | None:
+    """The command a ``#!`` line names (``/usr/bin/env bash`` names bash), or None without one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.readline(512)
+    except OSError:
+        return None
+    words = head[2:].decode("utf-8", "replace").split() if head.startswith(b"#!") else []
+    if len(words) > 1 and Path(words[0]).name == "env" and not words[1].startswith("-"):
+        return words[1]
+    return Path(words[0]).name if words else None
 
 
 def check_module(module: str, workdir: str) -> None:
