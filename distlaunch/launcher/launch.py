@@ -48,6 +48,8 @@ def plan_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchPlan:
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
     plan = build_plan(spec_for(opts, workdir))
     check_local_script(plan, opts)  # a dry-run checks what a run checks
+    if starts_rank0_here(plan):
+        check_master_port(opts, plan.master_port)
     return plan
 
 

@@ -19,12 +19,13 @@ def test_a_taken_fixed_master_port_is_refused_before_start(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        r = run_cli("run", "-n", "2", "--master-port", str(port), str(script), timeout=60)
-        assert r.returncode == 2, r.stdout + r.stderr
-        assert r.stderr.count("\n") == 1, r.stderr
-        assert r.stderr.startswith(f"error: --master-port {port} is already in use on this machine (the master): ")
-        assert f"pid {os.getpid()} (" in r.stderr and "--master-port auto" in r.stderr
-        assert not marker.exists()  # no rank started
+        for dry in ([], ["--dry-run"]):  # a dry-run says what the run would refuse
+            r = run_cli("run", "-n", "2", "--master-port", str(port), *dry, str(script), timeout=60)
+            assert r.returncode == 2, r.stdout + r.stderr
+            assert r.stderr.count("\n") == 1, r.stderr
+            assert r.stderr.startswith(f"error: --master-port {port} is already in use on this machine (the master): ")
+            assert f"pid {os.getpid()} (" in r.stderr and "--master-port auto" in r.stderr
+            assert not marker.exists()  # no rank started
     free = run_cli("run", "-n", "2", "--master-port", str(port), str(script), timeout=60)
     assert free.returncode == 0 and marker.exists(), free.stderr
 
