@@ -89,6 +89,7 @@ class _Attempt:
         self.exited: set[int] = set()
         self.failures: list[RankExit] = []
         self.stopping = False
+        self.interrupt_seen = False
         self.killed = False
         # Wall clock, as agents stamp exits with theirs: failures are ordered by when they happened, not by
         # which host's report arrived first.
@@ -386,6 +387,12 @@ class _Attempt:
             return
         if not self.stopping:
             self.stop(conns, f"received {signal.Signals(self.interrupts.first).name}")
+        elif not self.interrupt_seen:  # a stop under way (a rank failed): say the signal came, and what a second does
+            self.sink.notice(
+                f"received {signal.Signals(self.interrupts.first).name}; already stopping all ranks "
+                "(a second Ctrl-C kills them at once)"
+            )
+        self.interrupt_seen = True
         if self.interrupts.count > 1 and not self.killed:
             self.killed = True
             self.kill_deadline = time.monotonic() + KILL_CONFIRM_S

@@ -128,6 +128,32 @@ def test_a_rank_that_failed_before_an_interrupt_is_the_outcome(tmp_path):
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
 
 
+def test_an_interrupt_during_a_stop_is_answered_and_the_failure_stays_the_outcome(tmp_path):
+    prog = tmp_path / "slow_to_stop.py"  # rank 0 ignores SIGTERM: the stop after rank 1's failure takes the grace
+    prog.write_text(
+        "import os, signal, sys, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    time.sleep(600)\n"
+        "time.sleep(0.5)\n"
+        "sys.exit(5)\n"
+    )
+    proc, mark = start("run", "-n", "2", "--grace-period", "4", str(prog))
+    try:
+        seen = ""
+        while "stopping all ranks" not in seen:
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "received SIGINT; already stopping all ranks (a second Ctrl-C kills them at once)" in err, seen + err
+    assert proc.returncode == 5, err
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
+
+
 def test_the_failure_table_shows_the_first_failures_and_counts_the_rest(tmp_path):
     def run_all_fail(*extra: str):
         barrier = tmp_path / f"barrier{len(extra)}"
