@@ -4,6 +4,7 @@ and DeepSpeed-style ``--include`` / ``--exclude`` filters (``node1:0,1@node2``).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -178,7 +179,10 @@ def read_hostfile(path: str | Path) -> list[HostSlots]:
         # utf-8-sig: a byte-order mark that Windows editors put first is not part of the first host name.
         text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise UsageError(f"hostfile {str(p)!r} does not exist", "check the path given to -H/--hostfile") from None
+        hint = "check the path given to -H/--hostfile"
+        if re.fullmatch(r"[\w\-]+", str(p)):  # a bare host name, as Horovod's -H takes one: say how ours reads
+            hint += f"; to list hosts in its place, give each its process count: -H {p}:1 (or -H {p}:2,other:2)"
+        raise UsageError(f"hostfile {str(p)!r} does not exist", hint) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"hostfile {str(p)!r} cannot be read: {exc}", "pass a readable UTF-8 text file") from None
     return parse_hostfile_text(text, str(p))

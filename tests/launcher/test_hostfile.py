@@ -69,8 +69,16 @@ def test_empty_hostfile_is_an_error(text):
 
 
 def test_missing_file_is_a_usage_error(tmp_path):
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(UsageError, match="does not exist") as err:
         read_hostfile(tmp_path / "nope")
+    assert "-H" in str(err.value) and ":1" not in str(err.value)
+
+
+def test_a_bare_host_name_for_a_hostfile_is_told_how_to_list_hosts_in_place(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(["run", "-H", "localhost", "-n", "1", "train.py"])  # Horovod's form: one slot on localhost
+    assert r.exit_code == 2
+    assert "hostfile 'localhost' does not exist" in r.stderr and "-H localhost:1" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("name", ["deepspeed.txt", "mpich.txt", "bare.txt", "mixed.txt"])
