@@ -17,6 +17,7 @@ from distlaunch.cli import options as o
 from distlaunch.cli.run import command_line, start
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.engine.planner import MemoryPlan
+from distlaunch.errors import UsageError
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import local_gpu_count
@@ -27,6 +28,7 @@ from distlaunch.launcher.train import (
     default_nproc,
     engine_program,
     parallel_spec,
+    parse_size,
     train_backend,
     train_config,
     train_plan,
@@ -100,6 +102,8 @@ def train(
 
     Exit code: 0 on success, 2 for a bad config or option (before any process starts), 3 when a host cannot be reached, the first failing rank's code otherwise, 130/143 after Ctrl-C / SIGTERM.
     """
+    if gpu_memory is not None and parse_size(gpu_memory) <= 0:  # 0 would make every plan "does not fit"
+        raise UsageError(f"--gpu-memory {gpu_memory!r} is not a positive size", "give one GPU's memory, e.g. 80GiB")
     overrides = list(set_ or [])
     if resume is not None:  # a JSON string is a valid TOML basic string, whatever the path holds
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
@@ -175,9 +179,14 @@ def render_memory(memory: MemoryPlan, console: Console) -> None:
         sizes = (_gib(n) for n in (params, grads, opt, act, buffers, peak))
         table.add_row(ranges(ranks), *sizes, peak_at, verdict)
     console.print(table)
-    capacity = "unknown" if memory.capacity_bytes is None else _gib(memory.capacity_bytes)
-    verdict = {None: "cannot tell", True: "[green]fits[/green]", False: "[red]does not fit[/red]"}[memory.fits]
+    if memory.capacity_bytes is None:
+        console.print(
+            f"  device: {memory.device}, memory per rank unknown (pass --gpu-memory, e.g. --gpu-memory 80GiB); "
+            "cannot tell whether the step peak fits"
+        )
+        return
+    verdict = "[green]fits[/green]" if memory.fits else "[red]does not fit[/red]"
     console.print(
-        f"  device: {memory.device}, {capacity} per rank ({memory.capacity_source}); "
+        f"  device: {memory.device}, {_gib(memory.capacity_bytes)} per rank ({memory.capacity_source}); "
         f"the step peak {verdict} within 90% of it"
     )

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from distlaunch.contract.layout import Schedule, ZeroStage, parse_layout
 from distlaunch.errors import UsageError
@@ -24,14 +24,45 @@ Preset = Literal["tiny", "small", "125m", "350m", "1.3b"]
 Precision = Literal["fp32", "bf16", "fp16"]
 FaultKind = Literal["crash", "hang", "crash-in-save"]
 LrSchedule = Literal["cosine", "constant"]
+
+
+def _not_bool(value: Any) -> Any:
+    """Refuse a bool in a number key: pydantic takes true as 1, so ``steps = true`` would train one step.
+    Its other coercions stay, so ``--set train.steps=1e4`` (a TOML float) and ``--set train.lr=.5``
+    (not TOML, so a string) still work."""
+    if isinstance(value, bool):
+        raise ValueError("a number is needed here, not true or false")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+OptionalInt = Annotated[int | None, BeforeValidator(_not_bool)]
 # a key whose default is derived (parallel.dp, train.micro_batch_size) also takes "auto", as in --parallel dp=auto
-Derived = Annotated[int | None, BeforeValidator(lambda value: None if value == "auto" else value)]
+Derived = Annotated[OptionalInt, BeforeValidator(lambda value: None if value == "auto" else value)]
 DataFormat = Literal["auto", "text", "tokens"]
 TokenDtype = Literal["uint16", "uint8", "uint32"]
+# The watchdog's longest deadline: far beyond any step, save or load, and far below what
+# threading's waits accept (threading.TIMEOUT_MAX, ~292 years); 0 turns a timeout off instead.
+MAX_TIMEOUT_S = 30 * 24 * 3600
+TIMEOUT_HINT = "seconds, 30 days at most; 0 turns the limit off"
+
+
+def _path(default: str) -> AfterValidator:
+    """A path key that may be left out (``default`` then) but not left empty: an empty path is the
+    current folder, which nobody means by writing nothing."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"an empty path; leave the key out for {default}, or name a path ('.' for this folder)")
+        return value
+
+    return AfterValidator(check)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never a setting: an inf lr trains to nan, an inf timeout overflows the watchdog
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
@@ -39,68 +70,83 @@ class ModelSection(_Section):
 
 
 class TrainSection(_Section):
-    steps: int = Field(100, ge=1)
-    global_batch_size: int = Field(16, ge=1)
+    steps: Int = Field(100, ge=1)
+    global_batch_size: Int = Field(16, ge=1)
     # None: the whole per-dp-rank batch at once (pp=1) or split into parallel.microbatches (pp>1)
     micro_batch_size: Derived = Field(None, ge=1)
-    seq_len: int = Field(128, ge=2)
+    seq_len: Int = Field(128, ge=2)
     # forward/backward rounds per step; global batch = dp x grad_accum_steps x micro-batches x
     # micro_batch_size (docs/train.md, "Batch arithmetic")
-    grad_accum_steps: int = Field(1, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    grad_accum_steps: Int = Field(1, ge=1)
+    lr: Float = Field(1e-3, gt=0)
     lr_schedule: LrSchedule = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    min_lr: float | None = Field(None, ge=0)  # None: lr / 10, the end of the cosine
-    weight_decay: float = Field(0.0, ge=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 turns clipping off
-    seed: int = Field(1337, ge=0)
+    warmup_steps: Int = Field(0, ge=0)
+    min_lr: Annotated[float | None, BeforeValidator(_not_bool)] = Field(
+        None, ge=0
+    )  # None: lr / 10, the end of the cosine; at most lr
+    weight_decay: Float = Field(0.0, ge=0)
+    beta1: Float = Field(0.9, ge=0, lt=1)
+    beta2: Float = Field(0.95, ge=0, lt=1)
+    grad_clip: Float = Field(1.0, ge=0)  # max global gradient norm; 0 turns clipping off
+    # below 2**32: the engine seeds torch generators with seed * 1_000_003 + a small offset, which
+    # must stay below 2**64 (torch refuses larger seeds)
+    seed: Int = Field(1337, ge=0, lt=2**32)
     precision: Precision = "fp32"
-    loss_scale: float = Field(2.0**16, gt=0)  # fp16 only: the dynamic loss scale's start value
+    loss_scale: Float = Field(2.0**16, gt=0)  # fp16 only: the dynamic loss scale's start value
     activation_checkpointing: bool = False
     # torch.compile every transformer block; "auto" (None): on for CUDA, off on CPU
     compile: Annotated[bool | None, BeforeValidator(lambda value: None if value == "auto" else value)] = None
     # ZeRO-0/1/2: gradients are reduced in buckets of this many MiB, each launched from the
-    # backward as soon as it is complete (DDP's default 25)
-    bucket_mb: float = Field(25.0, gt=0)
-    log_every: int = Field(1, ge=1)
+    # backward as soon as it is complete (DDP's default 25); at most 64 GiB: a bucket larger than
+    # all of a model's gradients is one bucket of them all, so more would change nothing
+    bucket_mb: Float = Field(25.0, gt=0, le=65536)
+    log_every: Int = Field(1, ge=1)
     # seconds one step may take before the rank's watchdog ends it (exit 124); 0: no limit
-    step_timeout: float = Field(900.0, ge=0)
-    eval_every: int = Field(0, ge=0)  # evaluate the held-out split every N steps; 0: never
-    eval_batches: int = Field(4, ge=1)  # global batches per evaluation
+    step_timeout: Float = Field(900.0, ge=0, le=MAX_TIMEOUT_S, description=TIMEOUT_HINT)
+    eval_every: Int = Field(0, ge=0)  # evaluate the held-out split every N steps; 0: never
+    eval_batches: Int = Field(4, ge=1)  # global batches per evaluation
+
+    def check_min_lr(self) -> None:
+        """The cosine decays from lr to min_lr: a min_lr above lr would make it climb."""
+        if self.min_lr is not None and self.min_lr > self.lr:
+            raise UsageError(
+                f"train.min_lr={self.min_lr:g} is above train.lr={self.lr:g}: "
+                "the learning rate would climb towards min_lr instead of decaying",
+                f"set train.min_lr to at most {self.lr:g}, or leave it out (lr / 10)",
+            )
 
 
 class ParallelSection(_Section):
     dp: Derived = Field(None, ge=1)  # None: WORLD_SIZE / (tp * pp)
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    zero: ZeroStage = 0
+    tp: Int = Field(1, ge=1)
+    pp: Int = Field(1, ge=1)
+    zero: Annotated[ZeroStage, BeforeValidator(_not_bool)] = 0  # true would be ZeRO-1
     schedule: Schedule = "1f1b"
-    microbatches: int | None = Field(None, ge=1)  # None: from micro_batch_size, else pp
-    virtual_stages: int = Field(2, ge=1)  # stages per pp rank, interleaved schedule only
+    microbatches: OptionalInt = Field(None, ge=1)  # None: from micro_batch_size, else pp
+    virtual_stages: Int = Field(2, ge=1)  # stages per pp rank, interleaved schedule only
 
 
 class DataSection(_Section):
-    path: str | None = None  # None: the corpus bundled in distlaunch/data
+    path: Annotated[str | None, _path("the bundled corpus")] = None  # None: the corpus in distlaunch/data
     # auto: a .bin file holds tokens, anything else is UTF-8 text (byte tokens)
     format: DataFormat = "auto"
     token_dtype: TokenDtype = "uint16"  # element type of a token file (little-endian, no header)
-    val_fraction: float = Field(0.1, ge=0, lt=1)  # the tail of the data, held out for evaluation
+    val_fraction: Float = Field(0.1, ge=0, lt=1)  # the tail of the data, held out for evaluation
 
 
 class CheckpointSection(_Section):
-    dir: str | None = None
-    every: int = Field(0, ge=0)
-    keep: int = Field(2, ge=1)
+    dir: Annotated[str | None, _path("no checkpoints")] = None
+    every: Int = Field(0, ge=0)
+    keep: Int = Field(2, ge=1)
     # auto: the latest in dir if any; latest: the same, required; never; or a checkpoint path
     resume: str = Field("auto", min_length=1)
-    timeout: float = Field(1800.0, ge=0)  # seconds one save or load may take; 0: no limit
+    # seconds one save or load may take; 0: no limit
+    timeout: Float = Field(1800.0, ge=0, le=MAX_TIMEOUT_S, description=TIMEOUT_HINT)
 
 
 class FaultSection(_Section):
-    rank: int | None = Field(None, ge=0)
-    step: int | None = Field(None, ge=1)
+    rank: OptionalInt = Field(None, ge=0)
+    step: OptionalInt = Field(None, ge=1)
     kind: FaultKind = "crash"
     every_try: bool = False  # False: only when DISTLAUNCH_RESTART_COUNT is 0, so a restart recovers
 
@@ -167,7 +213,13 @@ def _error_from_validation(err: ValidationError) -> UsageError:
         return UsageError(f"unknown config key {key!r}", f"keys in [{section}] are: {allowed}")
     value = first.get("input")
     expected = first.get("ctx", {}).get("expected")
-    hint = f"allowed values: {expected}" if expected else first["msg"]
+    hint = f"allowed values: {expected}" if expected else first["msg"].removeprefix("Value error, ")
+    if len(first["loc"]) == 2:  # section.key: add what the key means where the bound alone does not say
+        section, name = (str(part) for part in first["loc"])
+        owner = TrainingConfig.model_fields.get(section)
+        field = owner.annotation.model_fields.get(name) if owner else None
+        if field is not None and field.description:
+            hint += f" ({field.description})"
     return UsageError(f"bad value for {key}: {value!r}", hint)
 
 
@@ -200,4 +252,10 @@ def load_config(
         apply_override(raw, assignment)
     if parallel_env:
         merge_parallel_env(raw, parallel_env)
-    return validate_config(raw)
+    cfg = validate_config(raw)
+    # Against the lr the job trains with. With no file and no train.lr that lr is not known here:
+    # `distlaunch train` checks the user's --set alone first (launcher/train.py, train_config), then
+    # again on top of the embedded config, whose lr is not the default.
+    if path is not None or "lr" in cfg.train.model_fields_set:
+        cfg.train.check_min_lr()
+    return cfg

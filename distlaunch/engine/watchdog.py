@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import math
 import os
 import sys
 import threading
@@ -17,6 +18,9 @@ import time
 from collections.abc import Iterator
 
 STEP_TIMEOUT_EXIT = 124  # the code timeout(1) uses: "ran out of time"
+# The longest single wait: Condition.wait raises OverflowError past threading.TIMEOUT_MAX (~292
+# years), which would end the thread and with it hang detection; a longer deadline waits in turns.
+MAX_WAIT_S = 3600.0
 
 
 class Watchdog:
@@ -33,8 +37,8 @@ class Watchdog:
 
     @contextlib.contextmanager
     def guard(self, what: str, seconds: float, setting: str) -> Iterator[None]:
-        """Run the block under a ``seconds`` deadline (0: no deadline); ``setting`` names the knob."""
-        if seconds <= 0:
+        """Run the block under a ``seconds`` deadline (0, inf or nan: no deadline); ``setting`` names the knob."""
+        if not 0 < seconds < math.inf:  # an infinite deadline never passes: nothing to watch
             yield
             return
         self._start()
@@ -63,7 +67,7 @@ class Watchdog:
                 left = self._deadline - time.monotonic()
                 if left <= 0:
                     self._fire()
-                self._cond.wait(timeout=left)
+                self._cond.wait(timeout=min(left, MAX_WAIT_S))
 
     def _fire(self) -> None:
         sys.stderr.write(
