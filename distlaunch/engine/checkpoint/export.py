@@ -6,6 +6,10 @@ full-size tensors, keyed by the names ``GPT.load_state_dict`` expects. The outpu
 
     from safetensors.torch import load_file
     model = GPT(PRESETS["tiny"]); model.load_state_dict(load_file("model.safetensors"))
+
+A model trained on a prepared dataset has its tokenizer's vocabulary: build it with
+``replace(PRESETS[meta.preset], vocab_size=meta.data.vocab_size)`` from the checkpoint's ``meta.json``
+(docs/checkpointing.md shows it whole).
 """
 
 from __future__ import annotations
