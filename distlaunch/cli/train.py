@@ -108,8 +108,8 @@ def train(
     if resume is not None:  # a JSON string is a valid TOML basic string, whatever the path holds
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
     cfg, rank_sets = train_config(config, overrides, parallel, nproc_per_node is not None or hostfile is not None)
-    check_training_files(cfg, hostfile, workdir)
     metrics = metrics_file or (log_dir / "metrics.jsonl" if log_dir else None)
+    check_training_files(cfg, hostfile, workdir, metrics)
     nproc = default_nproc(cfg, hostfile, nproc_per_node)
     backend, why = train_backend(backend, hostfile, nproc, local_gpu_count())
     if why:

@@ -70,14 +70,27 @@ def map_token_file(path: str, token_dtype: str) -> torch.Tensor:
     return torch.from_file(str(source), shared=False, size=nbytes // itemsize, dtype=dtype)
 
 
-def load_split(path: str | None, data_format: str, token_dtype: str, val_fraction: float) -> tuple[Tokens, Tokens]:
-    """(training tokens, held-out tokens): the held-out part is the last ``val_fraction``."""
+TOKEN_FILE_FIX = (
+    "check data.token_dtype and model.preset (tiny and small have 256 ids, 125m, 350m and 1.3b 50,304), "
+    "or tokenize with distlaunch data prepare, whose folder sets the vocabulary"
+)
+
+
+def load_split(
+    path: str | None, data_format: str, token_dtype: str, val_fraction: float, vocab_size: int | None = None
+) -> tuple[Tokens, Tokens]:
+    """(training tokens, held-out tokens): the held-out part is the last ``val_fraction``. With
+    ``vocab_size`` (the model's), every id of a token file is checked below it, as a prepared
+    folder's shards always are against its index (``check_token_ids``); text is bytes, always below."""
     if is_dataset_dir(path):
         return load_dataset_split(path, val_fraction)
     if is_token_file(path, data_format):
         if path is None:
             raise UsageError("data.format='tokens' needs data.path", "point data.path at a token file")
         tokens = map_token_file(path, token_dtype)
+        if vocab_size is not None:
+            vocabulary = f"the model's vocabulary of {vocab_size}"
+            check_token_ids(tokens, Path(path).expanduser(), vocab_size, vocabulary, TOKEN_FILE_FIX)
     else:
         tokens = load_tokens(path)
     split = tokens.numel() - int(tokens.numel() * val_fraction)
@@ -91,7 +104,8 @@ def load_dataset_split(path: str, val_fraction: float) -> tuple[list[torch.Tenso
     shards = []
     for entry in index.shards:
         shard = map_token_file(str(root / entry.file), index.dtype)
-        check_token_ids(shard, root / entry.file, index.vocab_size)
+        vocabulary = f"the vocabulary of {index.vocab_size} in its index.json"
+        check_token_ids(shard, root / entry.file, index.vocab_size, vocabulary, REPREPARE)
         shards.append(shard)
     cut = index.tokens - int(index.tokens * val_fraction)
     train: list[torch.Tensor] = []
@@ -105,17 +119,15 @@ def load_dataset_split(path: str, val_fraction: float) -> tuple[list[torch.Tenso
     return train, held_out
 
 
-def check_token_ids(shard: torch.Tensor, path: Path, vocab_size: int) -> None:
-    """Every id in ``shard`` is below ``vocab_size``. One pass over the data when it is loaded (about
-    as long as reading it once) refuses a damaged shard before the first step, not whenever a batch
-    happens to sample the bad id."""
-    for start in range(0, shard.numel(), ID_CHECK_CHUNK):
-        low, high = torch.aminmax(shard[start : start + ID_CHECK_CHUNK].to(torch.int32))
+def check_token_ids(tokens: torch.Tensor, path: Path, vocab_size: int, vocabulary: str, fix: str) -> None:
+    """Every id in ``tokens`` (a shard or a token file) is below ``vocab_size`` (``vocabulary`` names
+    it in the error). One pass over the data when it is loaded (about as long as reading it once)
+    refuses a bad id before the first step, not whenever a batch happens to sample it."""
+    for start in range(0, tokens.numel(), ID_CHECK_CHUNK):
+        low, high = torch.aminmax(tokens[start : start + ID_CHECK_CHUNK].to(torch.int32))
         bad = int(low) + (1 << 32) if int(low) < 0 else int(high)  # uint32 ids are read as int32
         if bad >= vocab_size:
-            raise UsageError(
-                f"{path} holds token id {bad}, outside the vocabulary of {vocab_size} in its index.json", REPREPARE
-            )
+            raise UsageError(f"{path} holds token id {bad}, outside {vocabulary}", fix)
 
 
 def load_tokens(path: str | None) -> torch.Tensor:
@@ -128,6 +140,8 @@ def load_tokens(path: str | None) -> torch.Tensor:
             f"data.path is a directory without an index.json: {source}",
             "point data.path at a text file, or at a folder made by distlaunch data prepare",
         ) from None
+    if not raw:  # torch.frombuffer refuses an empty buffer; the sampler says the data is too short
+        return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
@@ -135,7 +149,8 @@ class BatchSampler:
     """Random windows of ``seq_len + 1`` tokens, drawn from a generator seeded by (seed, step).
 
     ``tokens`` is one tensor, or one per shard: a window lies inside one shard, and every window
-    start of every shard is equally likely.
+    start of every shard is equally likely. Its ids are checked once, when the data is loaded
+    (``load_split``, ``check_token_ids``), not per batch.
     """
 
     def __init__(
@@ -158,7 +173,7 @@ class BatchSampler:
                 + (" in any one shard" if len(self.segments) > 1 else ""),
                 "use a longer file, a smaller train.seq_len or another data.val_fraction",
             )
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size  # the model's; the ids were checked against it at load (load_split)
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
         self.seed = seed
@@ -186,11 +201,6 @@ class BatchSampler:
                 for s, i in zip(seg.tolist(), local.tolist(), strict=True)
             ]
             windows = torch.stack(rows) if rows else torch.empty(0, self.seq_len + 1, dtype=torch.long)
-        if windows.numel() and int(windows.max()) >= self.vocab_size:
-            raise UsageError(
-                f"token id {int(windows.max())} in data.path is outside the model's vocabulary of {self.vocab_size}",
-                "the byte tokenizer has ids 0-255: re-tokenize with distlaunch data prepare, or check data.token_dtype",
-            )
         # contiguous: the pipeline's first stage checks its input's strides against the (B, T)
         # shape it was built for, and torch 2.11 refuses a (T + 1)-strided view (2.13 accepts it)
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
@@ -235,7 +245,7 @@ class DataPosition:
 def build_samplers(cfg, vocab_size: int) -> tuple[BatchSampler, BatchSampler | None, DataPosition]:
     """The training sampler, the held-out one (when ``train.eval_every``) and the data position."""
     train, data = cfg.train, cfg.data
-    tokens, held_out = load_split(data.path, data.format, data.token_dtype, data.val_fraction)
+    tokens, held_out = load_split(data.path, data.format, data.token_dtype, data.val_fraction, vocab_size)
     sampler = BatchSampler(tokens, train.seq_len, train.global_batch_size, train.seed, vocab_size=vocab_size)
     position = DataPosition(data_fingerprint(data.path), data.path)
     if not train.eval_every:

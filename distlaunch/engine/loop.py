@@ -18,9 +18,11 @@ from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
 from distlaunch.engine.model import num_params
 from distlaunch.engine.parallel.dims import ParallelDims, resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_group, pick_device
+from distlaunch.engine.places import create_checkpoint_dir
 from distlaunch.engine.presets import model_config
 from distlaunch.engine.progress import ProgressReport, write_loss_curve
 from distlaunch.engine.trainer import Engine, StepResult, read_results
+from distlaunch.errors import DistlaunchError
 
 
 def step_record(engine: Engine, result: StepResult, mfu_scale: float | None) -> dict[str, Any]:
@@ -151,23 +153,47 @@ def train(
             interval_start = time.perf_counter()
     summary = summarize(engine, records, mfu_scale)
     summary["wall_s"] = time.perf_counter() - started
-    if rank == 0 and writer.path is not None:
+    if rank == 0 and writer.path is not None and records:  # no steps run: the last run's curve stays
         curve = write_loss_curve(records, writer.path.with_name("loss_curve.png"))
         summary["loss_curve"] = str(curve) if curve else None
     progress.finish(summary)
     return summary
 
 
-def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[str, Any]:
-    """Validate the layout, start the process group, train, and tear down."""
+def open_outputs(cfg: TrainingConfig, rank: int, metrics_file: Path | None) -> MetricsWriter:
+    """Rank 0 creates ``checkpoint.dir`` and opens the metrics file before anything is built, so a
+    place it cannot write is one line at the start instead of a traceback at the first save, hours
+    later. Collective: every rank gets rank 0's refusal and stops with it."""
+    writer, refusal = MetricsWriter(None, enabled=False), None
+    if rank == 0:
+        try:
+            if cfg.checkpoint.dir is not None:
+                create_checkpoint_dir(Path(cfg.checkpoint.dir).expanduser())
+            writer = MetricsWriter(metrics_file, enabled=True)
+        except DistlaunchError as err:
+            refusal = err
+    shared = [refusal]
+    dist.broadcast_object_list(shared, src=0)
+    if shared[0] is not None:
+        raise shared[0]
+    return writer
+
+
+def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[str, Any] | None:
+    """Validate the layout, start the process group, train, and tear down. None when a resumed
+    checkpoint already reaches ``train.steps``: nothing is trained and nothing is written to the
+    metrics (its last summary stays the run's)."""
     dims: ParallelDims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), env.world_size)
     device = pick_device(env.local_rank, env.backend)
     init_process_group(env, device)
-    writer = MetricsWriter(metrics_file, enabled=env.rank == 0)
+    writer = MetricsWriter(None, enabled=False)
     try:
+        writer = open_outputs(cfg, env.rank, metrics_file)
         engine = Engine(cfg, dims, build_mesh(dims, device), device)
         checkpoints = Checkpointing(engine, env.rank)
         first_step = checkpoints.start()  # resumes from a checkpoint when there is one to resume
+        if first_step > cfg.train.steps:  # the checkpoint already reaches the last step (start said so)
+            return None
         writer.write(
             {
                 "event": "start",

@@ -18,7 +18,9 @@ from typing import IO, Any
 
 import torch
 
+from distlaunch.engine.checkpoint.folder import os_reason
 from distlaunch.engine.model import GPTConfig, num_params
+from distlaunch.engine.places import METRICS_FILE, check_place, place_refusal
 
 # Dense (no sparsity) peaks per GPU, from NVIDIA's data sheets: (bf16/fp16 tensor cores, fp32 without
 # TF32). The most specific name first: an "H100 PCIe" is an H100 too, and the word match keeps an
@@ -75,6 +77,17 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return peak_flops_of(torch.cuda.get_device_name(device), precision, torch.backends.cuda.matmul.allow_tf32)
 
 
+def open_metrics_file(path: Path) -> IO[str]:
+    """``path`` opened for appending (missing folders created), or UsageError in one line naming the
+    path and why it cannot be written: a folder, under a file, not writable."""
+    check_place(METRICS_FILE, path, folder=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("a", encoding="utf-8")
+    except OSError as err:  # what the check cannot foresee: a read-only or special filesystem
+        raise place_refusal(METRICS_FILE, path, f"cannot be written: {os_reason(path, err)}") from None
+
+
 class MetricsWriter:
     """Appends JSON lines on rank 0; every other rank holds a writer that does nothing."""
 
@@ -82,8 +95,7 @@ class MetricsWriter:
         self._file: IO[str] | None = None
         self.path = path if enabled else None
         if enabled and path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", encoding="utf-8")
+            self._file = open_metrics_file(path)
 
     def write(self, record: dict[str, Any]) -> None:
         """One JSON object per line, flushed so a tail -f sees it at once."""

@@ -103,11 +103,13 @@ def summary_table(summary: dict[str, Any]):
     from rich.table import Table
 
     table = Table(title="training summary", show_header=False)
+    first, final = summary.get("first_loss"), summary.get("final_loss")
+    loss = "-" if first is None or final is None else f"{first:.4f} -> {final:.4f}"  # "-": no step was run
     rows = [
         ("layout", f"{summary['layout']} ({summary['world_size']} ranks)"),
         ("model", f"{summary['preset']} ({summary['n_params'] / 1e6:.2f}M parameters), {summary['precision']}"),
         ("steps", str(summary["steps"])),
-        ("loss", f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}"),
+        ("loss", loss),
         ("val_loss", "-" if summary.get("final_val_loss") is None else f"{summary['final_val_loss']:.4f}"),
         ("tokens/s (median)", f"{summary['tokens_per_s']:.0f}"),
         ("mfu", "n/a (no known peak)" if summary.get("mfu") is None else f"{summary['mfu']:.1%}"),

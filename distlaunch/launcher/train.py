@@ -15,6 +15,7 @@ from distlaunch.engine.checkpoint.resume import check_before_launch
 from distlaunch.engine.config import TrainingConfig, load_config
 from distlaunch.engine.fault import restart_count
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
+from distlaunch.engine.places import METRICS_FILE, check_place
 from distlaunch.engine.planner import MemoryPlan, plan_memory
 from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
@@ -69,15 +70,22 @@ def train_config(
     return load_config(EMBEDDED_CONFIG, rank_sets), rank_sets
 
 
-def check_training_files(cfg: TrainingConfig, hostfile: Path | None, workdir: str | None) -> None:
-    """Refuse a ``data.path`` that is not there, or a ``checkpoint.resume`` that cannot work, before
-    any rank starts (UsageError, exit 2).
+def check_training_files(
+    cfg: TrainingConfig, hostfile: Path | None, workdir: str | None, metrics_file: Path | None = None
+) -> None:
+    """Refuse a ``data.path`` that is not there, a ``checkpoint.dir`` or ``metrics_file`` that cannot
+    be created or written, or a ``checkpoint.resume`` that cannot work (another model or data, past
+    ``train.steps``), before any rank starts (UsageError, exit 2). Nothing is created (``--dry-run``).
 
     Only where the ranks see this machine's files: no hostfile (ranks here, or this is one Slurm
     task) and a first try. On several hosts the ranks decide alone, as they always do too.
+    ``metrics_file`` is the launcher's (relative to its own folder, as ``engine_program`` resolves it).
     """
     if hostfile is None and restart_count() == 0:
-        check_before_launch(cfg.checkpoint.resume, cfg.checkpoint.dir, cfg.model.preset, cfg.data.path, workdir)
+        ckpt = cfg.checkpoint
+        check_before_launch(ckpt.resume, ckpt.dir, cfg.model.preset, cfg.data.path, workdir, cfg.train.steps)
+        if metrics_file is not None:
+            check_place(METRICS_FILE, metrics_file.expanduser(), folder=False)
 
 
 def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: int | None) -> int | None:

@@ -13,20 +13,51 @@ several hosts they may see other files than the launcher.
 - ``never``: always a fresh start, restarts included (old checkpoints are replaced as it saves).
 - a path (a ``step_N`` directory or a checkpoint root): that checkpoint on the first try; on a
   restart, this job's own latest checkpoint in ``checkpoint.dir`` once it has one.
+
+A checkpoint already at ``train.steps`` leaves nothing to train (the job ends at once, exit 0); one
+past it is refused (``steps_left``).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from distlaunch.data.source import DataIdentity, check_same_data, data_file, data_fingerprint
-from distlaunch.engine.checkpoint.folder import is_checkpoint, list_checkpoints, locate_checkpoint, read_latest, step_of
+from distlaunch.data.source import FRESH_START, DataIdentity, check_same_data, data_file, data_fingerprint
+from distlaunch.engine.checkpoint.folder import (
+    is_checkpoint,
+    list_checkpoints,
+    locate_checkpoint,
+    read_latest,
+    step_of,
+)
 from distlaunch.engine.checkpoint.manifest import read_manifest
+from distlaunch.engine.places import CHECKPOINT_DIR, check_place
 from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
 
 RESUME_WORDS = ("auto", "latest", "never")
+
+
+def steps_left(checkpoint: Path, step: int, steps: int) -> bool:
+    """Whether a job of ``train.steps`` has steps left to train after resuming ``checkpoint`` (of
+    ``step``). False when the checkpoint already reaches the last step: re-running a finished job's
+    command, or a restart after its last save, has nothing left to do (``nothing_left``, exit 0). A
+    checkpoint past the last step is refused (UsageError, exit 2): training on would run past the
+    end the config asks for, and stopping would silently return a model of another step."""
+    if step > steps:
+        raise UsageError(
+            f"checkpoint {checkpoint} is at step {step}, past train.steps={steps}",
+            f"set train.steps above {step} to train on from it, {FRESH_START}",
+        )
+    return step < steps
+
+
+def nothing_left(checkpoint: Path, step: int, steps: int) -> str:
+    """The line of a resume that finds the checkpoint already at ``train.steps`` (``steps_left``)."""
+    return (
+        f"checkpoint {checkpoint} (step {step}) already reaches train.steps={steps}: nothing left to train "
+        "(raise train.steps to train further)"
+    )
 
 
 def resume_source(resume: str, ckpt_dir: str | None, tries: int) -> tuple[Path | None, str | None]:
@@ -76,14 +107,20 @@ def preset_refusal(checkpoint: Path, saved: str, configured: str) -> UsageError:
 
 
 def check_before_launch(
-    resume: str, ckpt_dir: str | None, preset: str, data_path: str | None = None, workdir: str | None = None
+    resume: str,
+    ckpt_dir: str | None,
+    preset: str,
+    data_path: str | None = None,
+    workdir: str | None = None,
+    steps: int | None = None,
 ) -> None:
     """What the ranks would refuse on the first try, found on this machine before any rank starts
-    (UsageError, exit 2): a ``data_path`` that does not exist; a resume path that is missing, a
-    file, a symlink loop or holds no published checkpoint; ``latest`` with nothing to resume; a
-    ``checkpoint.dir`` that is a file; a checkpoint of another preset, or of other data (another
-    vocabulary or other tokens than ``data_path``'s). Damage is left to the ranks: they verify every
-    file and fall back. ``workdir`` is where the ranks run (relative paths are theirs)."""
+    (UsageError, exit 2): a ``data_path`` that does not exist; a ``checkpoint.dir`` that cannot be
+    created or written (nothing is created here: ``--dry-run`` runs this too); a resume path that is
+    missing, a file, a symlink loop or holds no published checkpoint; ``latest`` with nothing to
+    resume; a checkpoint of another preset, or of other data (another vocabulary or other tokens
+    than ``data_path``'s), or past ``steps`` (``train.steps``). Damage is left to the ranks: they
+    verify every file and fall back. ``workdir`` is where the ranks run (relative paths are theirs)."""
 
     def theirs(path: str) -> str:
         full = Path(path).expanduser()
@@ -92,10 +129,8 @@ def check_before_launch(
     data = theirs(data_path) if data_path else None
     data_file(data)
     ckpt_dir = theirs(ckpt_dir) if ckpt_dir else None
-    if ckpt_dir is not None and os.path.lexists(ckpt_dir) and not Path(ckpt_dir).is_dir():
-        raise UsageError(
-            f"checkpoint.dir {ckpt_dir} is not a directory", "point checkpoint.dir at a directory (it is created)"
-        )
+    if ckpt_dir is not None:
+        check_place(CHECKPOINT_DIR, Path(ckpt_dir), folder=True)
     source, _ = resume_source(resume if resume in RESUME_WORDS else theirs(resume), ckpt_dir, tries=0)
     if source is None:
         return
@@ -108,3 +143,5 @@ def check_before_launch(
         vocab_size = model_config(preset, data).vocab_size  # first: it refuses a folder that is no dataset
         here = DataIdentity(fingerprint=data_fingerprint(data), path=data_path, vocab_size=vocab_size)
         check_same_data(source, meta.data, here)
+    if steps is not None:
+        steps_left(source, meta.step, steps)

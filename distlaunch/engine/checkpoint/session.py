@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, verify_share
 from distlaunch.engine.checkpoint.manifest import CheckpointMeta
-from distlaunch.engine.checkpoint.resume import resume_candidates, resume_source
+from distlaunch.engine.checkpoint.resume import nothing_left, resume_candidates, resume_source, steps_left
 from distlaunch.engine.fault import FaultPlan, restart_count
 from distlaunch.engine.watchdog import Watchdog
 from distlaunch.errors import DistlaunchError
@@ -102,16 +102,20 @@ class Checkpointing:
         )
 
     def start(self) -> int:
-        """Agree on the resume source and the save tag (collective), verify, load; returns the first step."""
+        """Agree on the resume source and the save tag (collective), verify, load; returns the first step:
+        ``train.steps + 1`` when the checkpoint already reaches the last step (nothing left to train)."""
         candidates, self.tag = self._agree()
         if not candidates:
             return 1
         path, meta = self._resume(candidates)
+        more = steps_left(path, meta.step, self.cfg.train.steps)  # every rank loaded the same: all agree
         if self.rank == 0:
             saved = meta.layout
             print(
                 f"resumed from {path} (step {meta.step}, written by dp={saved.dp},tp={saved.tp},pp={saved.pp},"
-                f"zero={saved.zero}); continuing at step {meta.step + 1}",
+                f"zero={saved.zero}); continuing at step {meta.step + 1}"
+                if more
+                else nothing_left(path, meta.step, self.cfg.train.steps),
                 flush=True,
             )
         return meta.step + 1

@@ -34,6 +34,7 @@ from distlaunch.engine.checkpoint.shards import (
     shape_mismatch,
 )
 from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
+from distlaunch.engine.places import create_checkpoint_dir
 from distlaunch.errors import DistlaunchError, UsageError
 
 EXTRA, RNG = "extra.", "rng.rank"
@@ -82,7 +83,7 @@ def save_checkpoint(
     rank = dist.get_rank()
     tmp = root / f"{step_dir_name(step)}.tmp-{tag}"
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
+        create_checkpoint_dir(root)  # made at the start already (loop.run): removed or unwritable since, one line
         remove_leftovers(root)  # unfinished saves of crashed tries, old half-deleted checkpoints
     metadata = dcp.save(build_state(engine, train_state, rank), storage_writer=dcp.FileSystemWriter(tmp))
     before_publish()  # the crash-in-save fault point: shards on disk, nothing published

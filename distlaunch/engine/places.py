@@ -1,0 +1,65 @@
+"""The places a training job writes (``checkpoint.dir``, the metrics file), checked torch-free without
+creating anything, so ``distlaunch train`` (before any rank starts, ``--dry-run`` too) and the ranks (at
+start, and at every save) refuse them in the same words."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from distlaunch.engine.checkpoint.folder import os_reason
+from distlaunch.errors import UsageError
+
+CHECKPOINT_DIR, METRICS_FILE = "checkpoint.dir", "metrics file"
+PLACE_FIXES = {
+    CHECKPOINT_DIR: "point checkpoint.dir at a folder you can write; missing folders are created",
+    METRICS_FILE: "point --metrics-file or --log-dir at a place you can write; missing folders are created",
+}
+
+
+def place_problem(path: Path, folder: bool) -> str | None:
+    """Why a job cannot write ``path`` (a folder when ``folder``, else a file it appends to), found
+    without creating anything; None when it can. The end of a sentence that starts with the path:
+    ``is a file, not a folder``, ``cannot be created: /x is a file, not a folder``, ``is not writable``."""
+    if os.path.lexists(path):
+        if folder and not path.is_dir():
+            return f"is {_not_a_folder(path)}"
+        if not folder and path.is_dir():
+            return "is a folder, not a file"
+        if path.exists() and not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+            return "is not writable"
+        return None
+    parent = path.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is {_not_a_folder(parent)}"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable"
+    return None
+
+
+def _not_a_folder(path: Path) -> str:
+    return "a file, not a folder" if path.is_file() else "not a folder"
+
+
+def place_refusal(what: str, path: Path, why: str) -> UsageError:
+    """The one refusal of a place a job cannot write (``what``: CHECKPOINT_DIR or METRICS_FILE)."""
+    return UsageError(f"{what} {path} {why}", PLACE_FIXES[what])
+
+
+def check_place(what: str, path: Path, folder: bool) -> None:
+    """UsageError when ``path`` cannot be written (``place_problem``); creates nothing (--dry-run too)."""
+    why = place_problem(path, folder)
+    if why is not None:
+        raise place_refusal(what, path, why)
+
+
+def create_checkpoint_dir(root: Path) -> None:
+    """Create ``checkpoint.dir`` (rank 0, before the first step and at every save), or UsageError
+    saying in one line why it cannot be (a parent that is a file, no write permission)."""
+    check_place(CHECKPOINT_DIR, root, folder=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # what the check cannot foresee: a read-only or special filesystem
+        raise place_refusal(CHECKPOINT_DIR, root, f"cannot be created: {os_reason(root, err)}") from None
