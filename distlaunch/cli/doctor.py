@@ -9,7 +9,7 @@ from rich.console import Console
 
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
-from distlaunch.errors import ExitCode
+from distlaunch.errors import ExitCode, UsageError
 
 Bench = Annotated[
     bool,
@@ -23,6 +23,16 @@ StartTimeout = Annotated[
         min=1,
         help="How long a host's Python may take to start and answer before it counts as hung (slow shared "
         "filesystems, loaded hosts).",
+    ),
+]
+RemotePython = Annotated[
+    str | None,
+    typer.Option(
+        "--remote-python",
+        metavar="PYTHON",
+        help="Python to check on every host, as run's agent and ranks use it there: it runs the probe and the "
+        "master's listener (default: the launcher's own path).",
+        rich_help_panel=o.LAUNCH,
     ),
 ]
 BenchMax = Annotated[
@@ -42,7 +52,7 @@ def doctor(
     backend: o.Backend = "auto",
     env: o.Env = None,
     ssh_config: o.SshConfig = None,
-    remote_python: o.RemotePython = None,
+    remote_python: RemotePython = None,
     start_timeout: StartTimeout = 20.0,
     bench: Bench = False,
     bench_max: BenchMax = None,
@@ -72,6 +82,9 @@ def doctor(
         **({"remote_python": remote_python} if remote_python else {}),
     )
     report = run_doctor(opts)
+    wrong = next((c for c in report.checks if c.status == "fail"), None) if report.usage_error else None
+    if wrong is not None and not json_output:  # wrong input, no host checked: one line, as every usage error
+        raise UsageError(wrong.detail, wrong.hint)
     print_json(report) if json_output else render_report(report, Console())
     if report.usage_error:
         return ExitCode.USAGE

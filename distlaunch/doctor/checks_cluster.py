@@ -32,6 +32,17 @@ def hostfile_error(exc: UsageError) -> Check:
     return check("hostfile", LOCAL, "fail", exc.message, exc.hint)
 
 
+def parallel_spec_error(spec_text: str | None) -> Check | None:
+    """A --parallel that does not parse (an unknown key, tp=0, zero=9, a key given twice): the input itself is
+    wrong, as with a bad hostfile, so no host is checked. None when it parses (whether it fits is
+    ``parallel_check``'s question)."""
+    try:
+        layout_spec(spec_text)
+    except UsageError as exc:
+        return check("parallel", LOCAL, "fail", exc.message, exc.hint)
+    return None
+
+
 def parallel_check(spec_text: str | None, hosts: list[HostSlots]) -> Check:
     """dp·tp·pp equals the world size, and every tensor-parallel group stays inside one host."""
     world = sum(h.nslots for h in hosts)
@@ -160,14 +171,13 @@ def master_port_check(listener: ListenerResult) -> Check:
         return check("master-port", host, "skip", listener.error or "the master was not probed")
     holders = status.get("holders") or []
     if holders:
-        who = "; ".join(_holder(h) for h in holders)
-        pids = " ".join(str(h["pid"]) for h in holders if h.get("pid"))
+        who, pids = _holders(holders)
         return check(
             "master-port",
             host,
             "fail",
             f"port {port} is in use on {host}: {who}; rank 0 cannot bind it",
-            (f"stop it (kill {pids}) " if pids else "stop it ") + f"or pick a free port: --master-port {port + 1}",
+            (f"stop it (kill {' '.join(map(str, pids))}) " if pids else "stop it ") + f"or {_other_port(listener)}",
         )
     reason = status.get("reason")
     if status.get("bound"):
@@ -192,19 +202,40 @@ def master_port_check(listener: ListenerResult) -> Check:
             "as --master-addr, or put the master's host first in the hostfile",
         )
     if reason == "denied":
-        return check(
-            "master-port", host, "fail", f"port {port} needs root on {host}", "use a port above 1024, e.g. 29500"
-        )
+        return check("master-port", host, "fail", f"port {port} needs root on {host}", _other_port(listener))
     return check(
         "master-port",
         host,
         "fail",
         f"cannot listen on {listener.address}:{port} on {host}: {status.get('error')}",
-        f"pick another --master-port, e.g. {port + 1}",
+        _other_port(listener),
     )
 
 
-def _holder(h: dict) -> str:
-    if h.get("pid"):
-        return f"pid {h['pid']} ({h.get('command') or '?'}) listens on {h['address']}"
-    return f"a process of another user listens on {h['address']} (run as root to name it)"
+def _other_port(listener: ListenerResult) -> str:
+    """The port to use instead: one the listener found free on the master right now (never past 65535)."""
+    free = listener.status.get("suggest")
+    if isinstance(free, int) and 1024 <= free <= 65535:
+        return f"pick a free port: --master-port {free} (free on {listener.host} now)"
+    return f"pick a port that is free on {listener.host} as --master-port (none near {listener.port} was)"
+
+
+def _holders(holders: list[dict]) -> tuple[str, list[int]]:
+    """Who holds the port, each process once with all its addresses ('pid 7 (cmd) listens on a, b'); and
+    the pids to stop."""
+    named: dict[int, tuple[str, list[str]]] = {}
+    unnamed: list[str] = []
+    for h in holders:
+        if h.get("pid"):
+            command = " ".join((h.get("command") or "?").split())  # a command line may hold newlines: one line
+            named.setdefault(h["pid"], (command, []))[1].append(h["address"])
+        else:
+            unnamed.append(h["address"])
+    parts = [
+        f"pid {pid} ({command}) listens on {', '.join(dict.fromkeys(addrs))}" for pid, (command, addrs) in named.items()
+    ]
+    if unnamed:
+        parts.append(
+            f"a process of another user listens on {', '.join(dict.fromkeys(unnamed))} (run as root to name it)"
+        )
+    return "; ".join(parts), list(named)

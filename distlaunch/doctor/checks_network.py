@@ -77,6 +77,15 @@ def reachable_check(host: str, facts: HostFacts | None, listener: ListenerResult
     )
 
 
+def master_unresolved(host: str, facts: HostFacts) -> str | None:
+    """Why the master's address cannot be judged from this host (MASTER_ADDR does not resolve there), or None.
+    Checks whose verdict depends on where the master is skip then, instead of failing a second time."""
+    master = facts.master or {}
+    if master and master.get("resolved") is None:
+        return f"MASTER_ADDR does not resolve on {host} (see dns)"
+    return None
+
+
 def nccl_selects(value: str, name: str) -> bool:
     """Does NCCL_SOCKET_IFNAME ``value`` select interface ``name``? (prefixes; ``^`` excludes; ``=`` exact)."""
     exclude = value.startswith("^")
@@ -160,6 +169,8 @@ def nic_check(
         return check("nic", host, "fail", "; ".join(fails + warns), hint)
     if warns:
         return check("nic", host, "warn", "; ".join(warns), hint)
+    if dev is None and (why := master_unresolved(host, facts)):
+        return check("nic", host, "skip", f"no route to judge: {why}")
     if dev is None:
         return check(
             "nic",
@@ -188,12 +199,9 @@ def loopback_hostname_check(
         return check("loopback-hostname", host, "pass", f"{facts.hostname} resolves to {_addrs(facts.hostname_addrs)}")
     seen = ", ".join(f"{name} → {', '.join(addrs)}" for name, addrs in bad.items())
     if single_machine:
-        return check(
-            "loopback-hostname",
-            host,
-            "pass",
-            f"{seen}: harmless, the master address is loopback so every rank is on this machine",
-        )
+        return check("loopback-hostname", host, "pass", f"{seen}: harmless, every rank runs on this machine")
+    if why := master_unresolved(host, facts):  # whether the job spans machines is not known yet
+        return check("loopback-hostname", host, "skip", f"{seen}: judged once the master is known; {why}")
     dev, addr = route_interface(facts)
     dev = dev or "eth0"
     fix = (

@@ -19,7 +19,7 @@ import paramiko
 from pydantic import ValidationError
 
 from distlaunch.doctor.model import DoctorOptions, HostFacts
-from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession
+from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession, StartGate
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.remote import sshlog
 from distlaunch.remote.ssh import SshError, connect
@@ -85,15 +85,18 @@ def is_loopback_name(name: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
 
 
-def open_session(result: HostResult, opts: DoctorOptions, nonce: str) -> HostSession | None:
+def open_session(
+    result: HostResult, opts: DoctorOptions, nonce: str, gate: StartGate | None = None
+) -> HostSession | None:
     """This machine as a local session, a remote host over SSH; None (with ``ssh_error`` set) on failure.
-    A refused connection is tried once more (an sshd restarting); a timeout is not: it would double the wait."""
+    A refused connection is tried once more (an sshd restarting); a timeout is not: it would double the wait.
+    Commands start on the session only while ``gate`` is open."""
     if result.target is None:
-        return LocalSession(result.host, nonce)
+        return LocalSession(result.host, nonce, gate)
     timeout = result.target.connect_timeout or opts.connect_timeout
     for attempt in range(2):
         try:
-            return SshSession(result.host, connect(result.target, timeout=timeout), nonce)
+            return SshSession(result.host, connect(result.target, timeout=timeout), nonce, gate)
         except SshError as exc:
             result.ssh_error = exc
             if exc.kind != "refused" or attempt:
@@ -234,7 +237,11 @@ def measure_clock(session: HostSession, result: HostResult, python: str) -> None
 
 class Gathering:
     """One doctor run's fan-out: sessions, the master's listener, the probes. Every process it starts on a
-    host carries the run's mark, and every one still running is stopped before ``run`` returns or raises."""
+    host carries the run's mark, and every one still running is stopped before ``run`` returns or raises.
+
+    Stopping closes the run's start gate first: from then on no thread starts anything (a host thread that
+    the listener's end lets go on finds the gate closed), and the sweep by the mark runs only once the starts
+    already under way have their processes on the hosts."""
 
     def __init__(self, results: list[HostResult], opts: DoctorOptions, master_addr: str, master_port: int):
         self.results = results
@@ -248,16 +255,22 @@ class Gathering:
         self._unfinished: set[int] = set()  # sessions (by id) where a command may still run: a hang
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_PARALLEL)
+        self._gate = StartGate()
 
     def _host(self, index: int) -> None:
         result = self.results[index]
         session = None
         try:
             with self._slots:
-                session = open_session(result, self.opts, self.nonce)
+                session = open_session(result, self.opts, self.nonce, self._gate)
                 if session is not None:
                     with self._lock:
-                        self._sessions.append(session)
+                        stopping = self._gate.closed  # under the lock: _stop has taken its list, or will see this one
+                        if not stopping:
+                            self._sessions.append(session)
+                    if stopping:  # a connect that finished after Ctrl-C: nothing may start on it
+                        session.close()
+                        return
                 if index == 0:
                     self._start_master(session)
                 if session is None:
@@ -311,7 +324,12 @@ class Gathering:
         return self.results, self.listener
 
     def _stop(self, timeout: float, everywhere: bool) -> None:
-        """End the listener, kill what is still running (everywhere: on every host, as after Ctrl-C), close."""
+        """End the listener, kill what is still running (everywhere: on every host, as after Ctrl-C), close.
+        The gate closes first, so the sweep comes after the last start: nothing runs after it."""
+        with self._lock:
+            self._gate.close(0.0)  # under the lock: a session opened from now on is closed by its own thread
+        if not self._gate.close(timeout / 2):  # the starts under way: each is one SSH round trip
+            self.log.append(f"stopping: a start was still under way after {timeout / 2:g}s")
         with self._lock:
             sessions = list(self._sessions)
             unfinished = set(self._unfinished)

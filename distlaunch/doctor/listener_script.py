@@ -104,6 +104,34 @@ def bind_every_address(port, ipv6=False):
     return reason, error
 
 
+def ephemeral_range():
+    """The ports the kernel gives outgoing connections here (Linux's default where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(word) for word in f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return low, high
+
+
+def free_port_near(port, address, tries=256):
+    """The nearest port above ``port`` (else below it, down to 1024) that rank 0 could take on this host now:
+    nothing listens on it on any address, it binds on every address and on ``address``. Ports of the kernel's
+    ephemeral range come last (any outgoing connection may take them meanwhile). None when ``tries`` ports
+    were all taken."""
+    low, high = ephemeral_range()
+    near = [*range(max(port + 1, 1024), 65536), *range(port - 1, 1023, -1)]
+    ordered = [p for p in near if not low <= p <= high] + [p for p in near if low <= p <= high]
+    for candidate in ordered[:tries]:
+        if listening_inodes(candidate) or bind_every_address(candidate, ":" in address)[0] is not None:
+            continue
+        sock, _, _ = bind(address, candidate)
+        if sock is not None:
+            sock.close()
+            return candidate
+    return None
+
+
 def serve(sock, nonce):
     """Greet every connection until stdin closes; return the peers that connected."""
     peers = []
@@ -142,6 +170,8 @@ def main():
         sock, reason, error = bind(address, port)
     elif reason == "in-use" and not held:
         error = "a connection on this host uses it as its local port, and rank 0's store binds every address"
+    # a port to suggest instead, checked here on the master (not-local: the port is not the problem)
+    suggest = free_port_near(port, address) if sock is None and reason in ("in-use", "denied", "error") else None
     print(
         json.dumps(
             {
@@ -151,6 +181,7 @@ def main():
                 "reason": reason,
                 "error": error,
                 "holders": held,
+                "suggest": suggest,
                 "pid": os.getpid(),
             }
         ),

@@ -16,6 +16,7 @@ from distlaunch.doctor.checks_cluster import (
     hostfile_error,
     master_port_check,
     parallel_check,
+    parallel_spec_error,
     ssh_checks,
 )
 from distlaunch.doctor.checks_host import (
@@ -173,7 +174,10 @@ def classify(
         "env": env,
         "ifnames_set": bool(env.get("NCCL_SOCKET_IFNAME") and env.get("GLOO_SOCKET_IFNAME")),
         "any_gpus": any(r.facts and r.facts.gpu_count for r in results),
-        "single_machine": is_loopback(listener.address) or is_loopback_name(listener.address),
+        # every rank on one machine: a loopback master address, or a hostfile of this machine's names only
+        "single_machine": is_loopback(listener.address)
+        or is_loopback_name(listener.address)
+        or all(r.loopback for r in results),
     }
     checks: list[Check] = [master_port_check(listener)]
     for r in results:
@@ -194,6 +198,9 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
         results = load_hosts(opts)
     except UsageError as exc:
         return DoctorReport.of([hostfile_error(exc)], usage_error=True)
+    bad_spec = parallel_spec_error(opts.parallel)
+    if bad_spec is not None:  # a spec that does not parse is wrong input (exit 2); one that does not fit fails
+        return DoctorReport.of([bad_spec], usage_error=True)
     source = str(opts.hostfile) if opts.hostfile else None
     head = [
         hostfile_check([r.slots for r in results], source),

@@ -1,6 +1,9 @@
 """How the doctor runs its scripts on a host: a child process here, or a command over the host's SSH
 connection (``distlaunch.remote``). Both offer the same two things: run a command to completion, and
-start a long-lived one whose output is read line by line and which ends when its stdin is closed."""
+start a long-lived one whose output is read line by line and which ends when its stdin is closed.
+
+Every start goes through the run's ``StartGate``: once the doctor stops (Ctrl-C, or the end), nothing new
+starts, and the final sweep by the run's mark waits for the starts already under way."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO
 
 import paramiko
@@ -75,24 +78,72 @@ class LineStream:
 
 
 MARK = "DISTLAUNCH_DOCTOR_RUN"  # in the environment of every process the doctor starts: its run's nonce
+SWEEP_ROUNDS = 20  # the most rounds one sweep makes on a host
+SWEEP_PAUSE_S = 0.05  # between two rounds
+
+
+class StartGate:
+    """Whether commands may still start in this doctor run. ``close`` refuses every later start and waits
+    for the ones under way, so a sweep after it sees every process the run will ever start."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        self._starting = 0
+
+    @contextlib.contextmanager
+    def starting(self, host: str) -> Iterator[None]:
+        """Around one start (until the process exists on the host); SshError once the gate is closed."""
+        with self._cond:
+            if self._closed:
+                raise SshError(host, "other", "not started: the doctor is stopping", "")
+            self._starting += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed
+
+    def close(self, timeout: float) -> bool:
+        """Refuse new starts; wait up to ``timeout`` for those under way. True when none is left."""
+        with self._cond:
+            self._closed = True
+            return self._cond.wait_for(lambda: self._starting == 0, timeout)
 
 
 def stop_marked_command(nonce: str) -> str:
-    """The shell command that kills every process on a host whose environment carries this run's mark
-    (probes and the listener, with whatever children a hung interpreter started); the killer itself is
-    not marked. One grep over /proc, no process per candidate."""
-    mark = shlex.quote(f"{MARK}={nonce}")
+    """The shell command that kills every process on a host that carries this run's mark: in its environment
+    (probes and the listener, with whatever children a hung interpreter started), or in its command line
+    (the login shell that is about to run one, e.g. a slow ~/.bashrc). It sweeps in rounds until two in a row
+    find nothing, so a process that appears while it kills (a fork, a start still on its way) goes too.
+    The pattern is written ``..._RU[N]=nonce``: it matches the mark but not itself, so the killer (whose
+    command line holds the pattern) is never marked. One grep per round over /proc, no process per candidate."""
+    mark = f"{MARK[:-1]}[{MARK[-1]}]={nonce}"
+    word = shlex.quote(f"(^|[^A-Za-z0-9_]){mark}([^A-Za-z0-9_]|$)")  # in a command line: the whole word only
+    find = (
+        f"{{ grep -lsxzE -e {shlex.quote(mark)} /proc/[0-9]*/environ; grep -lszE -e {word} /proc/[0-9]*/cmdline; }}"
+        " | sed -n 's#^/proc/\\([0-9]*\\)/.*#\\1#p' | sort -u"
+    )
     return (
-        f"grep -lsxzF {mark} /proc/[0-9]*/environ | sed -e 's#^/proc/##' -e 's#/environ$##' "
-        "| xargs -r kill -KILL 2>/dev/null; true"
+        f"quiet=0; n=0; while [ $quiet -lt 2 ] && [ $n -lt {SWEEP_ROUNDS} ]; do pids=$({find}); "
+        'if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null; quiet=0; else quiet=$((quiet+1)); fi; '
+        f"n=$((n+1)); sleep {SWEEP_PAUSE_S}; done; true"
     )
 
 
 class HostSession(ABC):
-    """A host the doctor can run commands on; every command carries the run's mark (``MARK``)."""
+    """A host the doctor can run commands on; every command carries the run's mark (``MARK``) and starts
+    only while the run's gate is open."""
 
     name: str
     nonce: str
+    gate: StartGate
 
     @abstractmethod
     def run(self, argv: list[str], timeout: float, stdin: str | None = None) -> CommandResult:
@@ -113,20 +164,22 @@ class HostSession(ABC):
 class LocalSession(HostSession):
     """This machine: commands are child processes."""
 
-    def __init__(self, name: str, nonce: str):
+    def __init__(self, name: str, nonce: str, gate: StartGate | None = None):
         self.name = name
         self.nonce = nonce
+        self.gate = gate or StartGate()
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
 
     def _popen(self, argv: list[str], stdout, stderr) -> subprocess.Popen:
         # its own process group, so a hung interpreter's children go with it
         env = {**os.environ, MARK: self.nonce}
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, env=env, start_new_session=True
-        )
-        with self._lock:
-            self._procs.append(proc)
+        with self.gate.starting(self.name):  # Popen returns once the program runs, marked from its first moment
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, env=env, start_new_session=True
+            )
+            with self._lock:
+                self._procs.append(proc)
         return proc
 
     def run(self, argv: list[str], timeout: float, stdin: str | None = None) -> CommandResult:
@@ -160,6 +213,15 @@ class LocalSession(HostSession):
             procs = list(self._procs)
         for proc in procs:
             _kill_group(proc)
+        # and by the mark, as on a remote host: a child that left its process group (setsid) goes too
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                ["sh", "-c", stop_marked_command(self.nonce)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+            )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -175,23 +237,82 @@ def _reap(proc: subprocess.Popen) -> None:
         _kill_group(proc)
 
 
+def _read_all(read: Callable[[int], bytes], chunks: list[bytes]) -> None:
+    """Read a channel's stream to its end (a timeout or a closed channel ends it too; the caller tells)."""
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        while data := read(65536):
+            chunks.append(data)
+
+
 class SshSession(HostSession):
     """A remote host over an open SSH connection."""
 
-    def __init__(self, name: str, client: paramiko.SSHClient, nonce: str):
+    def __init__(self, name: str, client: paramiko.SSHClient, nonce: str, gate: StartGate | None = None):
         self.name = name
         self.client = client
         self.nonce = nonce
+        self.gate = gate or StartGate()
 
     def _marked(self, argv: list[str]) -> list[str]:
         return ["env", f"{MARK}={self.nonce}", *argv]
 
+    def _exec(self, argv: list[str], timeout: float | None) -> paramiko.Channel:
+        """A channel whose command runs on the host: exec_command returns once sshd has started it."""
+        command = shlex.join(self._marked(argv))
+        with self.gate.starting(self.name):
+            try:
+                transport = self.client.get_transport()
+                if transport is None or not transport.is_active():
+                    raise paramiko.SSHException("the SSH connection is closed")
+                channel = transport.open_session(timeout=timeout)
+                channel.settimeout(timeout)
+                channel.exec_command(command)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise SshError(
+                    self.name, "other", f"cannot run {argv[0]!r}: {exc}", "check the SSH connection (ssh -v HOST)"
+                ) from None
+        return channel
+
     def run(self, argv: list[str], timeout: float, stdin: str | None = None) -> CommandResult:
-        return run_command(self.client, self._marked(argv), timeout=timeout, stdin=stdin)
+        """As ``distlaunch.remote.command.run_command``, with the start inside the gate."""
+        deadline = time.monotonic() + timeout
+        channel = self._exec(argv, timeout)
+        try:
+            channel.settimeout(max(deadline - time.monotonic(), 0.001))
+            if stdin:
+                channel.sendall(stdin.encode("utf-8"))
+            channel.shutdown_write()
+            out: list[bytes] = []
+            err: list[bytes] = []
+            # stderr in a thread: a command that fills one pipe while we wait on the other must not stall
+            err_reader = threading.Thread(target=_read_all, args=(channel.recv_stderr, err), daemon=True)
+            err_reader.start()
+            channel.settimeout(max(deadline - time.monotonic(), 0.001))
+            while data := channel.recv(65536):
+                out.append(data)
+            err_reader.join(max(deadline - time.monotonic(), 0.001))
+            if err_reader.is_alive() or not channel.status_event.wait(max(deadline - time.monotonic(), 0.001)):
+                raise TimeoutError()
+            rc = channel.recv_exit_status()
+        except TimeoutError:
+            raise SshError(
+                self.name,
+                "timeout",
+                f"{shlex.join(argv[:1])} did not finish within {timeout:g}s",
+                "check that the host is not overloaded, or give the command more time",
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SshError(
+                self.name, "other", f"running {argv[0]!r} failed: {exc}", "check the SSH connection (ssh -v HOST)"
+            ) from None
+        finally:
+            channel.close()
+        return CommandResult(
+            rc=rc, stdout=b"".join(out).decode("utf-8", "replace"), stderr=b"".join(err).decode("utf-8", "replace")
+        )
 
     def start(self, argv: list[str]) -> LineStream:
-        channel = self.client.get_transport().open_session()
-        channel.exec_command(shlex.join(self._marked(argv)))
+        channel = self._exec(argv, None)
         return LineStream(channel.makefile("rb"), channel.shutdown_write, channel.close, channel.sendall)
 
     def stop_all(self, timeout: float) -> None:

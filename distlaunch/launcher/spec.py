@@ -23,6 +23,7 @@ from distlaunch.launcher.hostfile import (
     parse_hostfile_text,
     read_hostfile,
 )
+from distlaunch.launcher.hostname import host_key
 from distlaunch.launcher.plan import LaunchSpec
 from distlaunch.launcher.program import build_command
 from distlaunch.remote.env import file_env, forwarded_env
@@ -31,8 +32,11 @@ LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
 def is_local_host(name: str) -> bool:
-    """True for names that mean this machine (no SSH needed)."""
-    return name in LOCAL_NAMES or name in (socket.gethostname(), socket.getfqdn())
+    """True for names that mean this machine (no SSH needed). Compared as the hostfile compares hosts
+    (``host_key``): names ignore case, as DNS does (``LOCALHOST``, this machine's name in any case), and an
+    address in any spelling (``0:0::1``) is that address."""
+    key = host_key(name)
+    return key in LOCAL_NAMES or key in (host_key(socket.gethostname()), host_key(socket.getfqdn()))
 
 
 def local_gpu_count() -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from distlaunch.doctor.bench import parse_size
@@ -10,6 +12,7 @@ from distlaunch.doctor.checks_cluster import (
     duplicate_checks,
     master_port_check,
     parallel_check,
+    parallel_spec_error,
     ssh_checks,
 )
 from distlaunch.doctor.checks_host import gpus_check, memlock_check, nccl_check, shm_check, torch_check
@@ -23,6 +26,7 @@ from distlaunch.doctor.checks_network import (
 from distlaunch.doctor.gather import HostResult, ListenerResult
 from distlaunch.doctor.listener_script import decode_address
 from distlaunch.doctor.model import DoctorReport, HostFacts, check
+from distlaunch.doctor.sessions import StartGate
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.remote.ssh import SshError
@@ -282,3 +286,66 @@ def test_bus_bandwidth_factor_and_sizes_as_nccl_tests():
     assert bus_factor(2) == 1.0 and bus_factor(8) == 1.75
     assert sizes(1 << 10, 256 << 20)[0] == 1024 and sizes(1 << 10, 256 << 20)[-1] == 256 << 20
     assert len(sizes(1 << 10, 256 << 20)) == 19
+
+
+def test_checks_that_need_the_master_skip_where_it_does_not_resolve():
+    unresolved = {"resolved": None, "error": "[Errno -2] Name or service not known"}
+    loop = facts(hostname_addrs=["127.0.1.1"], fqdn_addrs=["127.0.1.1"], master=unresolved)
+    c = loopback_hostname_check("gpu1", loop, single_machine=False, ifnames_set=False)
+    assert c.status == "skip" and "127.0.1.1" in c.detail and "MASTER_ADDR does not resolve on gpu1" in c.detail
+    assert loopback_hostname_check("gpu1", loop, single_machine=True, ifnames_set=False).status == "pass"
+    nic = nic_check("gpu1", facts(master=unresolved), {}, single_machine=False)
+    assert nic.status == "skip" and "see dns" in nic.detail
+    # a route that is really missing toward a master that resolves still warns
+    no_route = facts(master={"resolved": ["10.0.0.1"], "address": "10.0.0.1", "route": {"error": "unreachable"}})
+    assert nic_check("gpu1", no_route, {}, single_machine=False).status == "warn"
+    # a user's interface name that exists nowhere fails whatever the master
+    bad = nic_check("gpu1", facts(master=unresolved), {"GLOO_SOCKET_IFNAME": "ib9"}, single_machine=False)
+    assert bad.status == "fail"
+
+
+def test_master_port_names_each_holder_once_and_the_free_port_the_master_found():
+    holders = [
+        {"address": a, "pid": 3506, "command": "python\ntrain.py"} for a in ("127.0.0.1", "10.0.0.1", "10.0.0.1")
+    ] + [{"address": "::", "pid": None, "command": None}]
+    c = master_port_check(
+        listener(
+            bound=False, port=2201, status={"bound": False, "reason": "in-use", "holders": holders, "suggest": 2203}
+        )
+    )
+    assert c.detail.count("pid 3506") == 1 and "listens on 127.0.0.1, 10.0.0.1;" in c.detail, c.detail
+    assert "(python train.py)" in c.detail and "another user listens on ::" in c.detail
+    assert "kill 3506)" in c.hint and "--master-port 2203 " in c.hint and "2202" not in c.hint
+    top = master_port_check(
+        listener(bound=False, port=65535, status={"bound": False, "reason": "error", "holders": []})
+    )
+    assert "65536" not in top.hint and "--master-port" in top.hint  # no free port found: none is made up
+
+
+def test_a_parallel_spec_that_does_not_parse_is_an_input_error():
+    assert parallel_spec_error("dp=2,tp=2") is None and parallel_spec_error(None) is None
+    for spec in ("foo=1", "tp=0", "zero=9", "dp=2,dp=3"):
+        found = parallel_spec_error(spec)
+        assert found is not None and found.status == "fail" and found.id == "parallel"
+    hosts = [HostSlots(host="a", slots=[0, 1])]
+    assert parallel_spec_error("tp=4") is None and parallel_check("tp=4", hosts).status == "fail"  # parses, no fit
+
+
+def test_start_gate_refuses_new_starts_and_waits_for_those_under_way():
+    gate = StartGate()
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_start():
+        with gate.starting("h"):
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=slow_start)
+    t.start()
+    assert entered.wait(5)
+    assert gate.close(0.1) is False  # one start is still under way
+    with pytest.raises(SshError, match="stopping"), gate.starting("h"):
+        pass
+    release.set()
+    assert gate.close(5) is True
+    t.join(5)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import sys
 
+import pytest
 from helpers import invoke
 
 from tests.doctor.conftest import assert_healthy, doctor, free_port
@@ -42,11 +45,89 @@ def test_bad_hostfile_is_a_usage_error(tmp_path):
     assert run.exit_code == 2  # as for run: the input is wrong, no host was checked
     found = run.get("hostfile", "(local)")
     assert found["status"] == "fail" and "line 1" in found["detail"] and "slots=8" in found["hint"]
+    plain = invoke(["doctor", "-H", str(hostfile)])  # without --json: one line, as run says it
+    assert plain.exit_code == 2 and plain.stdout == ""
+    assert plain.stderr.startswith("error: hostfile ") and len(plain.stderr.strip().splitlines()) == 1, plain.stderr
 
 
 def test_parallel_that_does_not_fit_fails(tmp_path):
     run = doctor("-n", "2", "--parallel", "tp=4", "--master-port", str(free_port()))
     assert run.exit_code == 1 and run.status("parallel", "(local)") == "fail"
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("foo=1", "unknown entry 'foo=1'"),
+        ("tp=0", "tp=0 must be at least 1"),
+        ("zero=9", "zero=9 is not a ZeRO stage"),
+        ("dp=2,dp=3", "dp is given twice"),
+    ],
+)
+def test_a_parallel_spec_that_does_not_parse_is_refused_before_any_host(tmp_path, spec, words):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\nnowhere.invalid slots=2\n", encoding="utf-8")  # never looked up
+    run = doctor("-H", str(hostfile), "--parallel", spec)
+    assert run.exit_code == 2, run.report
+    [found] = run.report["checks"]  # no host was checked
+    assert (found["id"], found["status"]) == ("parallel", "fail") and words in found["detail"], found
+    plain = invoke(["doctor", "-H", str(hostfile), "--parallel", spec])
+    assert plain.exit_code == 2 and plain.stdout == ""
+    lines = plain.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], plain.stderr
+
+
+def test_this_machines_names_ignore_case(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("LOCALHOST slots=1\n", encoding="utf-8")
+    run = doctor("-H", str(hostfile), "--master-port", str(free_port()))
+    assert run.exit_code == 0, run.report  # not 'connection refused by LOCALHOST:22'
+    assert run.get("ssh.connect", "LOCALHOST")["detail"] == "this machine: no SSH needed"
+    assert_healthy(run, "LOCALHOST", local=True)
+
+
+def _failed(run) -> set[tuple[str, str]]:
+    return {(c["id"], c["status"]) for c in run.report["checks"] if c["status"] in ("fail", "warn")}
+
+
+def test_a_master_address_that_does_not_resolve_fails_once(tmp_path):
+    """Only the real finding (MASTER_ADDR does not resolve) fails: checks that need to know where the master is
+    skip and say why, instead of failing again (loopback-hostname) or warning of no route (nic)."""
+    run = doctor("--master-addr", "nosuchhost.invalid", "--master-port", str(free_port()))
+    assert run.exit_code == 1
+    assert _failed(run) == {("dns", "fail"), ("master-port", "fail")}, run.report
+    nic = run.get("nic", "localhost")
+    assert nic["status"] == "skip" and "does not resolve" in nic["detail"] and "see dns" in nic["detail"]
+    assert run.status("loopback-hostname", "localhost") in ("pass", "skip")
+
+
+def test_a_master_address_of_another_machine_fails_only_master_port(tmp_path):
+    """This machine only: ranks on other hosts there are none, so this machine's hostname is no problem."""
+    run = doctor("--master-addr", "10.255.255.1", "--master-port", str(free_port()))
+    assert run.exit_code == 1
+    assert _failed(run) == {("master-port", "fail")}, run.report
+    assert "is not an address of localhost" in run.get("master-port", "localhost")["detail"]
+
+
+@pytest.fixture
+def port_65535():
+    """The highest port held by a real listener of ours on 127.0.0.1 (or already held by someone else)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 65535))
+        sock.listen()
+    except OSError:
+        pass  # in use already: the doctor finds it held either way
+    yield
+    sock.close()
+
+
+def test_the_port_suggested_for_a_held_65535_exists(port_65535):
+    run = doctor("--master-port", "65535")
+    held = run.get("master-port", "localhost")
+    assert run.exit_code == 1 and held["status"] == "fail"
+    suggested = int(re.search(r"--master-port (\d+)", held["hint"]).group(1))
+    assert 1024 <= suggested <= 65534, held
 
 
 def test_bench_measures_allreduce_bandwidth():

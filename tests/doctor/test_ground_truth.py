@@ -5,6 +5,7 @@ an interpreter that hangs, Ctrl-C while connects are pending. No traceback, and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -191,6 +192,60 @@ def test_ctrl_c_during_connect_exits_at_once_and_cleanly(sshd_cluster, tmp_path,
             proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
+
+
+def _env_value(pid: int, name: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    return next((e[len(prefix) :].decode() for e in entries if e.startswith(prefix)), None)
+
+
+def test_ctrl_c_while_probes_hang_leaves_no_marked_process(sshd_cluster, tmp_path):
+    """Ctrl-C while the master's listener hangs and the other hosts wait for it: killing the listener lets
+    them go on, and none of them may start a probe after the final sweep."""
+    marker = secrets.token_hex(6)
+    fake = _hanging_python(tmp_path, marker)
+    hostfile = sshd_cluster.write_hostfile(tmp_path / "hosts", 3, slots=1)
+    args = ["-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--remote-python", str(fake)]
+    proc = subprocess.Popen(
+        distlaunch_cmd("doctor", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    nonce = None
+    try:
+        # the listener's interpreter hangs on node1 (its child carries our marker): the doctor is mid-gather
+        assert wait_until(lambda: pids_with_env("DOCTOR_TEST_MARK", marker), timeout=60), "the listener never started"
+        nonce = next(
+            filter(None, (_env_value(p, "DISTLAUNCH_DOCTOR_RUN") for p in pids_with_env("DOCTOR_TEST_MARK", marker)))
+        )
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)  # our own child
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def marked() -> list[int]:
+        return sorted(set(pids_with_env("DOCTOR_TEST_MARK", marker) + pids_with_env("DISTLAUNCH_DOCTOR_RUN", nonce)))
+
+    try:
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err, err
+        assert wait_until(lambda: not marked(), timeout=10), f"left running after Ctrl-C: {marked()}"
+        time.sleep(1.5)  # a probe started after the sweep would be running by now
+        assert not marked(), f"started after the sweep: {marked()}"
+    finally:
+        for pid in marked():  # what this test caused to run, by pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_free_port_probed_is_what_run_picks_for_auto(sshd_cluster, tmp_path):

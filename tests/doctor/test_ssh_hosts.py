@@ -3,6 +3,8 @@ exactly the check that names its problem, while the healthy hosts beside it stil
 
 from __future__ import annotations
 
+import re
+import socket
 import subprocess
 import sys
 
@@ -111,9 +113,65 @@ def test_master_port_held_names_the_holder(sshd_cluster, tmp_path, port_holder):
     held = run.get("master-port", "node1")
     assert held["status"] == "fail"
     assert f"pid {pid}" in held["detail"] and "127.0.0.11" in held["detail"]
-    assert f"kill {pid}" in held["hint"] and f"--master-port {port + 1}" in held["hint"]
+    assert f"kill {pid}" in held["hint"] and re.search(r"--master-port \d+ \(free on node1 now\)", held["hint"])
     assert run.status("master-reachable", "node2") == "skip"
     assert run.status("python", "node2") == "pass"
+
+
+@pytest.fixture
+def greedy_holder():
+    """One process of ours listening on port P at three of the cluster's addresses, and on P+1 too."""
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.11", port + 1))
+                break
+            except OSError:
+                continue
+    code = (
+        "import socket,sys,time; p=int(sys.argv[1]); socks=[]\n"
+        "for a, q in (('127.0.0.11', p), ('127.0.0.12', p), ('127.0.0.13', p), ('127.0.0.11', p + 1)):\n"
+        "    s=socket.socket(); s.bind((a, q)); s.listen(); socks.append(s)\n"
+        "print('ready', flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield port, proc.pid
+    proc.kill()  # our own child, by its handle
+    proc.wait()
+
+
+def test_a_held_port_names_each_holder_once_and_suggests_a_free_port(sshd_cluster, tmp_path, greedy_holder):
+    port, pid = greedy_holder
+    hostfile = sshd_cluster.write_hostfile(tmp_path / "hosts", 2)
+    run = doctor("-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--master-port", str(port))
+    held = run.get("master-port", "node1")
+    assert held["status"] == "fail"
+    assert held["detail"].count(f"pid {pid}") == 1 and "\n" not in held["detail"], held
+    addresses = re.search(r"listens on ([\d., ]+);", held["detail"]).group(1).split(", ")
+    assert sorted(addresses) == ["127.0.0.11", "127.0.0.12", "127.0.0.13"], held  # each address once
+    assert f"(kill {pid}) " in held["hint"], held  # once, not once per address
+    suggested = int(re.search(r"--master-port (\d+)", held["hint"]).group(1))
+    assert suggested not in (port, port + 1) and 1024 <= suggested <= 65535, held  # port+1 is taken too
+    with socket.socket() as s:
+        s.bind(("127.0.0.11", suggested))  # and it really is free
+
+
+def test_a_master_that_does_not_resolve_fails_dns_and_nothing_that_depends_on_it(sshd_cluster, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("nosuchhost.invalid\nnode1\n", encoding="utf-8")
+    run = doctor("-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), "--master-port", str(free_port()))
+    assert run.exit_code == 1
+    bad = {(c["host"], c["id"]) for c in run.report["checks"] if c["status"] in ("fail", "warn")}
+    assert bad == {("nosuchhost.invalid", "dns"), ("node1", "dns")}, run.report
+    assert "MASTER_ADDR 'nosuchhost.invalid' does not resolve on node1" in run.get("dns", "node1")["detail"]
+    for id in ("nic", "loopback-hostname"):
+        check = run.get(id, "node1")
+        if check["status"] == "skip":  # (loopback-hostname passes where this machine's name is no loopback)
+            assert "MASTER_ADDR does not resolve on node1 (see dns)" in check["detail"], check
+    assert run.status("nic", "node1") == "skip"
+    assert run.status("python", "node1") == "pass"
 
 
 def test_remote_interpreter_without_torch(sshd_cluster, tmp_path):

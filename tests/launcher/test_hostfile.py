@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import apply_filters, parse_hostfile_text, read_hostfile
+from distlaunch.launcher.spec import is_local_host
 from tests.helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -290,3 +291,18 @@ def test_cli_ipv6_loopback_is_this_machine(tmp_path):
     assert r.exit_code == 0, r.stderr
     [node] = json.loads(r.stdout)["nodes"]
     assert (node["host"], node["local"], len(node["ranks"])) == ("::1", True, 2)
+
+
+@pytest.mark.parametrize("text", ["LOCALHOST\n", "Localhost:2\n", "localHost slots=2\n"])
+def test_cli_this_machines_names_ignore_case(tmp_path, text):
+    """As the duplicate check and the filters compare names: LOCALHOST is localhost, so it runs here, not over
+    SSH to a host 'LOCALHOST' (whose master would get a port from the remote range)."""
+    assert is_local_host(text.split()[0].split(":")[0])
+    script = str(ROOT / "tests" / "launcher" / "scripts" / "env_dump.py")
+    hostfile = tmp_path / "hf"
+    hostfile.write_text(text, encoding="utf-8")
+    r = invoke(["run", "-H", str(hostfile), "--ssh-config", os.devnull, "--dry-run", "--json", script])
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    [node] = plan["nodes"]
+    assert node["local"] is True and plan["master_addr"] == "127.0.0.1", plan
