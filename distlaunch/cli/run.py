@@ -68,7 +68,7 @@ def run(
 
     Each rank gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES and DISTLAUNCH_JOB_ID, so a script written for torchrun runs unchanged.
 
-    Exit code: 0 on success, 2 for bad input, 3 when a host cannot be reached or goes silent (--heartbeat-timeout), 124 when the job hung (--hang-timeout: every rank's stack is gathered first), the first failing rank's code otherwise (128+N if killed by signal N), 130/143 after Ctrl-C / SIGTERM.
+    Exit code: 0 on success, 1 for an internal error, 2 for bad input, 3 when a host cannot be reached or goes silent (--heartbeat-timeout), 124 when the job hung (--hang-timeout: every rank's stack is gathered first), the first failing rank's code otherwise (128+N if killed by signal N, 127/126 when its program was not found / could not be executed, 255 when its host's agent was lost), 130/143/129 after Ctrl-C / SIGTERM / a closed terminal (SIGHUP).
     """
     opts = LaunchOptions(
         program=program,

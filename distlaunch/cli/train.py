@@ -100,7 +100,7 @@ def train(
 
     With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state kept between steps; a step's activations, buffers and peak) against the GPU's memory.
 
-    Exit code: 0 on success, 2 for a bad config or option (before any process starts), 3 when a host cannot be reached, the first failing rank's code otherwise, 130/143 after Ctrl-C / SIGTERM.
+    Exit code: 0 on success (also when a resumed checkpoint already reaches train.steps), 1 for an internal error, 2 for a bad config or option (before any process starts), 3 when a host cannot be reached, 124 when the job hung, the first failing rank's code otherwise, 130/143/129 after Ctrl-C / SIGTERM / a closed terminal (SIGHUP).
     """
     if gpu_memory is not None and parse_size(gpu_memory) <= 0:  # 0 would make every plan "does not fit"
         raise UsageError(f"--gpu-memory {gpu_memory!r} is not a positive size", "give one GPU's memory, e.g. 80GiB")

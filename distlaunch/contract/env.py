@@ -59,6 +59,11 @@ def contract_env(
     }
 
 
+def is_contract_key(name: str) -> bool:
+    """A variable distlaunch writes for every rank (``contract_env``): a user's value would be replaced."""
+    return name in _CONTRACT_KEYS
+
+
 def launcher_defaults(backend: str, ranks_per_host: int, environ: Mapping[str, str]) -> dict[str, str]:
     """What distlaunch adds to every rank unless the user's environment already says it (as torchrun)."""
     defaults = {}
@@ -68,3 +73,11 @@ def launcher_defaults(backend: str, ranks_per_host: int, environ: Mapping[str, s
     if backend == "nccl":
         defaults["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"  # a hung collective aborts the rank
     return {name: value for name, value in defaults.items() if name not in environ}
+
+
+_CONTRACT_KEYS = frozenset(
+    contract_env(
+        master_addr="", master_port=0, world_size=1, rank=0, local_rank=0, local_world_size=1, node_rank=0,
+        nnodes=1, job_id="", parallel=Layout(dp=1, tp=1, pp=1), backend="",
+    )
+)  # fmt: skip

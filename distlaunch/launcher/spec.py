@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from distlaunch.contract.endpoint import choose_port
-from distlaunch.contract.env import launcher_defaults
+from distlaunch.contract.env import is_contract_key, launcher_defaults
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
@@ -61,12 +61,12 @@ def parse_nproc(text: str | int | None) -> int | None:
         if text == "gpu" and not gpus:
             raise UsageError("--nproc-per-node gpu: this machine has no GPU", "give a number, e.g. -n 4, or auto")
         return gpus or 1
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(
-            f"--nproc-per-node {text!r} is not a number", "give the processes per host, e.g. -n 4, or auto / gpu"
-        ) from None
+    if isinstance(text, int):
+        return text
+    if not re.fullmatch(r"[0-9]+", text.strip()):  # int() would also take "1_0" and other scripts' digits
+        what = "is not a whole number" if re.fullmatch(r"[0-9]*\.[0-9]+", text.strip()) else "is not a number"
+        raise UsageError(f"--nproc-per-node {text!r} {what}", "give the processes per host, e.g. -n 4, or auto / gpu")
+    return int(text)
 
 
 def parse_backend(text: str) -> str:
@@ -84,9 +84,11 @@ def parse_seconds(text: str | float) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = float("nan")
-    if not 0 <= value <= 86400:
-        raise UsageError(f"--grace-period {text!r} is not a number of seconds", "give seconds from 0 to 86400, e.g. 10")
+        raise UsageError(
+            f"--grace-period {text!r} is not a number of seconds", "give seconds from 0 to 86400, e.g. 10"
+        ) from None
+    if not 0 <= value <= 86400:  # nan too
+        raise UsageError(f"--grace-period {text} is out of range", "give seconds from 0 to 86400, e.g. 10")
     return value
 
 
@@ -127,6 +129,9 @@ def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
     return apply_filters(hosts, opts.include, opts.exclude)
 
 
+_CONTRACT_FIX = {"MASTER_ADDR": "use --master-addr ADDR", "MASTER_PORT": "use --master-port PORT"}
+
+
 def parse_env(pairs: list[str]) -> dict[str, str]:
     """``--env KEY=VALUE`` options into a dict, values kept byte for byte."""
     env = {}
@@ -135,6 +140,11 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
         if not key or not key.isascii() or not key.replace("_", "a").isalnum() or key[0].isdigit():
             raise UsageError(
                 f"--env {pair!r} is not KEY=VALUE or NAME", "write --env NAME=value (NAME: letters, digits, _)"
+            )
+        if is_contract_key(key):
+            raise UsageError(
+                f"--env {key}: distlaunch sets {key} for every rank itself, so this value would be replaced",
+                _CONTRACT_FIX.get(key, "leave it out: the hostfile, -n and --parallel set the ranks' layout"),
             )
         if not eq:  # mpirun's -x NAME: forward this launcher's value
             if key not in os.environ:

@@ -71,6 +71,13 @@ def test_options_after_the_script_belong_to_the_script():
         (["run", "-n", "2", "--master-port", "http", "x.py"], 2, "--master-port 'http' is not a port"),
         (["run", "-n", "2", "--env", "NOEQUALS", "x.py"], 2, "--env NOEQUALS: NOEQUALS is not set here"),
         (["run", "-n", "2", "--env", "1BAD=x", "x.py"], 2, "--env '1BAD=x' is not KEY=VALUE"),
+        (["run", "-n", "2", "--env", "RANK=9", "x.py"], 2, "--env RANK: distlaunch sets RANK for every rank itself"),
+        (["run", "-n", "2", "--env", "MASTER_PORT=1", "x.py"], 2, "would be replaced (hint: use --master-port PORT)"),
+        (["run", "-n", "2.5", "x.py"], 2, "--nproc-per-node '2.5' is not a whole number"),
+        (["run", "-n", "1_0", "x.py"], 2, "--nproc-per-node '1_0' is not a number"),
+        (["run", "-n", "\uff12", "x.py"], 2, "is not a number"),  # a full-width 2: int() would take it
+        (["run", "-n", "2", "--grace-period", "-1", "x.py"], 2, "--grace-period -1 is out of range"),
+        (["run", "-n", "2", "--grace-period", "soon", "x.py"], 2, "--grace-period 'soon' is not a number of seconds"),
         (["run", "--frobnicate", "x.py"], 2, "No such option: --frobnicate"),
         (["run", "-n", "2", "missing_script.py"], 2, "script 'missing_script.py' does not exist"),
         (["run", "-H", HOSTFILE, "-n", "8", "--dry-run", "x.py"], 2, "more than the 4 slots of node1"),
