@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from distlaunch.contract.layout import layout_spec
 from distlaunch.doctor.gather import CLOCK_ROUND_TRIPS, HostResult, ListenerResult
+from distlaunch.doctor.listener_script import describe_holders
 from distlaunch.doctor.model import LOCAL, Check, check
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
@@ -171,7 +172,7 @@ def master_port_check(listener: ListenerResult) -> Check:
         return check("master-port", host, "skip", listener.error or "the master was not probed")
     holders = status.get("holders") or []
     if holders:
-        who, pids = _holders(holders)
+        who, pids = describe_holders(holders)
         return check(
             "master-port",
             host,
@@ -218,24 +219,3 @@ def _other_port(listener: ListenerResult) -> str:
     if isinstance(free, int) and 1024 <= free <= 65535:
         return f"pick a free port: --master-port {free} (free on {listener.host} now)"
     return f"pick a port that is free on {listener.host} as --master-port (none near {listener.port} was)"
-
-
-def _holders(holders: list[dict]) -> tuple[str, list[int]]:
-    """Who holds the port, each process once with all its addresses ('pid 7 (cmd) listens on a, b'); and
-    the pids to stop."""
-    named: dict[int, tuple[str, list[str]]] = {}
-    unnamed: list[str] = []
-    for h in holders:
-        if h.get("pid"):
-            command = " ".join((h.get("command") or "?").split())  # a command line may hold newlines: one line
-            named.setdefault(h["pid"], (command, []))[1].append(h["address"])
-        else:
-            unnamed.append(h["address"])
-    parts = [
-        f"pid {pid} ({command}) listens on {', '.join(dict.fromkeys(addrs))}" for pid, (command, addrs) in named.items()
-    ]
-    if unnamed:
-        parts.append(
-            f"a process of another user listens on {', '.join(dict.fromkeys(unnamed))} (run as root to name it)"
-        )
-    return "; ".join(parts), list(named)

@@ -68,6 +68,26 @@ def holders(port):
     return [found.get(inode, {"address": address, "pid": None, "command": None}) for inode, address in inodes.items()]
 
 
+def describe_holders(found):
+    """Who holds a port (``holders``), each process once with all its addresses ('pid 7 (cmd) listens on a,
+    b'), in one line; and the pids to stop. Used where the port is refused (doctor, run), not by the script."""
+    named, unnamed = {}, []
+    for h in found:
+        if h.get("pid"):
+            command = " ".join((h.get("command") or "?").split())  # a command line may hold newlines: one line
+            named.setdefault(h["pid"], (command, []))[1].append(h["address"])
+        else:
+            unnamed.append(h["address"])
+    parts = [
+        f"pid {pid} ({command}) listens on {', '.join(dict.fromkeys(addrs))}" for pid, (command, addrs) in named.items()
+    ]
+    if unnamed:
+        parts.append(
+            f"a process of another user listens on {', '.join(dict.fromkeys(unnamed))} (run as root to name it)"
+        )
+    return "; ".join(parts), list(named)
+
+
 def command_of(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -179,17 +179,14 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
     store."""
     if opts.master_port == "auto":
         return
-    from distlaunch.doctor.listener_script import bind_every_address, holders  # stdlib only
+    from distlaunch.doctor.listener_script import bind_every_address, describe_holders, holders  # stdlib only
 
     hint = (
         "pick a free port, or leave --master-port auto (a free one is chosen); two jobs on one port would cross-connect"
     )
     held = holders(port)
     if held:
-        who = "; ".join(
-            f"pid {h['pid']} ({' '.join(h['command'].split())})" if h.get("pid") else f"a process on {h['address']}"
-            for h in held
-        )  # a command line may hold newlines: the error stays one line
+        who, _ = describe_holders(held)
         raise UsageError(f"--master-port {port} is already in use on this machine (the master): {who}", hint)
     if bind_every_address(port)[0] == "in-use":
         raise UsageError(

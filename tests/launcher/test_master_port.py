@@ -89,3 +89,18 @@ def test_a_fixed_port_an_open_connection_uses_is_refused_before_start(tmp_path):
         f"error: --master-port {port} is already in use on this machine (the master): an open connection uses it"
     )
     assert not marker.exists()  # no rank started
+
+
+def test_a_process_holding_the_port_on_several_addresses_is_named_once(tmp_path):
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    with socket.socket() as first, socket.socket() as second:
+        first.bind(("127.0.0.1", 0))
+        port = first.getsockname()[1]
+        second.bind(("127.0.0.2", port))
+        first.listen()
+        second.listen()
+        r = run_cli("run", "-n", "1", "--master-port", str(port), str(script), timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count(f"pid {os.getpid()} (") == 1, r.stderr
+    assert "listens on 127.0.0.1, 127.0.0.2" in r.stderr or "listens on 127.0.0.2, 127.0.0.1" in r.stderr, r.stderr
