@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Annotated
@@ -12,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from distlaunch.cli.render import print_json, render_report
-from distlaunch.jobs.backends import find_job, list_jobs, read_lines, stop_job
+from distlaunch.jobs.backends import LastKnown, find_job, list_jobs, read_lines, stop_job
 from distlaunch.jobs.snapshots import request_stacks
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
 from distlaunch.launcher.report import RunReport
@@ -66,7 +67,9 @@ def stop(
     json_output: Json = False,
 ) -> int:
     """Stop a running job like Ctrl-C: every rank on every host gets SIGTERM, a grace period, then SIGKILL."""
-    record = stop_job(find_job(job), timeout)
+    # A scheduler that cannot be asked does not make the job stopped: its own stop command is tried (and its
+    # failure said, exit 3).
+    record = stop_job(find_job(job, last_known_ok=True), timeout)
     if json_output:
         print_json(record)
     else:
@@ -87,12 +90,22 @@ def logs(
     ] = False,
 ) -> int:
     """Print a job's rank-prefixed output (a detached job's, a Slurm job's output file, a Kubernetes job's pods)."""
-    record = find_job(job)
-    lines = read_lines(record, follow, set(rank or []), tail, stderr)
+    record = find_job(job, last_known_ok=True)  # a Slurm job's output file is here even when slurmctld is not
+    lines = read_lines(record, follow, set(rank or []), tail, stderr, on_end=_say_if_lost)
     for line in lines:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
     return 0
+
+
+def _say_if_lost(end: JobRecord) -> None:
+    """``logs --follow`` of a job that ends lost: its output just stops, so say why (exit 0, as for any end)."""
+    if end.state == "lost":
+        sys.stdout.flush()
+        sys.stderr.write(
+            f"distlaunch: job {end.job_id} was lost: {_lost_why(end)}; its output ends here "
+            f"(see 'distlaunch status {end.job_id}')\n"
+        )
 
 
 def stacks(
@@ -127,7 +140,10 @@ def render_jobs(records: list[JobRecord | Unreadable], console: Console) -> None
             Text(r.backend),
             Text(_hosts(r.hosts)),
             Text(str(r.world_size)),
-            Text(r.state, style=_STATE_STYLE.get(r.state, "")),
+            # the last known state, marked: its scheduler could not be asked now (why: below the table)
+            Text(r.state + "?", style="yellow")
+            if isinstance(r, LastKnown)
+            else Text(r.state, style=_STATE_STYLE.get(r.state, "")),
             Text(_age(now - r.created_at)),
             Text("" if r.exit_code is None else str(r.exit_code)),
         ]
@@ -140,6 +156,14 @@ def render_jobs(records: list[JobRecord | Unreadable], console: Console) -> None
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    for r in records:
+        if isinstance(r, LastKnown):
+            console.print(
+                f"{r.job_id}: state unknown (last known: {r.state}): {r.unknown}",
+                highlight=False,
+                soft_wrap=True,
+                markup=False,
+            )
     unreadable = [r for r in records if isinstance(r, Unreadable)]
     for r in unreadable:
         console.print(f"{r.job_id}: {r.problem}", highlight=False, soft_wrap=True, markup=False)
@@ -161,7 +185,7 @@ def render_status(r: JobRecord, console: Console) -> None:
         "command": " ".join(r.command) or "(not recorded)",
         "cwd": r.cwd,
         "backend": r.backend,
-        "ranks": f"{r.world_size} on {len(r.hosts)} host(s), {r.plan.get('parallel', {}).get('dp', '?')}-way data "
+        "ranks": f"{r.world_size} on {_places(r)}, {r.plan.get('parallel', {}).get('dp', '?')}-way data "
         f"parallel (backend {r.plan.get('backend', '?')})",
         "time": f"started {_clock(r.created_at)}{ended}",
         "exit code": "" if r.exit_code is None else str(r.exit_code),
@@ -175,7 +199,7 @@ def render_status(r: JobRecord, console: Console) -> None:
         lines["slurm job"] = r.native_id
         lines["output"] = r.output or ""
     if r.state == "lost" and r.owner is not None:
-        lines["state"] = f"the process that ran the job (pid {r.owner.pid} on {r.owner.hostname}) is gone"
+        lines["state"] = _lost_why(r)
     for key, value in lines.items():
         if value:
             console.print(f"  {key:<10} {value}", highlight=False, soft_wrap=True, markup=False)
@@ -188,9 +212,29 @@ def render_status(r: JobRecord, console: Console) -> None:
         bad = [f"rank {k} exit {failed[k]['exit_code']}" for k in ranks if k in failed]
         shown = ", ".join(bad) or node.get("state") or _node_state(r.state)  # a pod's own state, for k8s jobs
         table.add_row(Text(node["host"]), str(node["node_rank"]), ranges(ranks) if ranks else "-", shown)
-    console.print(table)
+    if table.row_count:  # none while a Slurm or Kubernetes job waits for its nodes or pods
+        console.print(table)
     if r.report is not None and r.state in FINAL_STATES and r.state != "succeeded":
         render_report(RunReport.model_validate(r.report), console)
+
+
+def _places(r: JobRecord) -> str:
+    """'2 host(s)', or a scheduler's '2 node(s)' / '2 pod(s)': counted from the per-node plan, else the node
+    count the job asked for (a Slurm or Kubernetes job before it has its nodes)."""
+    unit = {"slurm": "node(s)", "k8s": "pod(s)"}.get(r.backend)
+    if unit is None:
+        return f"{len(r.hosts)} host(s)"
+    count = len(r.plan.get("nodes") or []) or r.plan.get("nnodes")
+    if not count:  # a record written before its scheduler was asked: hosts reads ["(2 nodes)"]
+        label = re.fullmatch(r"\((\d+) (?:node|pod)s?\)", r.hosts[0]) if len(r.hosts) == 1 else None
+        count = int(label.group(1)) if label else len(r.hosts)
+    return f"{count} {unit}"
+
+
+def _lost_why(r: JobRecord) -> str:
+    if r.owner is not None:
+        return f"the process that ran the job (pid {r.owner.pid} on {r.owner.hostname}) is gone"
+    return r.error or "its scheduler no longer knows it"
 
 
 def _node_state(job_state: str) -> str:

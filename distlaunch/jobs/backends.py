@@ -8,6 +8,7 @@ kubectl get job/pods, kubectl delete, kubectl logs of the pod that runs a rank. 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -44,8 +45,17 @@ class JobBackend(Protocol):
         """Ask the job to stop as Ctrl-C would; the record says when it has."""
         ...
 
-    def lines(self, record: JobRecord, follow: bool, ranks: set[int], tail: int | None, stderr: bool) -> Iterator[str]:
-        """The job's output lines (only ``ranks``' when given, the last ``tail``); ``follow``: until it ends."""
+    def lines(
+        self,
+        record: JobRecord,
+        follow: bool,
+        ranks: set[int],
+        tail: int | None,
+        stderr: bool,
+        on_end: Callable[[JobRecord], None] | None = None,
+    ) -> Iterator[str]:
+        """The job's output lines (only ``ranks``' when given, the last ``tail``); ``follow``: until it ends,
+        and then ``on_end`` hears of the record as it ended (where the backend can tell)."""
         ...
 
 
@@ -56,8 +66,16 @@ class _FileOutput(ABC):
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
         """The file that holds the job's output (or its stderr alone)."""
 
-    def lines(self, record: JobRecord, follow: bool, ranks: set[int], tail: int | None, stderr: bool) -> Iterator[str]:
-        return _file_lines(record, self.output(record, stderr), follow, _keep(ranks), tail)
+    def lines(
+        self,
+        record: JobRecord,
+        follow: bool,
+        ranks: set[int],
+        tail: int | None,
+        stderr: bool,
+        on_end: Callable[[JobRecord], None] | None = None,
+    ) -> Iterator[str]:
+        return _file_lines(record, self.output(record, stderr), follow, _keep(ranks), tail, on_end)
 
 
 class LauncherJobs(_FileOutput):
@@ -100,38 +118,50 @@ _SLURM_STATES = {
 
 
 class SlurmJobs(_FileOutput):
-    """Batch jobs submitted by ``distlaunch slurm sbatch``: squeue/scontrol, scancel, the job's output file."""
+    """Batch jobs submitted by ``distlaunch slurm sbatch``: scontrol/sacct, scancel, the job's output file."""
 
     def current(self, record: JobRecord) -> JobRecord:
         if record.final or record.native_id is None:
             return record
-        from distlaunch.slurm.jobstate import exit_code_of, job_state
+        from distlaunch.slurm.jobstate import SlurmUnanswered, exit_code_of, job_state
 
         try:
             found = job_state(record.native_id)
-        except (OSError, subprocess.SubprocessError):
+        except SlurmUnanswered as exc:  # the state is unknown, not gone: the caller keeps the last known one
+            raise SlurmUnanswered(exc.message, f"its last known state is {record.state}; {exc.hint}") from None
+        except OSError:
             return record  # no Slurm client here (another login node): the last known state stands
-        if found is None:
+        if found is None:  # slurmctld answered that it has no such job, and sacct has none either
             return record.model_copy(update={"state": "lost", "error": "Slurm no longer knows this job"})
-        slurm_state, code = found
-        state = _SLURM_STATES.get(slurm_state, "failed")
-        update: dict = {"state": state, "error": None if state != "failed" else f"Slurm state {slurm_state}"}
-        if record.final is False and state in ("succeeded", "stopped", "failed"):
-            update.update(exit_code=exit_code_of(slurm_state, code), ended_at=time.time())
+        state = _SLURM_STATES.get(found.state, "failed")
+        update: dict = {"state": state, "error": None if state != "failed" else f"Slurm state {found.state}"}
+        update.update(_slurm_nodes(record, found.nodes, found.node_list))
+        if state in ("succeeded", "stopped", "failed"):
+            update.update(exit_code=exit_code_of(found.state, found.exit_code), ended_at=time.time())
             now = record.model_copy(update=update)
             write_record(now)  # final: later reads need no Slurm
             return now
-        return record.model_copy(update=update)
+        return _remember(record, record.model_copy(update=update))
 
     def request_stop(self, record: JobRecord) -> None:
+        from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
+
+        argv = ["scancel", "--full", record.native_id or ""]
         try:
-            done = subprocess.run(
-                ["scancel", "--full", record.native_id or ""], capture_output=True, text=True, timeout=60, check=False
-            )
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_CMD_TIMEOUT_S, check=False)
         except FileNotFoundError:
             raise HostError("'scancel' not found here", "run 'distlaunch stop' on a Slurm login node") from None
+        except subprocess.TimeoutExpired:
+            raise HostError(
+                f"'{' '.join(argv)}' did not answer within {SLURM_CMD_TIMEOUT_S:g}s",
+                "check slurmctld with 'scontrol ping', then stop the job again",
+            ) from None
         if done.returncode:
-            raise HostError(f"scancel {record.native_id} failed: {done.stderr.strip()}", "check it with squeue")
+            said = next((line.strip() for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
+            raise HostError(
+                f"scancel {record.native_id} failed: {said}",
+                f"the job may still run: check it with squeue -j {record.native_id}",
+            )
 
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
         if stderr:  # sbatch writes both streams to one file unless the template says otherwise
@@ -139,6 +169,45 @@ class SlurmJobs(_FileOutput):
         if not record.output:
             raise UsageError(f"job {record.job_id} writes per-node or per-task files", "look at its --output files")
         return Path(record.output)
+
+
+def _slurm_nodes(record: JobRecord, nodes: int | None, node_list: str | None) -> dict:
+    """The job's hosts and per-node ranks once Slurm has given it nodes (block distribution: the batch script's
+    srun takes --ntasks-per-node from the allocation), and its node count from the start."""
+    update: dict = {}
+    plan = dict(record.plan)
+    if nodes:
+        plan["nnodes"] = nodes
+    if node_list:
+        from distlaunch.slurm.step import expand_nodelist
+
+        try:
+            hosts = expand_nodelist(node_list)
+        except DistlaunchError:
+            hosts = []
+        if hosts:
+            per_node, spread = divmod(record.world_size, len(hosts))
+            plan["nodes"] = [
+                {"host": host, "node_rank": i,
+                 "ranks": [{"rank": i * per_node + k} for k in range(per_node)] if not spread else []}
+                for i, host in enumerate(hosts)
+            ]  # fmt: skip
+            update["hosts"] = hosts
+    if plan != record.plan:
+        update["plan"] = plan
+    return update
+
+
+def _remember(record: JobRecord, now: JobRecord) -> JobRecord:
+    """Keep what the scheduler said last (state, nodes) in the record when it changed: while the scheduler cannot
+    be asked, that is the state shown, marked as last known."""
+    if (now.state, now.hosts, now.plan) == (record.state, record.hosts, record.plan):
+        return now
+    on_disk = read_record(jobs_dir() / record.job_id)
+    if isinstance(on_disk, JobRecord) and not on_disk.final:  # never over a final record written meanwhile
+        with contextlib.suppress(OSError):  # a state directory that cannot be written costs the memory only
+            write_record(now)
+    return now
 
 
 class K8sJobs:
@@ -169,7 +238,7 @@ class K8sJobs:
                 "error": error,
             }
         )
-        return self._final(now, state, code, error) if state in FINAL_STATES else now
+        return self._final(now, state, code, error) if state in FINAL_STATES else _remember(record, now)
 
     def _final(self, record: JobRecord, state: str, code: int | None, error: str | None) -> JobRecord:
         now = record.model_copy(update={"state": state, "exit_code": code, "error": error, "ended_at": time.time()})
@@ -187,13 +256,23 @@ class K8sJobs:
                                record.namespace), timeout=STOP_TIMEOUT_S)  # fmt: skip
         self._final(record, "stopped", None, None)
 
-    def lines(self, record: JobRecord, follow: bool, ranks: set[int], tail: int | None, stderr: bool) -> Iterator[str]:
+    def lines(
+        self,
+        record: JobRecord,
+        follow: bool,
+        ranks: set[int],
+        tail: int | None,
+        stderr: bool,
+        on_end: Callable[[JobRecord], None] | None = None,
+    ) -> Iterator[str]:
         from distlaunch.k8s.kubectl import kubectl, with_namespace
 
         if stderr:
             raise UsageError(
                 f"job {record.job_id} is a Kubernetes job: a pod's log holds both streams", "drop --stderr"
             )
+        if isinstance(record, LastKnown):  # the pods are unknown: say why rather than guess from the last ones
+            raise HostError(record.unknown, "check kubectl's context and access")
         nproc, nnodes = int(record.plan.get("nproc_per_node", 1)), int(record.plan.get("nnodes", 1))
         indices = sorted({r // nproc for r in ranks}) if ranks else list(range(nnodes))
         if follow and len(indices) > 1:
@@ -261,30 +340,59 @@ def backend_of(record: JobRecord) -> JobBackend:
     return BACKENDS.get(record.backend, LauncherJobs())
 
 
+class LastKnown(JobRecord):
+    """A job's record as last known, when its scheduler cannot be asked now: ``unknown`` says why. Its state is
+    the last one seen, not necessarily the job's now (``jobs`` marks it, ``jobs --json`` carries ``unknown``)."""
+
+    unknown: str
+
+
+def last_known(record: JobRecord, problem: DistlaunchError) -> LastKnown:
+    return LastKnown(**record.model_dump(), unknown=problem.message)
+
+
 def list_jobs() -> list[JobRecord | Unreadable]:
     """Every recorded job as it stands now, newest first."""
-    return [r if isinstance(r, Unreadable) else _current_or_last(r) for r in list_records()]
+    out_of_reach: dict[str, DistlaunchError] = {}
+    return [r if isinstance(r, Unreadable) else _current_or_last(r, out_of_reach) for r in list_records()]
 
 
-def _current_or_last(record: JobRecord) -> JobRecord:
+def _current_or_last(record: JobRecord, out_of_reach: dict[str, DistlaunchError]) -> JobRecord:
     # A scheduler out of reach (no kubectl here, a cluster down) costs one job its news, not the listing:
-    # its last known state stands ('distlaunch status' says why).
+    # its last known state stands, marked ('distlaunch status' says why). A slurmctld that cannot be reached
+    # is asked once per listing, not once per job.
+    if record.backend in out_of_reach and not record.final:
+        return last_known(record, out_of_reach[record.backend])
     try:
         return backend_of(record).current(record)
-    except DistlaunchError:
-        return record
+    except DistlaunchError as exc:
+        from distlaunch.slurm.jobstate import SlurmUnanswered
+
+        if isinstance(exc, SlurmUnanswered):
+            out_of_reach[record.backend] = exc
+        return last_known(record, exc)
 
 
-def find_job(prefix: str) -> JobRecord:
-    """The job with this id or unique id prefix, as it stands now."""
+def find_job(prefix: str, last_known_ok: bool = False) -> JobRecord:
+    """The job with this id or unique id prefix, as it stands now.
+
+    When its scheduler cannot be reached (HostError) that error is raised, or with ``last_known_ok`` the record
+    as last known is returned (a ``LastKnown``): ``stop`` still tries the scheduler's own stop command."""
     record = find_record(prefix)
-    return backend_of(record).current(record)
+    try:
+        return backend_of(record).current(record)
+    except HostError as exc:
+        if not last_known_ok:
+            raise
+        return last_known(record, exc)
 
 
 def stop_job(record: JobRecord, timeout: float) -> JobRecord:
     """Stop a running job and wait until its record says how it ended."""
     if record.final:
         raise UsageError(f"job {record.job_id} is {record.state}, not running", "nothing to stop")
+    if isinstance(record, LastKnown):  # its scheduler could not be asked: its own stop command may still work
+        record = JobRecord(**record.model_dump(exclude={"unknown"}))
     backend = backend_of(record)
     backend.request_stop(record)
     deadline = time.monotonic() + timeout
@@ -301,8 +409,13 @@ def stop_job(record: JobRecord, timeout: float) -> JobRecord:
 
 
 def _reread(record: JobRecord) -> JobRecord:
+    """The job as it stands now; while its scheduler cannot be asked, as last known (a wait goes on)."""
     raw = read_record(jobs_dir() / record.job_id)
-    return backend_of(record).current(raw if isinstance(raw, JobRecord) else record)
+    raw = raw if isinstance(raw, JobRecord) else record
+    try:
+        return backend_of(raw).current(raw)
+    except HostError as exc:
+        return last_known(raw, exc)
 
 
 def rank_of(line: str) -> int | None:
@@ -315,10 +428,15 @@ def rank_of(line: str) -> int | None:
 
 
 def read_lines(
-    record: JobRecord, follow: bool, ranks: set[int], tail: int | None = None, stderr: bool = False
+    record: JobRecord,
+    follow: bool,
+    ranks: set[int],
+    tail: int | None = None,
+    stderr: bool = False,
+    on_end: Callable[[JobRecord], None] | None = None,
 ) -> Iterator[str]:
     """The job's output lines (only ``ranks``' lines when given; the last ``tail`` of them); with ``follow``,
-    then every new one until the job is no longer running."""
+    then every new one until the job is no longer running (``on_end`` then hears how it ended)."""
     outside = sorted(r for r in ranks if not 0 <= r < record.world_size)
     if outside:  # a rank the job does not have would print nothing, as if it had said nothing
         have = "0" if record.world_size == 1 else f"0-{record.world_size - 1}"
@@ -326,7 +444,7 @@ def read_lines(
             f"job {record.job_id} has no rank {outside[0]}: its ranks are {have}",
             f"give --rank between 0 and {record.world_size - 1}",
         )
-    return backend_of(record).lines(record, follow, ranks, tail, stderr)
+    return backend_of(record).lines(record, follow, ranks, tail, stderr, on_end)
 
 
 def _keep(ranks: set[int]) -> Callable[[str], bool]:
@@ -334,14 +452,29 @@ def _keep(ranks: set[int]) -> Callable[[str], bool]:
 
 
 def _file_lines(
-    record: JobRecord, path: Path, follow: bool, keep: Callable[[str], bool], tail: int | None
+    record: JobRecord,
+    path: Path,
+    follow: bool,
+    keep: Callable[[str], bool],
+    tail: int | None,
+    on_end: Callable[[JobRecord], None] | None = None,
 ) -> Iterator[str]:
+    end: JobRecord | None = None
+
+    def ended() -> bool:
+        nonlocal end
+        now = _reread(record)
+        end = now if now.final else None
+        return end is not None
+
     if not path.exists():
         if not follow:
             raise UsageError(f"job {record.job_id} has no output yet: {path} does not exist", "try again later")
-        while not path.exists() and not _reread(record).final:
+        while not path.exists() and not ended():
             time.sleep(POLL_S)
         if not path.exists():
+            if on_end is not None and end is not None:
+                on_end(end)
             return
     with open(path, encoding="utf-8", errors="replace") as f:
         *lines, pending = f.read().split("\n")
@@ -350,7 +483,7 @@ def _file_lines(
         while follow:
             chunk = f.read()
             if not chunk:
-                if not _reread(record).final:
+                if not ended():
                     time.sleep(POLL_S)
                     continue
                 chunk, follow = f.read(), False  # what the job wrote between the last read and its end
@@ -358,3 +491,5 @@ def _file_lines(
             yield from (line for line in lines if keep(line))
         if pending and keep(pending):
             yield pending
+    if on_end is not None and end is not None:
+        on_end(end)

@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import unicodedata
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -23,10 +24,12 @@ from pydantic import BaseModel
 from distlaunch.errors import HostError, UsageError
 from distlaunch.launcher.spec import parse_env
 from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, export_option, forwarded_options
-from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S, wait_for_job
+from distlaunch.slurm.jobstate import wait_for_job
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}( ?)")
 DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's own default, in the submit directory
+SBATCH_TIMEOUT_S = 60.0  # submitting: longer than a query (SLURM_CMD_TIMEOUT_S), sbatch retries a busy slurmctld
+_DIRECTIVE_SPECIAL = re.compile(r"[\s\"'\\#]")  # what sbatch's #SBATCH parser splits, unquotes or cuts at
 
 
 def packaged_template() -> str:
@@ -62,18 +65,37 @@ def _optional(value: object) -> str:
     return "" if value in (None, 0, "") else str(value)
 
 
+def directive_value(flag: str, value: str, default: bool = False) -> str:
+    """A value for an ``#SBATCH --opt=VALUE`` line, as sbatch's directive parser reads it back.
+
+    That parser splits at whitespace, takes '...' and "..." as quotes, a backslash as an escape, and an
+    unquoted # as the start of a comment: such a value is double-quoted, with " and \\ escaped. A control
+    character (a newline above all, which would end the directive and start a script line) is refused.
+    ``default``: the value is distlaunch's default for ``flag`` (the job name from the script's name)."""
+    bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        what = f"the default {flag} {value!r} (the script's name)" if default else f"{flag} {value!r}"
+        raise UsageError(
+            f"{what} holds a control character ({bad!r}): an #SBATCH line is one line of the script",
+            f"give {flag} on one line, without control characters",
+        )
+    if not _DIRECTIVE_SPECIAL.search(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def script_values(job: SlurmJob, opts: SlurmJobOptions, output: str | None) -> dict[str, str]:
-    """The placeholder values of one job."""
+    """The placeholder values of one job (the #SBATCH ones checked and quoted for sbatch's parser)."""
     return {
-        "job_name": job.job_name or default_job_name(opts),
+        "job_name": directive_value("-J/--job-name", job.job_name or default_job_name(opts), not job.job_name),
         "nodes": str(job.nodes),
         "ntasks_per_node": str(job.ntasks_per_node),
         "gpus_per_node": _optional(job.gpus_per_node),
         "cpus_per_task": _optional(job.cpus_per_task),
-        "time": _optional(job.time),
-        "partition": _optional(job.partition),
-        "account": _optional(job.account),
-        "output": _optional(output),
+        "time": directive_value("-t/--time", _optional(job.time)),
+        "partition": directive_value("-p/--partition", _optional(job.partition)),
+        "account": directive_value("-A/--account", _optional(job.account)),
+        "output": directive_value("-o/--output", _optional(output)),
         "export": _optional(export_option(list(parse_env(opts.env)), None)),
         "distlaunch": f"{shlex.quote(opts.python)} -m distlaunch",
         "launch_options": shlex.join(forwarded_options(opts)),
@@ -142,8 +164,18 @@ class _Follower(threading.Thread):
 
 def make_output_dir(output: str | None) -> None:
     """Create the output file's folder: Slurm does not, and the job then fails without a word of output."""
-    if output and "%" not in str(Path(output).parent):
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
+    if not output or "%" in str(Path(output).parent):
+        return
+    folder = Path(output).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a parent that is a file, /proc, no permission, a read-only file system
+        file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{file} is a file, not a folder" if file is not None else exc.strerror or str(exc)
+        raise UsageError(
+            f"cannot create the folder {folder} of -o/--output {output}: {why}",
+            "give an --output in a folder you can write (distlaunch creates missing folders)",
+        ) from None
 
 
 def submit(
@@ -170,13 +202,18 @@ def submit(
             env={**os.environ, **(env or {})},
             capture_output=True,
             text=True,
-            timeout=SLURM_CMD_TIMEOUT_S,
+            timeout=SBATCH_TIMEOUT_S,
             check=False,
         )
     except FileNotFoundError:
         raise HostError(
             "'sbatch' not found: Slurm's client commands are not installed here",
             "run on a Slurm login node, or install slurm-client",
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise HostError(
+            f"sbatch did not answer within {SBATCH_TIMEOUT_S:g}s: the job may or may not have been submitted",
+            "look for it with 'squeue --me'; check slurmctld with 'scontrol ping'",
         ) from None
     job_id = done.stdout.strip().split(";")[0]  # --parsable: "JOBID" or "JOBID;CLUSTER"
     if done.returncode or not job_id:

@@ -123,6 +123,34 @@ def test_a_killed_supervisor_takes_its_ranks_and_the_job_shows_as_lost(state, tm
     assert stop.returncode == 2 and "is lost, not running" in stop.stderr
 
 
+def test_logs_follow_of_a_job_that_is_lost_says_so(state, tmp_path):
+    job_id = cli("run", "-n", "2", "--detach", "ticker.py", "100000", "0", cwd=tmp_path).stdout.strip()
+    follower = subprocess.Popen(
+        distlaunch_cmd("logs", job_id, "--follow"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "NO_COLOR": "1"},
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: "tick 3 of rank 1" in cli("logs", job_id, cwd=tmp_path).stdout, 30)
+        owner = status_json(job_id, tmp_path)["owner"]
+        os.kill(owner["pid"], signal.SIGKILL)
+        out, err = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert "tick 3 of rank 1" in out
+    # one line, and exit 0 as for any job that has ended: logs says whether the output could be shown,
+    # status how the job ended
+    assert follower.returncode == 0 and err.count("\n") == 1, err
+    assert err == (
+        f"distlaunch: job {job_id} was lost: the process that ran the job (pid {owner['pid']} on "
+        f"{owner['hostname']}) is gone; its output ends here (see 'distlaunch status {job_id}')\n"
+    )
+    again = cli("logs", job_id, "--follow", "--tail", "1", cwd=tmp_path)  # already lost: the same line
+    assert again.returncode == 0 and "was lost" in again.stderr
+
+
 def test_foreground_jobs_are_recorded_and_a_corrupt_record_breaks_nothing(state, tmp_path):
     assert cli("run", "-n", "2", "ticker.py", "1", "3", cwd=tmp_path).returncode == 3
     assert cli("run", "-n", "1", "ticker.py", "1", "0", cwd=tmp_path).returncode == 0

@@ -106,6 +106,45 @@ def test_missing_script_is_caught_before_submitting(in_tmp):
     assert r.exit_code == 2 and "script 'trian.py' does not exist" in r.stderr
 
 
+@pytest.mark.parametrize(
+    "output, why",
+    [("train.py/logs/%j.out", "train.py is a file, not a folder"), ("/proc/x/%j.out", "No such file or directory")],
+)
+def test_an_output_folder_that_cannot_be_made_is_one_usage_line(in_tmp, output, why):
+    r = invoke(["slurm", "sbatch", "-o", output, "train.py"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    folder = output.rsplit("/", 1)[0]
+    assert r.stderr.startswith(f"error: cannot create the folder {folder} of -o/--output {output}: {why} (hint: ")
+
+
+def test_sbatch_values_are_quoted_for_the_directive_parser(in_tmp):
+    r = invoke(["slurm", "sbatch", "-J", 'my "run" #1', "-o", "my logs/%j.out", "-p", "gpu", "--dry-run", "train.py"])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert '#SBATCH --job-name="my \\"run\\" #1"' in lines and '#SBATCH --output="my logs/%j.out"' in lines
+    assert "#SBATCH --partition=gpu" in lines  # plain values stay as they are
+    (in_tmp / "a b.py").write_text("print('hi')\n")
+    r = invoke(["slurm", "sbatch", "--dry-run", "a b.py"])
+    assert '#SBATCH --job-name="a b"' in r.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("-p", "gpu\nsrun rm -rf ~"), ("-J", "run\r1"), ("-A", "proj\t42"), ("-t", "1:00:00\n"), ("-o", "x\n%j.out")],
+)
+def test_a_control_character_in_an_sbatch_value_is_refused(in_tmp, flag, value):
+    r = invoke(["slurm", "sbatch", flag, value, "--dry-run", "train.py"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{value!r} holds a control character" in r.stderr and "an #SBATCH line is one line" in r.stderr
+    assert r.stdout == ""
+
+
+def test_a_control_character_in_the_default_job_name_is_refused(in_tmp):
+    (in_tmp / "a\nb.py").write_text("print('hi')\n")
+    r = invoke(["slurm", "sbatch", "--dry-run", "a\nb.py"])
+    assert r.exit_code == 2 and "the default -J/--job-name 'a\\nb' (the script's name) holds a control" in r.stderr
+
+
 def test_the_repository_template_is_the_packaged_one():
     # One source of truth: templates/sbatch.sh links to the copy shipped inside the package.
     top, packaged = ROOT / "templates" / "sbatch.sh", ROOT / "distlaunch" / "templates" / "sbatch.sh"
