@@ -23,7 +23,7 @@ RECENT = 20  # what 'distlaunch jobs' shows without --all
 _STATE_STYLE = {"pending": "yellow", "running": "cyan", "succeeded": "green", "failed": "red", "lost": "magenta"}
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-JobId = Annotated[str, typer.Argument(help="A job id, or a unique prefix of one (dl-2026…).", show_default=False)]
+JobId = Annotated[str, typer.Argument(help="A job id, or a unique prefix of one (dl-3f9a…).", show_default=False)]
 
 
 def jobs(

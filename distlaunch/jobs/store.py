@@ -1,7 +1,7 @@
 """Job records on disk: one folder per job under the state directory, one ``job.json`` in each.
 
     $DISTLAUNCH_STATE_DIR            (default $XDG_STATE_HOME/distlaunch, else ~/.local/state/distlaunch)
-    └── jobs/dl-20261123-081502-3f9a/
+    └── jobs/dl-3f9a0c1d2e4b/
         └── job.json                 (a JobRecord; replaced atomically on every change)
 
 Writers replace the file with ``os.replace`` of a fully written temporary file, so a reader sees the
