@@ -119,7 +119,7 @@ def stacks(
 
     The job's launcher gets SIGUSR1, asks every agent for its ranks' Python stacks (py-spy, else faulthandler)
     as on a hang, and writes them to a new stacks-N folder in the job's folder."""
-    snapshot = request_stacks(find_job(job), timeout)
+    snapshot = request_stacks(find_job(job, last_known_ok=True), timeout)  # refused for Slurm and k8s jobs
     if json_output:
         print_json(snapshot)
         return 0

@@ -21,7 +21,7 @@ from typing import IO
 
 import paramiko
 
-from distlaunch.remote.command import CommandResult, run_command
+from distlaunch.remote.command import CommandResult, finish_command, open_command, run_command
 from distlaunch.remote.ssh import SshError
 
 
@@ -237,13 +237,6 @@ def _reap(proc: subprocess.Popen) -> None:
         _kill_group(proc)
 
 
-def _read_all(read: Callable[[int], bytes], chunks: list[bytes]) -> None:
-    """Read a channel's stream to its end (a timeout or a closed channel ends it too; the caller tells)."""
-    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-        while data := read(65536):
-            chunks.append(data)
-
-
 class SshSession(HostSession):
     """A remote host over an open SSH connection."""
 
@@ -257,59 +250,14 @@ class SshSession(HostSession):
         return ["env", f"{MARK}={self.nonce}", *argv]
 
     def _exec(self, argv: list[str], timeout: float | None) -> paramiko.Channel:
-        """A channel whose command runs on the host: exec_command returns once sshd has started it."""
-        command = shlex.join(self._marked(argv))
+        """A channel whose command runs on the host, started inside the gate (none starts once it closed)."""
         with self.gate.starting(self.name):
-            try:
-                transport = self.client.get_transport()
-                if transport is None or not transport.is_active():
-                    raise paramiko.SSHException("the SSH connection is closed")
-                channel = transport.open_session(timeout=timeout)
-                channel.settimeout(timeout)
-                channel.exec_command(command)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                raise SshError(
-                    self.name, "other", f"cannot run {argv[0]!r}: {exc}", "check the SSH connection (ssh -v HOST)"
-                ) from None
-        return channel
+            return open_command(self.client, self.name, shlex.join(self._marked(argv)), timeout)
 
     def run(self, argv: list[str], timeout: float, stdin: str | None = None) -> CommandResult:
         """As ``distlaunch.remote.command.run_command``, with the start inside the gate."""
         deadline = time.monotonic() + timeout
-        channel = self._exec(argv, timeout)
-        try:
-            channel.settimeout(max(deadline - time.monotonic(), 0.001))
-            if stdin:
-                channel.sendall(stdin.encode("utf-8"))
-            channel.shutdown_write()
-            out: list[bytes] = []
-            err: list[bytes] = []
-            # stderr in a thread: a command that fills one pipe while we wait on the other must not stall
-            err_reader = threading.Thread(target=_read_all, args=(channel.recv_stderr, err), daemon=True)
-            err_reader.start()
-            channel.settimeout(max(deadline - time.monotonic(), 0.001))
-            while data := channel.recv(65536):
-                out.append(data)
-            err_reader.join(max(deadline - time.monotonic(), 0.001))
-            if err_reader.is_alive() or not channel.status_event.wait(max(deadline - time.monotonic(), 0.001)):
-                raise TimeoutError()
-            rc = channel.recv_exit_status()
-        except TimeoutError:
-            raise SshError(
-                self.name,
-                "timeout",
-                f"{shlex.join(argv[:1])} did not finish within {timeout:g}s",
-                "check that the host is not overloaded, or give the command more time",
-            ) from None
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise SshError(
-                self.name, "other", f"running {argv[0]!r} failed: {exc}", "check the SSH connection (ssh -v HOST)"
-            ) from None
-        finally:
-            channel.close()
-        return CommandResult(
-            rc=rc, stdout=b"".join(out).decode("utf-8", "replace"), stderr=b"".join(err).decode("utf-8", "replace")
-        )
+        return finish_command(self._exec(argv, timeout), self.name, shlex.join(argv), deadline, stdin)
 
     def start(self, argv: list[str]) -> LineStream:
         channel = self._exec(argv, None)

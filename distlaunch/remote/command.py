@@ -50,12 +50,16 @@ def run_command(
     client: paramiko.SSHClient, argv: list[str], timeout: float = 30.0, stdin: str | bytes | None = None
 ) -> CommandResult:
     """Run ``argv`` on the host (every word shlex-quoted, so the remote shell interprets nothing)."""
-    command = shlex.join(argv)
-    host = host_name(client)
+    command, host = shlex.join(argv), host_name(client)
+    deadline = time.monotonic() + timeout
+    return finish_command(open_command(client, host, command, timeout), host, command, deadline, stdin)
+
+
+def open_command(client: paramiko.SSHClient, host: str, command: str, timeout: float | None) -> paramiko.Channel:
+    """A channel whose ``command`` (a shell line) runs on the host: exec_command returns once sshd started it."""
     transport = client.get_transport()
     if transport is None or not transport.is_active():
         raise SshError(host, "other", f"the SSH connection is closed; cannot run {command!r}", "connect again")
-    deadline = time.monotonic() + timeout
     try:
         channel = transport.open_session(timeout=timeout)
     except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -66,8 +70,24 @@ def run_command(
             "check MaxSessions in the host's sshd_config",
         ) from None
     try:
-        channel.settimeout(max(deadline - time.monotonic(), 0.001))
+        channel.settimeout(timeout)
         channel.exec_command(command)
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        channel.close()
+        raise SshError(
+            host, "other", f"cannot run {command!r}: {exc}", "check the SSH connection (ssh -v HOST)"
+        ) from None
+    return channel
+
+
+def finish_command(
+    channel: paramiko.Channel, host: str, command: str, deadline: float, stdin: str | bytes | None = None
+) -> CommandResult:
+    """Feed a started command ``stdin``, read its output to the end and its exit code, by the (monotonic)
+    ``deadline``; the channel is closed whatever happens."""
+    timeout = max(deadline - time.monotonic(), 0.001)
+    try:
+        channel.settimeout(timeout)
         if stdin:
             channel.sendall(stdin.encode("utf-8") if isinstance(stdin, str) else stdin)
         channel.shutdown_write()

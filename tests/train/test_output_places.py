@@ -14,9 +14,9 @@ from distlaunch.engine.config import load_config
 from distlaunch.engine.places import METRICS_FILE, place_problem
 from distlaunch.errors import UsageError
 from distlaunch.launcher.train import check_training_files
+from tests.checkpoint.conftest import cli_env
 from tests.helpers import invoke, run_cli
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.preset='tiny'", "train.steps=2", "train.global_batch_size=4", "train.seq_len=32"]
 CKPT_FIX = "(hint: point checkpoint.dir at a folder you can write; missing folders are created)"
 METRICS_FIX = "(hint: point --metrics-file or --log-dir at a place you can write; missing folders are created)"
@@ -54,11 +54,6 @@ def test_dry_run_creates_no_checkpoint_dir(tmp_path):
     r = invoke(["train", "-n", "2", "--dry-run", *sets(f"checkpoint.dir='{ckpt}'")])
     assert r.exit_code == 0, r.stderr
     assert not (tmp_path / "new").exists()
-
-
-def cli_env() -> dict[str, str]:
-    """One thread per rank (2 shared cores), quiet warnings, the repo importable from any folder."""
-    return {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
 
 
 def engine_job(tmp_path: Path, *args: str) -> tuple[int, str]:
