@@ -117,11 +117,20 @@ MaxRestarts = Annotated[
         rich_help_panel=LAUNCH,
     ),
 ]
+
+
+def user_path(value: Path | None) -> Path | None:
+    """``~`` expanded: the shell leaves it alone in ``--log-dir=~/logs``, and a path the launcher checks must be
+    the one the ranks write."""
+    return value.expanduser() if value is not None else None
+
+
 LogDir = Annotated[
     Path | None,
     typer.Option(
         "--log-dir",
         metavar="DIR",
+        callback=user_path,
         help="Keep every line of every rank in LOG_DIR/<job id>/rank<N>.log (time-stamped, with a header).",
         rich_help_panel=LAUNCH,
     ),

@@ -61,7 +61,11 @@ Resume = Annotated[
 ]
 MetricsFile = Annotated[
     Path | None,
-    typer.Option("--metrics-file", help="Rank 0's metrics.jsonl (default: LOG_DIR/metrics.jsonl with --log-dir)."),
+    typer.Option(
+        "--metrics-file",
+        help="Rank 0's metrics.jsonl (default: LOG_DIR/metrics.jsonl with --log-dir).",
+        callback=o.user_path,
+    ),
 ]
 
 

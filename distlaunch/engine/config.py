@@ -48,6 +48,13 @@ MAX_TIMEOUT_S = 30 * 24 * 3600
 TIMEOUT_HINT = "seconds, 30 days at most; 0 turns the limit off"
 
 
+def ranks_path(path: str, workdir: str | None) -> str:
+    """A path of the config (``data.path``, ``checkpoint.dir``, a resume path) as the ranks open it: ``~``
+    expanded, a relative path taken from their working directory (``--workdir``; None: this one)."""
+    full = Path(path).expanduser()
+    return str(full if full.is_absolute() or workdir is None else Path(workdir).expanduser() / full)
+
+
 def _path(default: str) -> AfterValidator:
     """A path key that may be left out (``default`` then) but not left empty: an empty path is the
     current folder, which nobody means by writing nothing."""
@@ -108,7 +115,7 @@ class TrainSection(_Section):
 
     def check_min_lr(self) -> None:
         """The cosine decays from lr to min_lr: a min_lr above lr would make it climb."""
-        if self.min_lr is not None and self.min_lr > self.lr:
+        if self.min_lr is not None and self.min_lr > self.lr and self.lr_schedule != "constant":  # unused there
             raise UsageError(
                 f"train.min_lr={self.min_lr:g} is above train.lr={self.lr:g}: "
                 "the learning rate would climb towards min_lr instead of decaying",

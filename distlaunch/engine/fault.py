@@ -34,6 +34,26 @@ def restart_count(environ: dict[str, str] | None = None) -> int:
     return 0
 
 
+def check_fault(section: FaultSection, world_size: int, step_timeout: float) -> None:
+    """The fault settings a job of ``world_size`` ranks can inject (UsageError otherwise); torch-free, so
+    ``distlaunch train`` refuses them before any rank starts, as each rank would."""
+    if section.rank is None and section.step is None:
+        return
+    if section.rank is None or section.step is None:
+        raise UsageError(
+            "fault.rank and fault.step must be set together", "for example --set fault.rank=1 --set fault.step=12"
+        )
+    if section.rank >= world_size:
+        raise UsageError(
+            f"fault.rank={section.rank} but the job has {world_size} rank(s)", f"use a rank in [0, {world_size})"
+        )
+    if section.kind == "hang" and step_timeout <= 0:
+        raise UsageError(
+            "fault.kind='hang' with train.step_timeout=0 would hang forever",
+            "set train.step_timeout (seconds) so the hang is detected",
+        )
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     """The fault this rank injects on this try, if any."""
@@ -44,22 +64,8 @@ class FaultPlan:
     @classmethod
     def for_rank(cls, section: FaultSection, rank: int, world_size: int, tries: int, step_timeout: float) -> FaultPlan:
         """The configured fault if it targets ``rank`` on this try; checks the settings."""
-        if section.rank is None and section.step is None:
-            return cls(None)
-        if section.rank is None or section.step is None:
-            raise UsageError(
-                "fault.rank and fault.step must be set together", "for example --set fault.rank=1 --set fault.step=12"
-            )
-        if section.rank >= world_size:
-            raise UsageError(
-                f"fault.rank={section.rank} but the job has {world_size} rank(s)", f"use a rank in [0, {world_size})"
-            )
-        if section.kind == "hang" and step_timeout <= 0:
-            raise UsageError(
-                "fault.kind='hang' with train.step_timeout=0 would hang forever",
-                "set train.step_timeout (seconds) so the hang is detected",
-            )
-        if section.rank != rank or (tries > 0 and not section.every_try):
+        check_fault(section, world_size, step_timeout)
+        if section.rank is None or section.rank != rank or (tries > 0 and not section.every_try):
             return cls(None)
         return cls(section.kind, section.step)
 

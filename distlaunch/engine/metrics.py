@@ -10,9 +10,11 @@ history and every run starts with its own ``start`` line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import IO, Any
 
@@ -98,13 +100,26 @@ class MetricsWriter:
             self._file = open_metrics_file(path)
 
     def write(self, record: dict[str, Any]) -> None:
-        """One JSON object per line, flushed so a tail -f sees it at once."""
-        if self._file is not None:
+        """One JSON object per line, flushed so a tail -f sees it at once. A write that fails (a full disk)
+        is one warning, and the metrics stop there: the training goes on, as it is worth more than its log."""
+        if self._file is None:
+            return
+        try:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        except OSError as err:
+            print(
+                f"warning: metrics file {self.path} cannot be written ({os_reason(self.path, err)}): "
+                "no more metrics are written; the training goes on",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.close()
+            self.path = None  # nor a loss curve beside it
 
     def close(self) -> None:
-        """Close the file (safe to call twice)."""
+        """Close the file (safe to call twice; what a failed write left unflushed is dropped)."""
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):
+                file.close()

@@ -165,7 +165,13 @@ def settle(
     if report.exit_code != 0 and not stopped_by_other:
         at = own.at if own else time.time()
         store.publish_failure(
-            {"node_rank": node_rank, "rank": own.rank if own else None, "exit_code": report.exit_code, "at": at}
+            {
+                "node_rank": node_rank,
+                "rank": own.rank if own else None,
+                "exit_code": report.exit_code,
+                "at": at,
+                "time_s": own.time_s if own else 0.0,  # into its node's job: the nodes started together
+            }
         )
     store.finish()
     if report.exit_code == 0 and watcher.failure is None:
@@ -177,7 +183,7 @@ def settle(
         return report
     where, code = f"node {root['node_rank']}", root["exit_code"]
     if stopped_by_other:  # the root cause may be another node's than the one that stopped us: it failed earlier
-        failures = [] if root["rank"] is None else [_remote_cause(root)]
+        failures = [] if root["rank"] is None else [_remote_cause(root, time_s=root.get("time_s", 0.0))]
         return report.model_copy(update={"exit_code": code, "stopped_by": describe(root), "failures": failures})
     if own is not None and root["rank"] is not None and root["at"] < own.at:
         earlier = own.at - root["at"]

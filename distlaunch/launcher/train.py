@@ -12,8 +12,8 @@ from pathlib import Path
 
 from distlaunch.contract.layout import SHAPE_KEYS, parse_layout
 from distlaunch.engine.checkpoint.resume import check_before_launch
-from distlaunch.engine.config import TrainingConfig, load_config
-from distlaunch.engine.fault import restart_count
+from distlaunch.engine.config import TrainingConfig, load_config, ranks_path
+from distlaunch.engine.fault import check_fault, restart_count
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.places import METRICS_FILE, check_place
 from distlaunch.engine.planner import MemoryPlan, plan_memory
@@ -189,8 +189,10 @@ def device_capacity(backend: str, gpu_memory: str | None, ranks_per_node: int) -
 
 def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_memory: str | None) -> TrainPlan:
     """The launch plan with the layout checked against the model and every rank's memory planned."""
-    model = model_config(cfg.model.preset, cfg.data.path)  # a prepared dataset sets the vocabulary
+    data = ranks_path(cfg.data.path, plan.nodes[0].workdir or None) if cfg.data.path else None
+    model = model_config(cfg.model.preset, data)  # a prepared dataset sets the vocabulary
     dims = resolve_parallel_dims(cfg, model, plan.world_size)
+    check_fault(cfg.fault, plan.world_size, cfg.train.step_timeout)
     ranks_per_node = max(len(node.ranks) for node in plan.nodes)
     device, capacity, source = device_capacity(plan.backend, gpu_memory, ranks_per_node)
     memory = plan_memory(model, dims, cfg.train, plan.backend, device, capacity, source)

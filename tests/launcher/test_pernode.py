@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -124,6 +125,8 @@ def test_a_rank_failing_on_node_1_stops_node_0_with_its_exit_code():
     assert "rank 3 on node 1 failed with code 7; stopping all ranks" in results[0][2]  # said when it happens
     assert "stopped because rank 3 on node 1 failed with code 7" in results[0][2]
     assert "root cause" in results[0][2] and "node 1" in results[0][2]
+    when = re.search(r"│ 3\s+│ node 1\s+│ 7\s+│ ([0-9.]+)s", results[0][2])  # when it failed, as node 1 saw it
+    assert when and float(when.group(1)) >= 1.5, results[0][2]
     assert "rank 3 on localhost exited with code 7" in results[1][2]
     assert_quiet(results)
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)

@@ -112,3 +112,17 @@ def test_good_values_still_load(tmp_path):
     assert load_config(None, ["train.compile=true", "train.activation_checkpointing=true"]).train.compile is True
     with pytest.raises(UsageError, match="fractional"):
         load_config(None, ["train.steps=1.5"])
+
+
+@pytest.mark.parametrize(
+    "sets,words",
+    [
+        (["fault.rank=1", "fault.step=1"], ["fault.rank=1 but the job has 1 rank(s)"]),
+        (
+            ["fault.kind='hang'", "fault.rank=0", "fault.step=1", "train.step_timeout=0"],
+            ["fault.kind='hang' with train.step_timeout=0 would hang forever"],
+        ),
+    ],
+)
+def test_a_fault_the_job_cannot_inject_is_refused_before_any_rank_starts(sets, words):
+    refused([arg for s in sets for arg in ("--set", s)], *words)  # before: each rank refused it, seconds in

@@ -31,6 +31,7 @@ from distlaunch.engine.checkpoint.folder import (
     step_of,
 )
 from distlaunch.engine.checkpoint.manifest import read_manifest
+from distlaunch.engine.config import ranks_path
 from distlaunch.engine.places import CHECKPOINT_DIR, check_place
 from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
@@ -122,16 +123,12 @@ def check_before_launch(
     than ``data_path``'s), or past ``steps`` (``train.steps``). Damage is left to the ranks: they
     verify every file and fall back. ``workdir`` is where the ranks run (relative paths are theirs)."""
 
-    def theirs(path: str) -> str:
-        full = Path(path).expanduser()
-        return str(full if full.is_absolute() or workdir is None else Path(workdir).expanduser() / full)
-
-    data = theirs(data_path) if data_path else None
+    data = ranks_path(data_path, workdir) if data_path else None
     data_file(data)
-    ckpt_dir = theirs(ckpt_dir) if ckpt_dir else None
+    ckpt_dir = ranks_path(ckpt_dir, workdir) if ckpt_dir else None
     if ckpt_dir is not None:
         check_place(CHECKPOINT_DIR, Path(ckpt_dir), folder=True)
-    source, _ = resume_source(resume if resume in RESUME_WORDS else theirs(resume), ckpt_dir, tries=0)
+    source, _ = resume_source(resume if resume in RESUME_WORDS else ranks_path(resume, workdir), ckpt_dir, tries=0)
     if source is None:
         return
     meta, _ = read_manifest(source)  # a damaged manifest: the ranks say so, and fall back
@@ -141,7 +138,7 @@ def check_before_launch(
         raise preset_refusal(source, meta.preset, preset)
     if meta.data is not None:
         vocab_size = model_config(preset, data).vocab_size  # first: it refuses a folder that is no dataset
-        here = DataIdentity(fingerprint=data_fingerprint(data), path=data_path, vocab_size=vocab_size)
+        here = DataIdentity(fingerprint=data_fingerprint(data), path=data, vocab_size=vocab_size)  # as the ranks see it
         check_same_data(source, meta.data, here)
     if steps is not None:
         steps_left(source, meta.step, steps)
