@@ -35,6 +35,14 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
+def _only_bool(value: Any) -> Any:
+    """A switch takes true or false (TOML's), not 1 or "yes": the reverse of ``_not_bool``."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError("true or false is needed here")
+    return value
+
+
+Bool = Annotated[bool, BeforeValidator(_only_bool)]
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 OptionalInt = Annotated[int | None, BeforeValidator(_not_bool)]
@@ -100,9 +108,11 @@ class TrainSection(_Section):
     seed: Int = Field(1337, ge=0, lt=2**32)
     precision: Precision = "fp32"
     loss_scale: Float = Field(2.0**16, gt=0)  # fp16 only: the dynamic loss scale's start value
-    activation_checkpointing: bool = False
+    activation_checkpointing: Bool = False
     # torch.compile every transformer block; "auto" (None): on for CUDA, off on CPU
-    compile: Annotated[bool | None, BeforeValidator(lambda value: None if value == "auto" else value)] = None
+    compile: Annotated[
+        bool | None, BeforeValidator(_only_bool), BeforeValidator(lambda value: None if value == "auto" else value)
+    ] = None
     # ZeRO-0/1/2: gradients are reduced in buckets of this many MiB, each launched from the
     # backward as soon as it is complete (DDP's default 25); at most 64 GiB: a bucket larger than
     # all of a model's gradients is one bucket of them all, so more would change nothing
@@ -155,7 +165,7 @@ class FaultSection(_Section):
     rank: OptionalInt = Field(None, ge=0)
     step: OptionalInt = Field(None, ge=1)
     kind: FaultKind = "crash"
-    every_try: bool = False  # False: only when DISTLAUNCH_RESTART_COUNT is 0, so a restart recovers
+    every_try: Bool = False  # False: only when DISTLAUNCH_RESTART_COUNT is 0, so a restart recovers
 
 
 class TrainingConfig(_Section):

@@ -49,6 +49,10 @@ def refused(args: list[str], *words: str) -> str:
         ("data.path=", ["data.path: ''", "leave the key out for the bundled corpus"]),
         # true is 1 to pydantic: steps=true trained one step
         ("train.steps=true", ["train.steps: True", "not true or false"]),
+        # and a switch takes only true or false: 1 and yes were taken as true
+        ("train.activation_checkpointing=1", ["train.activation_checkpointing: 1", "true or false is needed"]),
+        ("train.compile=yes", ["train.compile: 'yes'", "true or false is needed"]),
+        ("fault.every_try=0", ["fault.every_try: 0", "true or false is needed"]),
         ("train.global_batch_size=true", ["train.global_batch_size: True", "not true or false"]),
         ("train.micro_batch_size=true", ["train.micro_batch_size: True", "not true or false"]),
         ("train.seq_len=true", ["train.seq_len: True", "not true or false"]),
