@@ -233,7 +233,7 @@ class Agent:
                     preexec_fn=die_with_parent,
                 )
             except OSError as exc:
-                self.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=_start_error(spec["argv"][0], exc))
+                self.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=_start_error(spec["argv"][0], exc, workdir))
                 self.emit(ev=p.EXIT, rank=spec["rank"], code=_start_exit_code(exc), at=time.time(), stopped=False)
                 continue
             rank = Rank(spec, proc)
@@ -592,9 +592,12 @@ def _exit_fd(pid: int) -> int | None:
         return None
 
 
-def _start_error(program: str, exc: OSError) -> str:
+def _start_error(program: str, exc: OSError, workdir: str | None = None) -> str:
     """Why a rank's program could not start, with the likely fix for a file named without a path (which
-    exec looks for on PATH, not in the working directory)."""
+    exec looks for on PATH, not in the working directory). A missing working directory fails the same
+    exec with the same errno: it is named instead of the program."""
+    if workdir and not os.path.isdir(workdir):
+        return f"distlaunch: cannot start {program!r}: the working directory {workdir!r} does not exist on this host"
     line = f"distlaunch: cannot start {program!r}: {exc.strerror}"
     if "/" not in program and os.path.isfile(program):
         line += f" (on PATH; the file of that name here is ./{program})"

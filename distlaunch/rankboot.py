@@ -39,6 +39,12 @@ def main() -> None:
         sys.path[0] = os.getcwd()  # as python -m: the working directory, not this file's folder
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
+        if not os.path.exists(args[0]):  # as python SCRIPT says it (and exits 2), not as runpy's traceback
+            print(
+                f"{sys.executable}: can't open file {os.path.abspath(args[0])!r}: [Errno 2] No such file or directory",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         sys.argv = args
         sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
         runpy.run_path(args[0], run_name="__main__")

@@ -27,7 +27,7 @@ class LaunchOptions(BaseModel):
     python: str = ""  # the ranks' interpreter; "": --remote-python when given, else the launcher's own
     ssh_config: Path | None = None
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
-    remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: python)
+    remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: sys.executable)
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
 
     @model_validator(mode="after")

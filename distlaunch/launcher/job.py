@@ -116,7 +116,7 @@ class _Attempt:
             "ranks": [r.model_dump() for r in node.ranks],
             "restart_count": self.restart_count,
             "grace_period": self.options.grace_period,
-            "workdir": self.options.workdir,
+            "workdir": node.workdir or self.options.workdir,  # the plan's: absolute, as every host must read it
             "heartbeat_timeout": self.options.heartbeat_timeout,
             "hang_timeout": self.options.hang_timeout,
         }
@@ -149,8 +149,15 @@ class _Attempt:
 
     def loop(self, conns: list[AgentConnection]) -> None:
         pending = {c.node_rank: c for c in conns}
-        heartbeat_at = time.monotonic()
+        heartbeat_at = turn_at = time.monotonic()
         while pending:
+            now = time.monotonic()
+            if self.options.heartbeat_timeout and now - turn_at > self.options.heartbeat_timeout / 2:
+                # This launcher was frozen (SIGSTOP, a suspended machine): the agents' silence was ours, and what
+                # they sent meanwhile is still queued. Judge them on a fresh window, after reading it.
+                for conn in pending.values():
+                    conn.last_seen = max(conn.last_seen, now)
+            turn_at = now
             self.check_interrupts(conns)
             if self.kill_deadline is not None and time.monotonic() > self.kill_deadline:
                 self.unconfirmed = [c.host for c in pending.values()]
@@ -329,10 +336,13 @@ class _Attempt:
         a crash makes its peers fail milliseconds later, and their host's report may arrive first."""
         rank = event["rank"]
         self.exited.add(rank)
+        at = event.get("at") or time.time()
+        if event.get("stopped") and not self.stopping:
+            self.on_stopped_by_agent(rank, at, conns)
+            return
         if event["code"] == 0 or event.get("stopped", self.stopping):
             return
         code, signame = exit_code_of(event["code"])
-        at = event.get("at") or time.time()
         failure = RankExit(
             rank=rank,
             host=self.host_of[rank],
@@ -353,6 +363,28 @@ class _Attempt:
         elif first is None and (self.interrupts.first_at is None or at <= self.interrupts.first_at):
             # the job is stopping for a signal (or a hang) that came after this failure
             self.sink.notice(f"{failure.what}, before the stop: it failed first (the root cause)")
+
+    def on_stopped_by_agent(self, rank: int, at: float, conns: list[AgentConnection]) -> None:
+        """A rank its agent stopped though this launcher never asked: the agent heard nothing from us for the
+        heartbeat timeout (this machine frozen or suspended, the link cut) or was signalled itself. Whatever
+        the rank's code, the job did not finish: a failure of that host (exit 3), never a success."""
+        host = self.host_of[rank]
+        self.failures.append(
+            RankExit(
+                rank=rank,
+                host=host,
+                exit_code=HOST_SILENT_CODE,
+                tail=[*list(self.tails[rank]), "distlaunch: stopped by its agent, not by the launcher"],
+                time_s=self.since_start(at),
+                at=at,
+            )
+        )
+        self.stop(
+            conns,
+            f"the agent on {host} stopped its ranks on its own: it heard nothing from this launcher for "
+            f"--heartbeat-timeout {self.options.heartbeat_timeout:g}s (was this machine frozen or suspended?), "
+            "or it was signalled",
+        )
 
     def on_lost(self, node: NodePlan, conns: list[AgentConnection]) -> None:
         lost = [r.rank for r in node.ranks if r.rank not in self.exited]
@@ -477,7 +509,7 @@ def execute(
             attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, requests, stop_request)
             failures = attempt.run()
             stragglers += attempt.stragglers
-            hang = attempt.hang or hang
+            hang = attempt.hang  # the report tells how the job ended: a hang a restart recovered from is past
             if attempt.hang is not None and restart_count < options.max_restarts:
                 sink.notice(f"restarting the job after the hang ({restart_count + 1}/{options.max_restarts})")
                 continue

@@ -195,6 +195,34 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
         )
 
 
+def address_toward(host: str) -> str | None:
+    """This machine's address on its route to ``host``: where ``host`` reaches us (a UDP connect sends
+    nothing). None when ``host`` does not resolve or has no route."""
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect(addr)
+                return str(probe.getsockname()[0])
+            except OSError:
+                continue
+    return None
+
+
+def master_for(hosts: list[HostSlots], local_hosts: list[str], addresses: dict[str, str]) -> str:
+    """MASTER_ADDR when --master-addr is not given: the first host as the others reach it. When that host
+    is this machine (maybe under a name only it knows, as ``localhost``) and others are remote: its address
+    on the route to them, else (no route known yet, as in a dry run) its fully qualified name."""
+    first = hosts[0].host
+    remote = [h.host for h in hosts if h.host not in local_hosts]
+    if first not in local_hosts or not remote:
+        return addresses.get(first, first)
+    return address_toward(addresses.get(remote[0], remote[0])) or socket.getfqdn()
+
+
 def make_spec(
     opts: LaunchOptions,
     hosts: list[HostSlots] | None = None,
@@ -205,11 +233,13 @@ def make_spec(
     ``addresses`` maps remote host aliases to what other hosts can reach. Which hosts are this machine is
     decided here, once, and kept in the spec and the plan."""
     hosts = hosts if hosts is not None else resolve_hosts(opts)
+    # absolute: a remote host would take a relative --workdir from its login folder, not from ours
+    workdir = os.path.abspath(os.path.expanduser(workdir)) if workdir else os.getcwd()
     local_hosts = [h.host for h in hosts if is_local_host(h.host)]
     all_local = len(local_hosts) == len(hosts)
     addresses = {h.host: "127.0.0.1" for h in hosts} if all_local else dict(addresses or {})
     first = hosts[0].host
-    master_addr = opts.master_addr or addresses.get(first, first)
+    master_addr = opts.master_addr or master_for(hosts, local_hosts, addresses)
     backend = opts.backend
     if backend == "auto":
         backend = "nccl" if local_gpu_count() else "gloo"
@@ -217,7 +247,7 @@ def make_spec(
     env.update(launcher_defaults(backend, max(h.nslots for h in hosts), {**os.environ, **env}))
     return LaunchSpec(
         hosts=hosts,
-        command=build_command(opts, workdir or os.getcwd()),
+        command=build_command(opts, workdir),
         parallel=layout_spec(opts.parallel),
         master_addr=master_addr,
         master_port=choose_port(opts.master_port, first in local_hosts or is_loopback(master_addr)),
@@ -226,8 +256,8 @@ def make_spec(
         job_id=new_job_id(),
         addresses=addresses,
         local_hosts=local_hosts,
-        workdir=workdir or os.getcwd(),
-        agent_python=opts.remote_python or opts.python,
+        workdir=workdir,
+        agent_python=opts.remote_python or sys.executable,  # --python picks the ranks' interpreter only
         local_python=sys.executable,
         max_restarts=opts.max_restarts,
     )

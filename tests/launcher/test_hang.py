@@ -157,3 +157,21 @@ def test_nccl_flight_recorder_dumps_reach_the_job_folder_byte_for_byte(tmp_path)
     assert f"NCCL flight recorder dumps of ranks 0-2: {folder} " in r.stderr
     assert f"python -m torch.distributed.flight_recorder.fr_trace {folder} -p nccl_trace_rank_" in r.stderr
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"
+
+
+def test_a_hang_that_a_restart_recovered_from_is_not_the_outcome(tmp_path):
+    script = tmp_path / "hangs_once.py"
+    script.write_text(
+        "import os, time\n"
+        "print('up', flush=True)\n"
+        "if os.environ['RANK'] == '1' and os.environ['DISTLAUNCH_RESTART_COUNT'] == '0':\n"
+        "    time.sleep(600)\n"
+    )
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    args = ["run", "-n", "2", "--hang-timeout", "3", "--max-restarts", "1", "--grace-period", "1"]
+    r = subprocess.run(distlaunch_cmd(*args, str(script)), capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "restarting the job after the hang (1/1)" in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "finished" in last and "after 1 restart(s)" in last, r.stderr  # before: "job ... hung" after success
+    assert not re.search(r"job \S+ hung", r.stderr), r.stderr

@@ -154,6 +154,25 @@ def test_an_interrupt_during_a_stop_is_answered_and_the_failure_stays_the_outcom
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
 
 
+def test_a_launcher_frozen_past_the_heartbeat_timeout_never_reports_success(tmp_path):
+    """The agents stop the ranks of a launcher they no longer hear (a suspended laptop, SIGSTOP); when it
+    wakes up, the job failed (exit 3, saying why), not "finished", and no healthy host is blamed as silent."""
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import os, time\nprint('up', os.environ['RANK'], flush=True)\ntime.sleep(60)\n")
+    proc, mark = start("run", "-n", "2", "--heartbeat-timeout", "3", "--grace-period", "1", str(sleeper))
+    try:
+        wait_for_lines(proc, "up", 2)
+        proc.send_signal(signal.SIGSTOP)
+        assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 30), "the agent kept the ranks"
+        proc.send_signal(signal.SIGCONT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err
+    assert "stopped its ranks on its own: it heard nothing from this launcher" in err, err
+    assert "finished" not in err and "has been silent" not in err, err
+
+
 def test_the_failure_table_shows_the_first_failures_and_counts_the_rest(tmp_path):
     def run_all_fail(*extra: str):
         barrier = tmp_path / f"barrier{len(extra)}"

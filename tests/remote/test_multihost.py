@@ -213,3 +213,36 @@ def test_max_restarts_restart_every_host(sshd_cluster):
     r = run_cli(*launch_args(sshd_cluster, "--max-restarts", "1", restart), env=cli_env(), timeout=60)
     assert r.returncode == 0, r.stderr
     assert "[node3 rank 5] rank 5 try 1" in r.stdout and "after 1 restart(s)" in r.stderr
+
+
+def test_a_hostfile_that_starts_with_localhost_gives_remote_ranks_an_address_they_reach(sshd_cluster, tmp_path):
+    hostfile = tmp_path / "mixed"
+    hostfile.write_text("localhost slots=1\nnode2 slots=1\n")
+    args = ["run", "-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config), WORKER, "dump"]
+    r = run_cli(*args, env=cli_env(), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    dumps = [json.loads(line.split("DUMP ", 1)[1]) for line in r.stdout.splitlines() if "DUMP " in line]
+    # before: MASTER_ADDR=localhost, which node2 resolves to itself
+    assert {d["env"]["MASTER_ADDR"] for d in dumps} == {"127.0.0.1"}  # this machine on the route to 127.0.0.12
+
+
+def test_paths_and_interpreters_reach_remote_hosts_as_they_are_meant(sshd_cluster, tmp_path):
+    """--workdir relative to the launcher's folder (not the remote login folder); --python picks the ranks'
+    interpreter only (the agent runs on --remote-python, by default this one); a missing script is exit 2 there,
+    as python says it."""
+    import shutil
+    import sys
+
+    (tmp_path / "sub").mkdir()
+    shutil.copy(WORKER, tmp_path / "sub" / "worker.py")
+    bare = tmp_path / "bare"  # a Python without distlaunch: enough for ranks, which start through rankboot
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    args = launch_args(sshd_cluster, "--workdir", "sub", "--python", str(bare / "bin" / "python"), "worker.py", "dump")
+    r = run_cli(*args, env=cli_env(), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr  # before: 'working directory sub is not usable', then 'cannot import distlaunch'
+    dumps = [json.loads(line.split("DUMP ", 1)[1]) for line in r.stdout.splitlines() if "DUMP " in line]
+    assert len(dumps) == 6 and {d["cwd"] for d in dumps} == {str(tmp_path / "sub")}
+    missing = run_cli(*launch_args(sshd_cluster, "nosuch.py"), env=cli_env(), cwd=tmp_path, timeout=120)
+    assert missing.returncode == 2, missing.stderr  # before: 1, with runpy's FileNotFoundError traceback
+    assert f"can't open file {str(tmp_path / 'nosuch.py')!r}" in missing.stdout + missing.stderr
+    assert "Traceback" not in missing.stdout + missing.stderr
