@@ -24,6 +24,7 @@ from distlaunch.cli.run import run
 from distlaunch.cli.slurm import slurm_app
 from distlaunch.cli.train import train
 from distlaunch.errors import DistlaunchError, ExitCode
+from distlaunch.launcher.signals import Interrupted
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click import exceptions as cx
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.SIGINT
     except KeyboardInterrupt:
         return ExitCode.SIGINT
+    except Interrupted as exc:  # a launch stopped before its job's own trap was set (the SSH preflight)
+        sys.stderr.write(f"distlaunch: interrupted by {exc.name}\n")
+        return exc.exit_code
     except Exception as exc:
         return _internal_error(exc)
     return result if isinstance(result, int) else 0

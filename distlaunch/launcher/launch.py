@@ -13,7 +13,7 @@ from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.program import check_local_program, check_workdir
 from distlaunch.launcher.report import RunReport
-from distlaunch.launcher.signals import StackRequests, StopRequest
+from distlaunch.launcher.signals import Interrupted, StackRequests, StopRequest, interrupts_unwind
 from distlaunch.launcher.spec import (
     check_master_port,
     is_local_host,
@@ -153,9 +153,13 @@ def _recorded(
         journal = Journal.begin(plan, backend, command or [], log_dir, sink.notice)
         requests.folder = None if journal.broken else jobs_dir() / plan.job_id
         try:
-            report = _launch(plan, opts, exec_opts, sink, requests, stop_request)
+            with interrupts_unwind():  # a signal during the SSH preflight: recorded, not a lost job
+                report = _launch(plan, opts, exec_opts, sink, requests, stop_request)
         except DistlaunchError as exc:
             journal.end(exit_code=exc.exit_code, error=str(exc))
+            raise
+        except Interrupted as exc:
+            journal.end(exit_code=exc.exit_code, error=f"interrupted by {exc.name}")
             raise
         except KeyboardInterrupt:
             journal.end(exit_code=ExitCode.SIGINT, error="interrupted")

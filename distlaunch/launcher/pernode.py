@@ -24,7 +24,7 @@ from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
 from distlaunch.launcher.report import RankExit, RunReport
-from distlaunch.launcher.signals import StopRequest
+from distlaunch.launcher.signals import Interrupted, StopRequest
 from distlaunch.launcher.spec import is_loopback, make_spec
 
 POLL_S = 0.5  # how often a node looks for another node's failure
@@ -148,6 +148,7 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
             # wait for its ranks until their collectives time out.
             code = exc.exit_code if isinstance(exc, DistlaunchError) else ExitCode.CHECK_FAILED
             code = ExitCode.SIGINT if isinstance(exc, KeyboardInterrupt) else code
+            code = exc.exit_code if isinstance(exc, Interrupted) else code
             store.publish_failure({"node_rank": node_rank, "rank": None, "exit_code": int(code), "at": time.time()})
             raise
         finally:

@@ -3,10 +3,11 @@ so the job can be stopped in order; restores the previous handlers on exit."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 def catch(sig: int, handler: Callable) -> object | None:
@@ -18,6 +19,45 @@ def catch(sig: int, handler: Callable) -> object | None:
     if signal.getsignal(sig) is signal.SIG_IGN:
         return None
     return signal.signal(sig, handler)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM before a job's own trap is set (the SSH preflight, say): the launch unwinds, its job
+    record says interrupted, and the command exits 128 + the signal with one line. Not a KeyboardInterrupt,
+    which the CLI framework would turn into a silent exit 130 whatever the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+@contextlib.contextmanager
+def interrupts_unwind() -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread meanwhile, instead of a KeyboardInterrupt
+    or the default action (death, leaving the job record 'running' and then 'lost'). A ``SignalTrap`` inside
+    takes over while a job runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum, frame) -> None:
+        raise Interrupted(signum)
+
+    saved = {sig: catch(sig, unwind) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            if previous is not None:
+                signal.signal(sig, previous)
 
 
 class SignalTrap:

@@ -5,11 +5,12 @@ translated into an ``SshError`` that names the host, says what happened and give
 from __future__ import annotations
 
 import errno
+import queue
 import random
 import socket
+import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 import paramiko
 
@@ -298,11 +299,28 @@ def connect_all(
     """Connect to every target in parallel; the result per alias is a client or the SshError (never raises)."""
     if not targets:
         return {}
-    with ThreadPoolExecutor(max_workers=min(max_parallel, len(targets)), thread_name_prefix="ssh-connect") as pool:
-        futures = {
-            alias: pool.submit(_connect_one, t, timeout, accept_new_host_keys, retries) for alias, t in targets.items()
-        }
-        return {alias: f.result() for alias, f in futures.items()}
+    # Daemon threads, not a pool: a Ctrl-C or SIGTERM here ends the launch at once, while a pool's threads
+    # would keep the process alive until every handshake had timed out (ConnectTimeout, maybe 30 s x retries).
+    todo = queue.SimpleQueue()
+    for alias in targets:
+        todo.put(alias)
+    results: dict[str, SshClient | SshError] = {}
+    finished = threading.Semaphore(0)
+
+    def work() -> None:
+        while True:
+            try:
+                alias = todo.get_nowait()
+            except queue.Empty:
+                return
+            results[alias] = _connect_one(targets[alias], timeout, accept_new_host_keys, retries)
+            finished.release()
+
+    for i in range(min(max_parallel, len(targets))):
+        threading.Thread(target=work, name=f"ssh-connect-{i}", daemon=True).start()
+    for _ in targets:
+        finished.acquire()  # a signal's handler runs (and may raise) while this waits
+    return {alias: results[alias] for alias in targets}
 
 
 def require_all(

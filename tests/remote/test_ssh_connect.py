@@ -3,7 +3,11 @@ fan-out where one bad host never hides the others, and remote commands quoted by
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
+import subprocess
 import time
 
 import paramiko
@@ -13,6 +17,7 @@ from distlaunch.errors import ExitCode
 from distlaunch.remote.command import run_command
 from distlaunch.remote.ssh import HostsFailed, SshError, connect, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
+from tests.helpers import distlaunch_cmd
 
 UNUSED_ADDRESS = "127.0.0.99"  # on loopback, nothing listens here: connections are refused at once
 
@@ -169,3 +174,31 @@ def test_connect_all_eight_hosts(sshd_cluster):
     finally:
         for r in results.values():
             r.close()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_the_ssh_preflight_ends_the_launch_at_once_and_is_recorded(sshd_cluster, tmp_path, sig, code):
+    """Before: Ctrl-C waited for every handshake to time out (here 30 s), silently; SIGTERM left a 'lost' job."""
+    with socket.socket() as silent:  # accepts TCP but never speaks SSH: its handshake waits for ConnectTimeout
+        silent.bind((UNUSED_ADDRESS, 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        config = write_config(tmp_path, sshd_cluster, "mute", HostName=UNUSED_ADDRESS, Port=port, ConnectTimeout=30)
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("node1 slots=1\nmute slots=1\n")
+        (tmp_path / "x.py").write_text("pass\n")
+        env = {**os.environ, "DISTLAUNCH_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1"}
+        proc = subprocess.Popen(
+            distlaunch_cmd("run", "-H", str(hostfile), "--ssh-config", config, "x.py"),
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(2)  # in the preflight: node1 connected, mute still in its handshake
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert time.monotonic() - sent < 5, err
+    assert f"interrupted by {sig.name}" in err, err
+    jobs = subprocess.run(distlaunch_cmd("jobs", "--json"), env=env, capture_output=True, text=True, timeout=60)
+    [record] = json.loads(jobs.stdout)
+    assert (record["state"], record["exit_code"]) == ("interrupted", code), record
