@@ -138,3 +138,10 @@ def test_train_refuses_a_metrics_file_that_is_a_folder_before_any_rank_starts(tm
     r = invoke(["train", "--dry-run", "-n", "1", "--parallel", "dp=1", "--metrics-file", str(tmp_path)])
     assert r.exit_code == 2, r.stdout + r.stderr
     assert r.stderr.startswith(f"error: {METRICS_FILE} {tmp_path} "), r.stderr
+
+
+def test_a_folder_named_latest_in_the_checkpoint_dir_is_refused_before_the_first_save(tmp_path):
+    (tmp_path / "ckpt" / "latest").mkdir(parents=True)  # before: trained, then failed to publish its pointer
+    r = invoke(["train", "--dry-run", "-n", "1", "--parallel", "dp=1", *sets(f"checkpoint.dir='{tmp_path / 'ckpt'}'")])
+    assert r.exit_code == 2, r.stdout + r.stderr
+    assert f"checkpoint.dir {tmp_path / 'ckpt'} holds a folder named latest" in r.stderr, r.stderr
