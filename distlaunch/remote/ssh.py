@@ -205,10 +205,19 @@ def _handshake_error(target: SshTarget, exc: Exception, timeout: float) -> SshEr
         )
     if isinstance(exc, OSError):
         return _socket_error(target, exc, timeout)
+    said = str(exc).strip()
+    if not said or "No existing session" in said:  # paramiko's words for a server that stopped mid-handshake
+        return SshError(
+            host,
+            "other",
+            f"{target.endpoint} began the SSH handshake, then stopped answering or hung up"
+            f"{f' (SSH library: {said})' if said else ''}",
+            f"check sshd on {host} (its log; MaxStartups when many connect at once), or run 'ssh -v {host}'",
+        )
     return SshError(
         host,
         "other",
-        f"SSH handshake with {target.endpoint} failed: {exc or type(exc).__name__}",
+        f"SSH handshake with {target.endpoint} failed (SSH library: {said})",
         f"try 'ssh -v {host}' to see what fails",
     )
 

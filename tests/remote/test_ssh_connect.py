@@ -202,3 +202,26 @@ def test_a_signal_during_the_ssh_preflight_ends_the_launch_at_once_and_is_record
     jobs = subprocess.run(distlaunch_cmd("jobs", "--json"), env=env, capture_output=True, text=True, timeout=60)
     [record] = json.loads(jobs.stdout)
     assert (record["state"], record["exit_code"]) == ("interrupted", code), record
+
+
+def test_a_server_that_hangs_up_after_its_banner_is_said_in_plain_words(sshd_cluster, tmp_path):
+    import threading
+
+    with socket.socket() as server:
+        server.bind((UNUSED_ADDRESS, 0))
+        server.listen(4)
+
+        def answer_once() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")  # a banner, then nothing more: it hangs up
+                time.sleep(0.5)
+                conn.recv(65536)  # what the client sent (its banner, its key exchange): a clean close, not a reset
+                conn.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=answer_once, daemon=True).start()
+        port = server.getsockname()[1]
+        config = write_config(tmp_path, sshd_cluster, "quitter", HostName=UNUSED_ADDRESS, Port=port)
+        err = connect_error(config, "quitter", timeout=5)
+    assert "began the SSH handshake, then stopped answering or hung up" in str(err), str(err)
+    assert "ssh -v quitter" in str(err)
