@@ -9,6 +9,7 @@ checkpoint untouched; the next save deletes the leftover.
 from __future__ import annotations
 
 import io
+import shutil
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from distlaunch.data.source import check_same_data
@@ -35,7 +37,7 @@ from distlaunch.engine.checkpoint.shards import (
 )
 from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
 from distlaunch.engine.places import create_checkpoint_dir
-from distlaunch.errors import DistlaunchError, UsageError
+from distlaunch.errors import DistlaunchError, ExitCode, UsageError
 
 EXTRA, RNG = "extra.", "rng.rank"
 
@@ -75,6 +77,26 @@ def component_sizes(metadata: Metadata) -> dict[str, ComponentSize]:
     return sizes
 
 
+LOW_SPACE_BYTES = 64 << 20  # free space under which a failed save is put down to a full disk
+
+
+def _save_failure(root: Path, step: int, exc: Exception) -> Exception:
+    """A failed save in one line when the disk is full (the earlier checkpoints stay: nothing was published);
+    else the exception itself, a bug or a fault to read in full."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return exc
+    if free >= LOW_SPACE_BYTES and "No space left" not in str(exc):
+        return exc
+    return DistlaunchError(
+        f"the checkpoint of step {step} could not be written to {root}: no space left on the device "
+        f"({free / 2**20:.0f} MiB free); the checkpoints before it are intact",
+        "free space there, or lower checkpoint.keep, then resume (the job continues from the last checkpoint)",
+        exit_code=ExitCode.CHECK_FAILED,
+    )
+
+
 def save_checkpoint(
     engine, train_state: TrainState, step: int, root: Path, keep: int, tag: str, before_publish: Callable[[], None]
 ) -> Path | None:
@@ -85,7 +107,10 @@ def save_checkpoint(
     if rank == 0:
         create_checkpoint_dir(root)  # made at the start already (loop.run): removed or unwritable since, one line
         remove_leftovers(root)  # unfinished saves of crashed tries, old half-deleted checkpoints
-    metadata = dcp.save(build_state(engine, train_state, rank), storage_writer=dcp.FileSystemWriter(tmp))
+    try:
+        metadata = dcp.save(build_state(engine, train_state, rank), storage_writer=dcp.FileSystemWriter(tmp))
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException; a full disk: "unexpected pos"
+        raise _save_failure(root, step, exc) from exc
     before_publish()  # the crash-in-save fault point: shards on disk, nothing published
     dist.barrier()  # every rank has finished writing
     # each rank hashes its share of the files; rank 0 records them all in the manifest
