@@ -96,6 +96,12 @@ class StreamWriter:
             data = data[n:]
             self.written_at = time.monotonic()
 
+    def unsent(self) -> tuple[int, int]:
+        """Lines and bytes of rank output this stream never took: dropped, or still waiting when it stalled."""
+        with self.cond:
+            pending = sum(text.count("\n") for text in self.pending)
+            return self.dropped_lines + pending, self.dropped_bytes + self.pending_bytes
+
     def close(self, stall_s: float = DRAIN_STALL_S) -> bool:
         """Let the thread write what is pending while the stream keeps moving; True if everything went out."""
         with self.cond:
@@ -142,7 +148,15 @@ class RankPrinter:
         self.err.put(msg + "\n", droppable=False)
 
     def close(self) -> None:
-        """Flush what the terminal still takes (never waiting on a stalled one)."""
+        """Flush what the terminal still takes (never waiting on a stalled one), and say on stderr what a
+        stalled stdout never took: the count it would have printed once it moved again."""
         self.out.close()
-        if self.err is not self.out:
-            self.err.close()
+        if self.err is self.out:
+            return
+        lines, size = self.out.unsent()
+        if lines:
+            self.notice(
+                f"{lines} lines ({size} bytes) of rank output never reached stdout: it did not keep up "
+                "(--log-dir keeps every line)"
+            )
+        self.err.close()

@@ -1,6 +1,7 @@
 """Output never holds supervision up: a stdout nobody reads, a 50 MiB line, \\r progress bars (real processes)."""
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -50,6 +51,7 @@ def test_a_blocked_stdout_does_not_stop_fail_fast_or_lose_the_exit_code(tmp_path
     assert proc.returncode == 5, text
     assert "rank 2 on localhost exited with code 5" in text
     assert "rank 2 failing now" in text
+    assert re.search(r"distlaunch: \d+ lines \(\d+ bytes\) of rank output never reached stdout", text), text
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10), "job processes left behind"
 
 
