@@ -78,6 +78,7 @@ def test_options_after_the_script_belong_to_the_script():
         (["run", "-n", "\uff12", "x.py"], 2, "is not a number"),  # a full-width 2: int() would take it
         (["run", "-n", "2", "--grace-period", "-1", "x.py"], 2, "--grace-period -1 is out of range"),
         (["run", "-n", "2", "--grace-period", "soon", "x.py"], 2, "--grace-period 'soon' is not a number of seconds"),
+        (["run", "--nnodes", "1:2", "x.py"], 2, "--nnodes 1:2: an elastic range (torchrun's MIN:MAX) is not supported"),
         (["run", "--frobnicate", "x.py"], 2, "No such option: --frobnicate"),
         (["run", "-n", "2", "missing_script.py"], 2, "script 'missing_script.py' does not exist"),
         (["run", "-H", HOSTFILE, "-n", "8", "--dry-run", "x.py"], 2, "more than the 4 slots of node1"),
