@@ -129,7 +129,7 @@ def test_out_of_range_input_is_one_line(tmp_path, hostfile, args):
     [
         (["--max-restarts", "-1"], "'-1'"),
         (["--hang-timeout=-5"], "'-5'"),
-        (["--nnodes", "1:2"], "'1:2'"),  # torchrun's elastic MIN:MAX
+        (["--rdzv-timeout", "soon"], "'soon'"),  # (torchrun's elastic --nnodes MIN:MAX has its own line: test_cli)
     ],
 )
 def test_a_value_refused_by_its_type_or_range_is_named(args, given):
