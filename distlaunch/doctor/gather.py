@@ -154,7 +154,8 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str, 
     else:
         if time.monotonic() >= deadline:
             listener.error = (
-                f"{python} on {listener.host} started but did not answer within {timeout:g}s: the interpreter hangs"
+                f"{python} on {listener.host} started but did not answer within {timeout:g}s (--start-timeout): "
+                "the interpreter, or the shell that starts it, hangs"
             )
         else:
             listener.error = f"{python} on {listener.host} did not start the listener" + (
@@ -179,7 +180,10 @@ def run_probe(session: HostSession, result: HostResult, opts: DoctorOptions, pro
         result.probe_error = exc.detail
         if exc.kind == "timeout":
             result.probe_hung = True
-            result.probe_error = f"{python} started but did not answer within {timeout:g}s: the interpreter hangs"
+            result.probe_error = (
+                f"{python} started but did not answer within {timeout:g}s (--start-timeout {opts.start_timeout:g} "
+                f"and {opts.reach_timeout:g}s to reach the master): the interpreter, or the shell that starts it, hangs"
+            )
         return
     received = time.time()
     if done.rc != 0:

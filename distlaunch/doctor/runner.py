@@ -108,8 +108,9 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
                     host,
                     "fail",
                     f"{r.probe_error} on {host}",
-                    f"run '{ctx['python']} -c pass' on {host}: something at startup blocks (sitecustomize, a .pth "
-                    "file, a wrapper script, a hung network file system); or pass --remote-python with another one",
+                    f"run 'ssh {host} {ctx['python']} -c pass': something at startup blocks (the login shell's "
+                    "~/.bashrc, sitecustomize, a .pth file, a wrapper script, a hung network file system); or pass "
+                    "--remote-python with another one",
                 ),
                 *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]],
             ]
