@@ -270,9 +270,15 @@ def load_config(
     if parallel_env:
         merge_parallel_env(raw, parallel_env)
     cfg = validate_config(raw)
-    # Against the lr the job trains with. With no file and no train.lr that lr is not known here:
-    # `distlaunch train` checks the user's --set alone first (launcher/train.py, train_config), then
-    # again on top of the embedded config, whose lr is not the default.
-    if path is not None or "lr" in cfg.train.model_fields_set:
-        cfg.train.check_min_lr()
+    cfg.train.check_min_lr()
     return cfg
+
+
+def check_parallel_conflict(overrides: list[str], parallel_env: str | None) -> None:
+    """``--set`` against ``--parallel``, both written by the user: a conflict is a UsageError. Nothing else is
+    checked here: the values are validated with the config they end up in."""
+    raw: dict = {}
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    if parallel_env:
+        merge_parallel_env(raw, parallel_env)

@@ -144,18 +144,12 @@ class SlurmJobs(_FileOutput):
         return _remember(record, record.model_copy(update=update))
 
     def request_stop(self, record: JobRecord) -> None:
-        from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
+        from distlaunch.slurm.jobstate import slurm_command  # bounded; a timeout is SlurmUnanswered (exit 3)
 
-        argv = ["scancel", "--full", record.native_id or ""]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_CMD_TIMEOUT_S, check=False)
+            done = slurm_command(["scancel", "--full", record.native_id or ""])
         except FileNotFoundError:
             raise HostError("'scancel' not found here", "run 'distlaunch stop' on a Slurm login node") from None
-        except subprocess.TimeoutExpired:
-            raise HostError(
-                f"'{' '.join(argv)}' did not answer within {SLURM_CMD_TIMEOUT_S:g}s",
-                "check slurmctld with 'scontrol ping', then stop the job again",
-            ) from None
         if done.returncode:
             said = next((line.strip() for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
             raise HostError(

@@ -502,14 +502,12 @@ def execute(
     restarts = 0
     attempt = None
     stragglers = 0
-    hang = None
     with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
         for restart_count in range(options.max_restarts + 1):
             restarts = restart_count
             attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, requests, stop_request)
             failures = attempt.run()
             stragglers += attempt.stragglers
-            hang = attempt.hang  # the report tells how the job ended: a hang a restart recovered from is past
             if attempt.hang is not None and restart_count < options.max_restarts:
                 sink.notice(f"restarting the job after the hang ({restart_count + 1}/{options.max_restarts})")
                 continue
@@ -543,6 +541,6 @@ def execute(
         silent_hosts=silent,
         unconfirmed_hosts=attempt.unconfirmed if attempt else [],
         stragglers=stragglers,
-        hang=hang,
+        hang=attempt.hang if attempt else None,  # how the job ended: a hang a restart recovered from is past
         wall_s=round(time.monotonic() - started, 3),
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from distlaunch.contract.layout import SHAPE_KEYS, parse_layout
 from distlaunch.engine.checkpoint.resume import check_before_launch
-from distlaunch.engine.config import TrainingConfig, load_config, ranks_path
+from distlaunch.engine.config import TrainingConfig, check_parallel_conflict, load_config, ranks_path
 from distlaunch.engine.fault import check_fault, restart_count
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.places import METRICS_FILE, check_place
@@ -59,7 +59,7 @@ def train_config(
     layout_sets = [f"parallel.{key}={'auto' if value is None else value}" for key, value in layout.items()]
     if config is not None:
         return load_config(config, sets, parallel), [*sets, *layout_sets]
-    load_config(None, sets, parallel)  # --set against --parallel: both written by the user
+    check_parallel_conflict(sets, parallel)
     written = {assignment.partition("=")[0].strip() for assignment in sets} | {f"parallel.{k}" for k in layout}
     dropped = []
     if shape_given or written & {f"parallel.{key}" for key in SHAPE_KEYS}:
