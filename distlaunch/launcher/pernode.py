@@ -25,7 +25,7 @@ from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
 from distlaunch.launcher.report import RankExit, RunReport
 from distlaunch.launcher.signals import Interrupted, StopRequest
-from distlaunch.launcher.spec import is_loopback, make_spec
+from distlaunch.launcher.spec import address_for_peer, make_spec
 
 POLL_S = 0.5  # how often a node looks for another node's failure
 SETTLE_S = 2.0  # past the grace period: how long a failed node waits for the others' reports of their failures
@@ -114,10 +114,9 @@ def dry_run_plan(opts: LaunchOptions, node: NodeOptions, workdir: str | None = N
 
 
 def master_for_first_node(opts: LaunchOptions, store_host: str) -> tuple[str, int]:
-    """Node 0's master address and port as the other nodes reach them (only asked when not given)."""
-    import socket
-
-    addr = opts.master_addr or ("127.0.0.1" if is_loopback(store_host) else socket.getfqdn())
+    """Node 0's master address and port as the other nodes reach them (only asked when not given): node 0's
+    address on its route to the nodes' store, which every node reaches, by the rule of a hostfile launch."""
+    addr = opts.master_addr or address_for_peer(store_host)
     return addr, choose_port(opts.master_port, master_is_local=True)
 
 

@@ -212,6 +212,13 @@ def address_toward(host: str) -> str | None:
     return None
 
 
+def address_for_peer(peer: str) -> str:
+    """This machine's address as ``peer`` reaches it: the address on the route to ``peer``, else (no route
+    known, as in a dry run) its fully qualified name. Never the name alone when a route is known: Debian and
+    Ubuntu map this machine's name to 127.0.1.1 in /etc/hosts, which no other host reaches."""
+    return address_toward(peer) or socket.getfqdn()
+
+
 def master_for(hosts: list[HostSlots], local_hosts: list[str], addresses: dict[str, str]) -> str:
     """MASTER_ADDR when --master-addr is not given: the first host as the others reach it. When that host
     is this machine (maybe under a name only it knows, as ``localhost``) and others are remote: its address
@@ -220,7 +227,7 @@ def master_for(hosts: list[HostSlots], local_hosts: list[str], addresses: dict[s
     remote = [h.host for h in hosts if h.host not in local_hosts]
     if first not in local_hosts or not remote:
         return addresses.get(first, first)
-    return address_toward(addresses.get(remote[0], remote[0])) or socket.getfqdn()
+    return address_for_peer(addresses.get(remote[0], remote[0]))
 
 
 def make_spec(
