@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -13,12 +14,33 @@ from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
 
 LAUNCH = "Launch options"
 
+
+def given(flag: str, example: str) -> Callable[[str], str]:
+    """A parser that refuses an empty value: an unset shell variable (``--workdir "$WORKDIR"``) would otherwise
+    mean the current folder, which nobody means by typing nothing."""
+
+    def parse(raw: str) -> str:
+        if not raw.strip():
+            raise UsageError(f"{flag} is empty", f"give {example}, or leave {flag} out")
+        return raw
+
+    return parse
+
+
+def user_path(flag: str, example: str) -> Callable[[str], Path]:
+    """A parser for a path option: given (see ``given``), with ``~`` expanded (the shell leaves it alone in
+    ``--log-dir=~/logs``, and a path the launcher checks must be the one the ranks write)."""
+    check = given(flag, example)
+    return lambda raw: Path(check(raw)).expanduser()
+
+
 Hostfile = Annotated[
     Path | None,
     typer.Option(
         "-H",
         "--hostfile",
         metavar="FILE",
+        parser=user_path("-H", "a hostfile, e.g. -H hosts"),
         help="Hostfile: 'node1 slots=8', 'node1:8' or 'node1' per line. Default: this machine only.",
         rich_help_panel=LAUNCH,
     ),
@@ -119,18 +141,12 @@ MaxRestarts = Annotated[
 ]
 
 
-def user_path(value: Path | None) -> Path | None:
-    """``~`` expanded: the shell leaves it alone in ``--log-dir=~/logs``, and a path the launcher checks must be
-    the one the ranks write."""
-    return value.expanduser() if value is not None else None
-
-
 LogDir = Annotated[
     Path | None,
     typer.Option(
         "--log-dir",
         metavar="DIR",
-        callback=user_path,
+        parser=user_path("--log-dir", "a folder, e.g. --log-dir logs"),
         help="Keep every line of every rank in LOG_DIR/<job id>/rank<N>.log (time-stamped, with a header).",
         rich_help_panel=LAUNCH,
     ),
@@ -149,6 +165,7 @@ SshConfig = Annotated[
     typer.Option(
         "--ssh-config",
         metavar="FILE",
+        parser=user_path("--ssh-config", "an OpenSSH client config file"),
         help="OpenSSH client config to use instead of ~/.ssh/config.",
         rich_help_panel=LAUNCH,
     ),
@@ -175,6 +192,7 @@ Workdir = Annotated[
     typer.Option(
         "--workdir",
         metavar="DIR",
+        parser=given("--workdir", "a folder, e.g. --workdir /shared/project"),
         help="Working directory of the ranks on every host (default: the launcher's current directory).",
         rich_help_panel=LAUNCH,
     ),

@@ -38,6 +38,7 @@ from distlaunch.protocol import GRACE_PERIOD_S
 Config = Annotated[
     Path | None,
     typer.Argument(
+        parser=o.user_path("CONFIG", "a TOML file"),
         help="TOML training config (default: the embedded one: the tiny GPT on the bundled corpus, 4 CPU processes, dp=2 x pp=2).",
         show_default=False,
     ),
@@ -64,7 +65,7 @@ MetricsFile = Annotated[
     typer.Option(
         "--metrics-file",
         help="Rank 0's metrics.jsonl (default: LOG_DIR/metrics.jsonl with --log-dir).",
-        callback=o.user_path,
+        parser=o.user_path("--metrics-file", "a file, e.g. --metrics-file metrics.jsonl"),
     ),
 ]
 

@@ -64,6 +64,17 @@ def test_a_tilde_in_metrics_file_is_where_the_rank_writes(tmp_path):
     assert argv[argv.index("--metrics-file") + 1] == str(home / "m.jsonl")  # before: ./~/m.jsonl
 
 
+def test_an_empty_path_option_is_refused_not_read_as_the_current_folder(tmp_path):
+    for flag in ("--metrics-file", "--log-dir"):
+        r = invoke(["train", *TINY, "--dry-run", flag, ""])
+        assert r.exit_code == 2 and f"{flag} is empty" in r.stderr, r.stderr  # before: '.', the current folder
+    for flag in ("--log-dir", "--workdir", "-H", "--ssh-config"):  # an unset variable: --workdir "$WORKDIR"
+        r = invoke(["run", "--dry-run", "-n", "1", flag, " ", "--", "python", "-c", "1"])
+        assert r.exit_code == 2 and f"{flag} is empty" in r.stderr, r.stderr
+    r = invoke(["train", "", "--dry-run"])
+    assert r.exit_code == 2 and "CONFIG is empty" in r.stderr, r.stderr
+
+
 def test_a_metrics_file_that_fills_up_is_one_warning_and_the_training_goes_on(tmp_path):
     sets = ["train.steps=2", "train.global_batch_size=2", "train.seq_len=16", "train.eval_every=0"]
     args = [arg for s in sets for arg in ("--set", s)]
