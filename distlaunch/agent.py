@@ -27,6 +27,7 @@ import tempfile
 import time
 
 from distlaunch import protocol as p
+from distlaunch.startcheck import is_python, program_index, start_problems
 
 _PR_SET_PDEATHSIG = 1
 _DRAIN_AFTER_EXIT_S = 1.0  # a rank's grandchild may hold its pipes open: stop waiting for EOF after this
@@ -132,6 +133,7 @@ class Agent:
         self.ranks: list[Rank] = []
         self.stop_deadline: float | None = None
         self.stopping = False  # told to stop or kill its ranks (or orphaned): later exits are ours, not theirs
+        self.go = False  # a gated plan's ranks start only once the launcher says so
         self.stdin_open = True
         self.out_open = True
         self.commands = commands or _Lines(0)
@@ -191,7 +193,7 @@ class Agent:
         env["DISTLAUNCH_RESTART_COUNT"] = env["TORCHELASTIC_RESTART_COUNT"] = str(self.node.get("restart_count", 0))
         env.setdefault("PYTHONUNBUFFERED", "1")  # live logs: ranks' prints reach the launcher as they happen
         base = os.path.join(self.scratch, f"rank{spec['rank']}")
-        if _is_python(spec["argv"]):
+        if is_python(spec["argv"]):
             env["DISTLAUNCH_STACKS_FILE"] = base + ".stacks"
             env["DISTLAUNCH_STACKS_SIGNAL"] = str(int(STACKS_SIGNAL))
         if self.hang_timeout:
@@ -211,7 +213,7 @@ class Agent:
         ``python -u train.py`` runs as ``python -u /…/distlaunch/rankboot.py train.py``. By file path, not
         ``-m``: rankboot is standard library only, so a rank interpreter without distlaunch (--python) works."""
         argv = list(spec["argv"])
-        if not _is_python(argv):
+        if not is_python(argv):
             return argv
         at, _ = program_index(argv)
         return [*argv[:at], RANKBOOT, *argv[at:]]
@@ -301,6 +303,8 @@ class Agent:
             elif cmd == p.KILL:
                 self.mark_stopping()
                 self.signal_all(signal.SIGKILL)
+            elif cmd == p.GO:
+                self.go = True
             elif cmd == p.ASK_STACKS:
                 self.send_stacks()
             # "hb" needs nothing: any line counts as a sign of life
@@ -504,8 +508,9 @@ class Agent:
         self.sel.register(self.commands.fd, selectors.EVENT_READ, None)
         if self.out_fd is not None:
             os.set_blocking(self.out_fd, False)
-        self.start()
         self.handle(self.commands.split())  # commands that arrived together with the node plan
+        if self.cleared():
+            self.start()
         while not all(r.reported for r in self.ranks):
             self.step()
         # Every rank leader is gone; anything still in their groups (a stray child) goes too.
@@ -518,6 +523,25 @@ class Agent:
         self.drain_out()
         shutil.rmtree(self.scratch, ignore_errors=True)
         return 0
+
+    def cleared(self) -> bool:
+        """A gated plan (a job on several hosts): say what would keep this host's ranks from starting, then
+        wait for the launcher's go, which comes only once every host is ready, so that a script missing on
+        one host starts no rank anywhere. False when told to stop instead (or the launcher went away)."""
+        if not self.node.get("gate"):
+            return not self.stopping
+        workdir = self.node.get("workdir") or os.getcwd()
+        problems, seen = [], set()
+        for spec in self.node["ranks"]:
+            if tuple(spec["argv"]) not in seen:  # ranks of one node usually run one command
+                seen.add(tuple(spec["argv"]))
+                problems += start_problems(spec["argv"], workdir, self.rank_env(spec))
+        self.emit(ev=p.READY, problems=problems)
+        while not self.go and not self.stopping:
+            if self.sel.select(timeout=0.05):
+                self.read_commands()
+            self.check_heartbeat()
+        return not self.stopping
 
     def step(self) -> None:
         """One turn of the loop: commands, rank output, exits, heartbeats, the stop deadline."""
@@ -574,10 +598,6 @@ class Agent:
                 taken_at = time.monotonic()
 
 
-# Interpreter options that take the next word as their value (python -W error -X dev train.py).
-_VALUED_LONG_OPTIONS = ("--check-hash-based-pycs",)
-
-
 def _exit_fd(pid: int) -> int | None:
     """A descriptor that turns readable when process ``pid`` ends (Linux 5.3+, Python 3.9+), else None.
 
@@ -610,43 +630,7 @@ def _start_exit_code(exc: OSError) -> int:
     return 126 if exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ETXTBSY) else 127
 
 
-def program_index(argv: list[str]) -> tuple[int, str]:
-    """Where the program starts in ``python [OPTIONS] SCRIPT|-m MODULE|-c CODE|- [ARGS]``, past the
-    interpreter's own options, and what it is: "script", "module" (``-m MODULE``), "code" (``-c CODE``, or a
-    group of options that ends in c or m, as ``-uc CODE`` or ``-mjson.tool``: rankboot cannot take those, so
-    they run as given), "stdin" (``-``), or "" when nothing follows the options. Python's own grammar: short
-    options group (``-uO``); W and X take the rest of their word, or the next word."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "-":
-            return i, "stdin"
-        if not arg.startswith("-"):
-            return i, "script"
-        if arg == "-m":
-            return i, "module"
-        if arg.startswith("--"):
-            i += 2 if arg in _VALUED_LONG_OPTIONS else 1
-            continue
-        for j, letter in enumerate(arg[1:], start=1):
-            if letter in "cm":  # the rest of the word, or the next word, is the code or the module
-                return i, "code"
-            if letter in "WX":
-                i += 1 if j < len(arg) - 1 else 2
-                break
-        else:
-            i += 1
-    return i, ""
-
-
 RANKBOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rankboot.py")
-
-
-def _is_python(argv: list[str]) -> bool:
-    """A rank run by a Python interpreter on a script or module (what rankboot can start)."""
-    if len(argv) < 2 or not os.path.basename(argv[0]).startswith("python"):
-        return False
-    return program_index(argv)[1] in ("script", "module")
 
 
 def _pids_with(marks: set[bytes]) -> list[int]:

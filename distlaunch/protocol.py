@@ -4,6 +4,9 @@ One JSON object per line. The launcher writes the node plan as the first line of
 commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its stdout:
 
     {"ev": "hello", "python": "3.11.7"}                      at once, before the node plan is read
+    {"ev": "ready", "problems": [...]}                         a plan with "gate": true: what keeps its ranks
+                                                               from starting here (distlaunch/startcheck.py),
+                                                               checked before any; then "go", or "stop"
     {"ev": "started", "rank": 3, "pid": 1234}
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
     {"ev": "progress"}                                         a rank called distlaunch.progress()
@@ -20,7 +23,8 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
     {"ev": "hb"}                                               heartbeat
     {"ev": "done"}                                             the agent is finished; nothing follows
 
-Commands: ``stop`` (SIGTERM, the grace period, SIGKILL), ``kill``, ``stacks``, ``hb``. The launcher's side
+Commands: ``go`` (start the ranks of a gated plan), ``stop`` (SIGTERM, the grace period, SIGKILL), ``kill``,
+``stacks``, ``hb``. The launcher's side
 of a connection adds two events of its own: ``agent-out`` (a line that is not ours: a login banner, an
 interpreter's crash) and ``lost`` (the output ended without ``done``).
 
@@ -36,13 +40,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 # events, agent → launcher
-HELLO, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEARTBEAT, DONE = (
-    "hello", "started", "out", "progress", "stacks", "exit", "stragglers", "nccl-trace", "hb", "done"
+HELLO, READY, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEARTBEAT, DONE = (
+    "hello", "ready", "started", "out", "progress", "stacks", "exit", "stragglers", "nccl-trace", "hb", "done"
 )  # fmt: skip
 # events the launcher's side of a connection makes itself
 AGENT_OUT, LOST = "agent-out", "lost"
 # commands, launcher → agent
-STOP, KILL, ASK_STACKS, PING = "stop", "kill", "stacks", "hb"
+GO, STOP, KILL, ASK_STACKS, PING = "go", "stop", "kill", "stacks", "hb"
 
 # NCCL flight recorder dumps (written by PyTorch as <prefix><global rank>, a pickle): the agent points the
 # ranks' TORCH_FR_DUMP_TEMP_FILE at <its scratch folder>/NCCL_TRACE_PREFIX and sends what is there at the end.

@@ -63,6 +63,15 @@ class ExecOptions(BaseModel):
 Connect = Callable[[NodePlan, "queue.Queue[tuple[int, dict]]"], AgentConnection]
 
 
+class CannotStart(Exception):
+    """Some host cannot start its ranks (a script missing there, say): found before any rank started anywhere.
+    ``problems``: host -> what its agent found (distlaunch/startcheck.py), for the launcher to put in words."""
+
+    def __init__(self, problems: dict[str, list[dict]]):
+        super().__init__(problems)
+        self.problems = problems
+
+
 class _Attempt:
     """One start of every rank; ends when every agent has reported its ranks' exits."""
 
@@ -109,6 +118,10 @@ class _Attempt:
         self.asked_deadline = 0.0
         self.folder: Path | None = None  # this attempt's stacks folder, once something is written there
         self.nccl_traces: list[int | None] = []  # ranks whose NCCL flight recorder dumps were stored
+        # A job on several hosts is gated: no rank starts until every agent has checked that its own can.
+        self.gated = any(not node.local for node in plan.nodes)
+        self.unready = {n.node_rank for n in plan.nodes} if self.gated else set()
+        self.problems: dict[str, list[dict]] = {}  # host -> what keeps its ranks from starting
 
     def payload(self, node: NodePlan) -> dict:
         return {
@@ -119,6 +132,7 @@ class _Attempt:
             "workdir": node.workdir or self.options.workdir,  # the plan's: absolute, as every host must read it
             "heartbeat_timeout": self.options.heartbeat_timeout,
             "hang_timeout": self.options.hang_timeout,
+            "gate": self.gated,
         }
 
     def run(self) -> list[RankExit]:
@@ -129,6 +143,8 @@ class _Attempt:
                 conns.append(conn)
                 conn.start(self.payload(node))
             self.loop(conns)
+            if self.problems:
+                raise CannotStart(self.problems)
             self.failures.sort(key=lambda f: f.time_s)  # root cause first (stable: ties keep arrival order)
             if self.nccl_traces:
                 ranks = sorted(r for r in self.nccl_traces if r is not None)
@@ -175,7 +191,9 @@ class _Attempt:
             kind = event.get("ev")
             if kind in (p.OUT, p.PROGRESS):
                 self.progress_at = time.monotonic()
-            if kind == p.STARTED:
+            if kind == p.READY:
+                self.on_ready(node_rank, event.get("problems") or [], conns)
+            elif kind == p.STARTED:
                 self.on_started(event["rank"])
             elif kind == p.OUT:
                 self.on_output(event["rank"], event["fd"], event["line"])
@@ -299,6 +317,19 @@ class _Attempt:
                 f"{conn.host} has been silent for {silent_s:.1f}s (no message from its agent; "
                 f"--heartbeat-timeout {self.options.heartbeat_timeout:g})",
             )
+
+    def on_ready(self, node_rank: int, problems: list[dict], conns: list[AgentConnection]) -> None:
+        """A gated agent has checked its host. Once every one has: go, or (a host cannot start its ranks)
+        send every agent away without a rank started anywhere."""
+        self.unready.discard(node_rank)
+        if problems:
+            self.problems[self.node_of[node_rank].host] = problems
+        if self.unready or self.stopping:
+            return
+        if self.problems:
+            self.stopping = True  # no rank started: nothing to stop, nothing to report as stopped
+        for conn in conns:
+            conn.send(p.command(p.STOP if self.problems else p.GO))
 
     def on_started(self, rank: int) -> None:
         """A rank is running: with --log-dir its log gets its header (or this restart's mark) now, with the

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import DistlaunchError, ExitCode, HostError, UsageError
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.job import Connect, ExecOptions, Sink, execute
+from distlaunch.launcher.job import CannotStart, Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.portlock import hold_port
-from distlaunch.launcher.program import check_local_program, check_workdir
+from distlaunch.launcher.program import check_local_program, check_workdir, program_label, start_error
 from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.signals import Interrupted, StackRequests, StopRequest, interrupts_unwind
 from distlaunch.launcher.spec import (
@@ -193,4 +193,20 @@ def _launch(
         workdir=plan.nodes[0].workdir,
         job_id=plan.job_id,
     ) as hosts:
-        return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests, stop_request)
+        try:
+            return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests, stop_request)
+        except CannotStart as exc:
+            raise cannot_start_error(exc.problems, opts, plan) from None
+
+
+def cannot_start_error(problems: dict[str, list[dict]], opts: LaunchOptions, plan: LaunchPlan) -> UsageError:
+    """What the agents found before any rank started, in one line: the first problem, with every host that
+    has the same one (a script not copied to three hosts is one fact, not three)."""
+    problems = {n.host: problems[n.host] for n in plan.nodes if n.host in problems}  # the hostfile's order
+    first = next(iter(problems.values()))[0]
+    hosts = [host for host, found in problems.items() if first in found]
+    error = start_error(first, program_label(opts), plan.nodes[0].workdir, f" on {', '.join(hosts)}")
+    others = [host for host in problems if host not in hosts]
+    if others:
+        error.message += f"; {', '.join(others)} cannot start their ranks either (fix this, then run again)"
+    return error

@@ -5,20 +5,20 @@ Relative paths are the ranks' own: they start in the working directory (``--work
 launcher's), so a script is looked for there, not where the launcher was started. The program itself
 (``--python``, an interpreter named in PROGRAM, a ``--no-python`` executable) is found as the agent's exec
 finds it (``subprocess.Popen`` with ``cwd=workdir``): a name with a slash from the working directory, a bare
-name on the ranks' PATH. ``exec_candidates`` is that rule, once, for every check.
+name on the ranks' PATH. Those rules are distlaunch/startcheck.py's, shared with the agent, which checks a
+remote host with them before any rank starts; this module puts what they find in words, for either.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
 from pathlib import Path
 
-from distlaunch.agent import program_index
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
+from distlaunch.startcheck import executable_problem, module_found, program_index, script_problem
 
 _INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -90,15 +90,10 @@ def check_script(
     script = script_of(opts)
     if script is None:
         return
+    problem = script_problem(script, workdir or os.getcwd())
+    if problem is not None:
+        raise start_error(problem, "script", workdir, where, hint)
     path = in_workdir(script, workdir)
-    if not path.exists():
-        seen_from = f" (ranks start in {workdir})" if workdir and not Path(script).is_absolute() else ""
-        raise UsageError(f"script {script!r} does not exist{where}{seen_from}", hint)
-    if path.is_dir() and not (path / "__main__.py").is_file():
-        raise UsageError(
-            f"script {script!r} is a directory without a __main__.py{where}",
-            "give the script file inside it, or run a package with -m PACKAGE",
-        )
     if foreign_shebang(script, workdir) and not os.access(path, os.X_OK):
         raise UsageError(
             f"script {script!r} starts with #! but is not executable{where}",
@@ -125,7 +120,7 @@ def check_local_program(opts: LaunchOptions, workdir: str) -> None:
     command = build_command(opts, workdir)
     script = script_of(opts)
     if script is None or command[0] not in (script, f"./{script}"):  # else check_script knows the file best
-        check_executable(command[0], _label(opts), workdir, rank_search_path(opts))
+        check_executable(command[0], program_label(opts), workdir, rank_search_path(opts))
     check_script(opts, workdir=workdir)
     if opts.module and opts.program and opts.python == sys.executable:
         check_module(opts.program[0], workdir)
@@ -138,20 +133,7 @@ def rank_search_path(opts: LaunchOptions) -> list[str]:
     return os.get_exec_path({**os.environ, **parse_env(opts.env)})
 
 
-def exec_candidates(program: str, workdir: str, search_path: list[str]) -> list[Path]:
-    """The files exec tries, in order, for ``program`` run with ``workdir`` as the current directory: a
-    name with a slash is that path from ``workdir``; a bare name is tried in each PATH entry (a relative
-    entry, too, is relative to ``workdir``). The first one that can run is run."""
-    if "/" in program:
-        return [in_workdir(program, workdir)]
-    return [in_workdir(os.path.join(folder, program), workdir) for folder in search_path]
-
-
-def _runs(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
-def _label(opts: LaunchOptions) -> str:
+def program_label(opts: LaunchOptions) -> str:
     """What the user called the thing the ranks exec."""
     if opts.no_python:
         return "program"
@@ -160,41 +142,67 @@ def _label(opts: LaunchOptions) -> str:
 
 def check_executable(program: str, label: str, workdir: str, search_path: list[str]) -> None:
     """``program`` must be a file the ranks can exec: missing is exit 127 on every rank, not executable 126."""
-    candidates = exec_candidates(program, workdir, search_path)
-    if any(_runs(path) for path in candidates):
-        return
-    named = f"{label} {program!r}"
-    relative = "/" in program and not Path(program).is_absolute()
-    seen_from = f" (ranks start in {workdir})" if relative else ""
-    present = next((path for path in candidates if path.exists()), None)
-    if present is None:
-        where = f"does not exist on this machine{seen_from}" if "/" in program else "is not on the ranks' PATH here"
-        raise UsageError(f"{named} {where}", _missing_hint(program, label, workdir))
-    shown = "" if "/" in program else f" (found on PATH as {present})"
-    if present.is_dir():
-        raise UsageError(f"{named} is a directory, not a program{shown}{seen_from}", "give the program's path")
-    raise UsageError(
-        f"{named} is not executable (no execute permission){shown}{seen_from}",
-        _not_executable_hint(program, present, label),
+    problem = executable_problem(program, workdir, search_path)
+    if problem is not None:
+        raise start_error(problem, label, workdir)
+
+
+def start_error(problem: dict, label: str, workdir: str | None, where: str = "", hint: str | None = None) -> UsageError:
+    """A start problem (startcheck) in one line: on this machine (``where`` empty), or on the hosts ``where``
+    names (" on node2, node3"). ``label``: what the user called the program; ``hint`` replaces the usual one."""
+    kind, name = problem["kind"], problem["name"]
+    relative = not Path(name).is_absolute()
+    seen_from = (
+        f" (ranks start in {workdir})" if workdir and relative and ("/" in name or kind.startswith("script")) else ""
+    )
+    if kind == "script-missing":
+        return UsageError(
+            f"script {name!r} does not exist{where}{seen_from}", hint or "check the path, or use -m MODULE"
+        )
+    if kind == "script-directory":
+        return UsageError(
+            f"script {name!r} is a directory without a __main__.py{where}",
+            hint or "give the script file inside it, or run a package with -m PACKAGE",
+        )
+    if kind == "module-missing":
+        top = name.split(".")[0]
+        python = "this Python's" if not where else "the ranks' Python's"
+        return UsageError(
+            f"no module named {top!r} for -m {name}{where} (looked in {workdir} and {python} packages)",
+            hint or "install it, run from the folder that holds it (or set --workdir), or check the spelling",
+        )
+    named = f"{label} {name!r}"
+    if kind == "program-missing":
+        if "/" in name:
+            text = f"{named} does not exist {where.strip() or 'on this machine'}{seen_from}"
+        else:
+            text = f"{named} is not on the ranks' PATH {where.strip() or 'here'}"
+        return UsageError(text, hint or _missing_hint(name, label, workdir, local=not where))
+    shown = "" if "/" in name else f" (found on PATH as {problem['found']})"
+    if kind == "program-directory":
+        return UsageError(f"{named} is a directory, not a program{where}{shown}{seen_from}", "give the program's path")
+    return UsageError(
+        f"{named} is not executable (no execute permission){where}{shown}{seen_from}",
+        hint or _not_executable_hint(name, Path(problem["found"]), label, local=not where),
     )
 
 
-def _missing_hint(program: str, label: str, workdir: str) -> str:
+def _missing_hint(program: str, label: str, workdir: str | None, local: bool) -> str:
     if label == "--python":
         start = " (a relative path starts from the working directory)" if "/" in program else ""
         return f"give the path of the Python that runs the ranks{start}, or leave --python out (the launcher's own)"
-    if "/" not in program and Path(workdir, program).is_file():
+    if local and "/" not in program and Path(workdir or ".", program).is_file():
         return f"exec looks a bare name up on PATH: write ./{program} for the file in the working directory"
     if label == "interpreter":
         return "install it, give its path, or leave it out: SCRIPT alone runs with --python (default: the launcher's)"
     return "check the spelling, install it, or give its path (a relative path starts from the working directory)"
 
 
-def _not_executable_hint(program: str, path: Path, label: str) -> str:
+def _not_executable_hint(program: str, path: Path, label: str, local: bool) -> str:
     chmod = f"chmod +x {os.path.abspath(path)}"
     if label != "program":
         return f"{chmod}, or give the path of an executable Python"
-    interpreter = shebang_interpreter(path)
+    interpreter = shebang_interpreter(path) if local else None  # a remote host's file is not read from here
     python_script = is_interpreter(interpreter) if interpreter else path.suffix == ".py"
     if python_script:
         return f"{chmod}, or run it with Python: leave out --no-python (distlaunch run {program})"
@@ -217,16 +225,5 @@ def shebang_interpreter(path: Path) -> str | None:
 def check_module(module: str, workdir: str) -> None:
     """``-m MODULE`` with the launcher's own Python: its top-level package must be importable from the
     ranks' working directory (found, not imported: importing could run anything, torch included)."""
-    top = module.split(".")[0]
-    sys.path.insert(0, workdir)  # as python -m: the working directory comes first
-    try:
-        found = importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        found = False
-    finally:
-        sys.path.remove(workdir)
-    if not found:
-        raise UsageError(
-            f"no module named {top!r} for -m {module} (looked in {workdir} and this Python's packages)",
-            "install it, run from the folder that holds it (or set --workdir), or check the spelling",
-        )
+    if not module_found(module, workdir):
+        raise start_error({"kind": "module-missing", "name": module}, "module", workdir)

@@ -244,5 +244,41 @@ def test_paths_and_interpreters_reach_remote_hosts_as_they_are_meant(sshd_cluste
     assert len(dumps) == 6 and {d["cwd"] for d in dumps} == {str(tmp_path / "sub")}
     missing = run_cli(*launch_args(sshd_cluster, "nosuch.py"), env=cli_env(), cwd=tmp_path, timeout=120)
     assert missing.returncode == 2, missing.stderr  # before: 1, with runpy's FileNotFoundError traceback
-    assert f"can't open file {str(tmp_path / 'nosuch.py')!r}" in missing.stdout + missing.stderr
-    assert "Traceback" not in missing.stdout + missing.stderr
+    line = f"error: script 'nosuch.py' does not exist on node1, node2, node3 (ranks start in {tmp_path})"
+    assert line in missing.stderr, missing.stderr  # one line for every host, found before any rank started
+    assert "Traceback" not in missing.stdout + missing.stderr and "[rank" not in missing.stdout
+
+
+def test_a_program_one_host_cannot_start_starts_no_rank_anywhere(sshd_cluster, tmp_path):
+    """Every agent checks its own host before any rank starts anywhere: a program found here (the local
+    ranks inherit this PATH) but not on node2 (its ranks get the login PATH) starts nothing, here included."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "ran"
+    program = bin_dir / "mytool"
+    program.write_text(f"#!/bin/sh\necho ran >> {marker}\n")
+    program.chmod(0o755)
+    hostfile = tmp_path / "mixed"
+    hostfile.write_text("localhost slots=1\nnode2 slots=2\n")
+    env = cli_env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+    args = ["run", "-H", str(hostfile), "--ssh-config", str(sshd_cluster.ssh_config)]
+    r = run_cli(*args, "--no-python", "mytool", env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr  # before: 127, after the rank here had run
+    assert "error: program 'mytool' is not on the ranks' PATH on node2" in r.stderr, r.stderr
+    assert not marker.exists()  # the local rank never started
+    path = f"PATH={bin_dir}:/usr/bin:/bin"  # the ranks' PATH on every host
+    ok = run_cli(*args, "--env", path, "--no-python", "mytool", env=env, cwd=tmp_path, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert marker.read_text().count("ran") == 3
+
+
+def test_a_module_missing_on_the_remote_hosts_is_found_by_their_python_before_any_rank_starts(sshd_cluster, tmp_path):
+    (tmp_path / "here_only.py").write_text("print('ran')\n")
+    args = launch_args(sshd_cluster, "--workdir", str(tmp_path / "empty"), "-m", "here_only")
+    (tmp_path / "empty").mkdir()
+    r = run_cli(*args, env=cli_env(), cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "error: no module named 'here_only' for -m here_only on node1, node2, node3" in r.stderr, r.stderr
+    assert "] ran" not in r.stdout
+    ok = run_cli(*launch_args(sshd_cluster, "-m", "here_only"), env=cli_env(), cwd=tmp_path, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.count("] ran\n") == 6, ok.stdout + ok.stderr
