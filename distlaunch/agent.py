@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from distlaunch import protocol as p
-from distlaunch.startcheck import is_python, program_index, start_problems
+from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, is_python, program_index, start_problems
 
 _PR_SET_PDEATHSIG = 1
 _DRAIN_AFTER_EXIT_S = 1.0  # a rank's grandchild may hold its pipes open: stop waiting for EOF after this
@@ -531,11 +531,13 @@ class Agent:
         if not self.node.get("gate"):
             return not self.stopping
         workdir = self.node.get("workdir") or os.getcwd()
+        # the launcher hears no heartbeat while an interpreter is asked about a module: well within its timeout
+        timeout = min(MODULE_CHECK_TIMEOUT_S, self.heartbeat_timeout / 3 or MODULE_CHECK_TIMEOUT_S)
         problems, seen = [], set()
         for spec in self.node["ranks"]:
             if tuple(spec["argv"]) not in seen:  # ranks of one node usually run one command
                 seen.add(tuple(spec["argv"]))
-                problems += start_problems(spec["argv"], workdir, self.rank_env(spec))
+                problems += start_problems(spec["argv"], workdir, self.rank_env(spec), timeout)
         self.emit(ev=p.READY, problems=problems)
         while not self.go and not self.stopping:
             if self.sel.select(timeout=0.05):

@@ -108,7 +108,9 @@ def module_found(module: str, workdir: str) -> bool:
         sys.path.remove(workdir)
 
 
-def module_problem(python: str, module: str, workdir: str, env: dict) -> dict | None:
+def module_problem(
+    python: str, module: str, workdir: str, env: dict, timeout: float = MODULE_CHECK_TIMEOUT_S
+) -> dict | None:
     """``module_found``, asked of the rank's own interpreter (this file, run by it). An interpreter that
     cannot run it, or does not answer in time, is not judged here: the rank's own start will say why."""
     try:
@@ -118,7 +120,7 @@ def module_problem(python: str, module: str, workdir: str, env: dict) -> dict | 
             env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
-            timeout=MODULE_CHECK_TIMEOUT_S,
+            timeout=timeout,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -127,9 +129,9 @@ def module_problem(python: str, module: str, workdir: str, env: dict) -> dict | 
     return None
 
 
-def start_problems(argv: list[str], workdir: str, env: dict) -> list[dict]:
+def start_problems(argv: list[str], workdir: str, env: dict, timeout: float = MODULE_CHECK_TIMEOUT_S) -> list[dict]:
     """Everything that keeps ``argv`` from starting on this host, run from ``workdir`` with ``env`` (the
-    rank's own environment: its PATH finds the program)."""
+    rank's own environment: its PATH finds the program); ``timeout``: for the interpreter asked about a module."""
     problem = executable_problem(argv[0], workdir, os.get_exec_path(env))
     if problem is not None:
         return [problem]
@@ -139,7 +141,7 @@ def start_problems(argv: list[str], workdir: str, env: dict) -> list[dict]:
     if kind == "script":
         problem = script_problem(argv[at], workdir)
     elif kind == "module" and at + 1 < len(argv):
-        problem = module_problem(argv[0], argv[at + 1], workdir, env)
+        problem = module_problem(argv[0], argv[at + 1], workdir, env, timeout)
     return [problem] if problem else []
 
 

@@ -282,3 +282,16 @@ def test_a_module_missing_on_the_remote_hosts_is_found_by_their_python_before_an
     assert "] ran" not in r.stdout
     ok = run_cli(*launch_args(sshd_cluster, "-m", "here_only"), env=cli_env(), cwd=tmp_path, timeout=120)
     assert ok.returncode == 0 and ok.stdout.count("] ran\n") == 6, ok.stdout + ok.stderr
+
+
+def test_an_interpreter_that_never_answers_the_module_check_does_not_hold_the_job(sshd_cluster, tmp_path):
+    """The agents ask the ranks' Python whether it finds the module; one that hangs (here: a sitecustomize
+    that sleeps, only for that question) is not judged, within the heartbeat timeout, and the ranks start."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys, time\nif '--find-module' in sys.argv:\n    time.sleep(120)\n")
+    (tmp_path / "mod.py").write_text("print('ran')\n")
+    args = launch_args(sshd_cluster, "--heartbeat-timeout", "6", "--env", f"PYTHONPATH={site}", "-m", "mod")
+    r = run_cli(*args, env=cli_env(), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr  # not 'node1 has been silent for 6.0s'
+    assert r.stdout.count("] ran\n") == 6, r.stdout
