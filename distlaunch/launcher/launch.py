@@ -58,10 +58,11 @@ def all_local(plan: LaunchPlan) -> bool:
 
 
 def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
-    """Where every rank runs here, its working directory, Python and program must be usable here (remote
-    hosts have their own filesystem: the agent reports what it cannot start there)."""
-    if all_local(plan):
-        check_local_program(opts, plan.nodes[0].workdir)
+    """Where ranks run here, their working directory, Python and program must be usable here (remote hosts
+    have their own filesystem: their agents check them before any rank starts, see job.py's gate)."""
+    local = next((node for node in plan.nodes if node.local), None)
+    if local is not None:
+        check_local_program(opts, local.workdir)
 
 
 def check_local_workdir(plan: LaunchPlan) -> None:

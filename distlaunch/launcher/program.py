@@ -191,6 +191,8 @@ def _missing_hint(program: str, label: str, workdir: str | None, local: bool) ->
     if label == "--python":
         start = " (a relative path starts from the working directory)" if "/" in program else ""
         return f"give the path of the Python that runs the ranks{start}, or leave --python out (the launcher's own)"
+    if not local and "/" not in program:
+        return "ranks on other hosts search their own login PATH, not this machine's: give the program's full path, or --env PATH=..."
     if local and "/" not in program and Path(workdir or ".", program).is_file():
         return f"exec looks a bare name up on PATH: write ./{program} for the file in the working directory"
     if label == "interpreter":

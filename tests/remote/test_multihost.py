@@ -265,7 +265,10 @@ def test_a_program_one_host_cannot_start_starts_no_rank_anywhere(sshd_cluster, t
     r = run_cli(*args, "--no-python", "mytool", env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr  # before: 127, after the rank here had run
     assert "error: program 'mytool' is not on the ranks' PATH on node2" in r.stderr, r.stderr
+    assert "search their own login PATH, not this machine's" in r.stderr
     assert not marker.exists()  # the local rank never started
+    local = run_cli(*args, "--no-python", "othertool", env=env, cwd=tmp_path, timeout=120)
+    assert local.returncode == 2 and "program 'othertool' is not on the ranks' PATH here" in local.stderr  # this host
     path = f"PATH={bin_dir}:/usr/bin:/bin"  # the ranks' PATH on every host
     ok = run_cli(*args, "--env", path, "--no-python", "mytool", env=env, cwd=tmp_path, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
