@@ -66,7 +66,9 @@ def stop(
     ] = 60.0,
     json_output: Json = False,
 ) -> int:
-    """Stop a running job like Ctrl-C: every rank on every host gets SIGTERM, a grace period, then SIGKILL."""
+    """Stop a running job like Ctrl-C: every rank on every host gets SIGTERM, a grace period, then SIGKILL.
+
+    Exit code: 0 once the job has stopped, 1 when it did not confirm its end within --timeout (it goes on stopping), 2 for a job that is unknown or not running, 3 when kubectl or Slurm failed."""
     # A scheduler that cannot be asked does not make the job stopped: its own stop command is tried (and its
     # failure said, exit 3).
     record = stop_job(find_job(job, last_known_ok=True), timeout)
@@ -117,8 +119,9 @@ def stacks(
 ) -> int:
     """Show where every rank of a running job is now (grouped stacks); the job keeps running.
 
-    The job's launcher gets SIGUSR1, asks every agent for its ranks' Python stacks (py-spy, else faulthandler)
-    as on a hang, and writes them to a new stacks-N folder in the job's folder."""
+    The job's launcher gets SIGUSR1, asks every agent for its ranks' Python stacks (py-spy, else faulthandler) as on a hang, and writes them to a new stacks-N folder in the job's folder.
+
+    Exit code: 0 when the stacks are printed, 1 when the launcher did not answer within --timeout, 2 for a job that is unknown or not running here (ended, lost, another machine, Slurm or Kubernetes)."""
     snapshot = request_stacks(find_job(job, last_known_ok=True), timeout)  # refused for Slurm and k8s jobs
     if json_output:
         print_json(snapshot)

@@ -53,7 +53,7 @@ NprocPerNode = Annotated[
         parser=parse_nproc,
         metavar="N|auto|gpu",
         help="Processes per host (default: the host's slots; without a hostfile, the GPUs here or 1). "
-        "auto: the GPUs here or 1; gpu: the GPUs here.",
+        "auto: the GPUs here or 1; gpu: the GPUs here. Under Slurm: the same as --ntasks-per-node.",
         rich_help_panel=LAUNCH,
     ),
 ]
@@ -104,7 +104,7 @@ MasterAddr = Annotated[
     typer.Option(
         "--master-addr",
         metavar="ADDR",
-        help="Address of rank 0 as every host reaches it (default: the first host's address).",
+        help="Address of rank 0 as every host reaches it (default: the first host's address; under Slurm: the step's first node).",
         rich_help_panel=LAUNCH,
         callback=check_master_addr,
     ),
@@ -114,7 +114,7 @@ MasterPort = Annotated[
     typer.Option(
         "--master-port",
         metavar="PORT|auto",
-        help="Rendezvous port: an integer or 'auto' (a free port).",
+        help="Rendezvous port: an integer or 'auto' (a free port; under Slurm: one derived from the job and step id).",
         rich_help_panel=LAUNCH,
     ),
 ]
@@ -156,7 +156,7 @@ Env = Annotated[
     typer.Option(
         "--env",
         metavar="KEY[=VALUE]",
-        help="Set KEY=VALUE in every rank's environment (repeatable).",
+        help="Set KEY=VALUE in every rank's environment; KEY alone forwards this launcher's value (repeatable).",
         rich_help_panel=LAUNCH,
     ),
 ]
@@ -221,7 +221,7 @@ Detach = Annotated[
     typer.Option(
         "--detach",
         "-d",
-        help="Start the job in the background, print its id and return (see: distlaunch jobs, logs, stop).",
+        help="Start the job in the background, print its id (with --json: its record) and return (see: distlaunch jobs, logs, stop).",
         rich_help_panel=LAUNCH,
     ),
 ]
