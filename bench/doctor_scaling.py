@@ -23,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# the test fixtures (a real sshd) import as in the suite: from the repository root and from tests/
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fixtures.sshd import start_sshd
 
 from distlaunch.contract.endpoint import free_port

@@ -39,7 +39,7 @@ PEER_FLAGS: dict[str, tuple[str, str]] = {
 
 def peer_equivalent(option: str, command: str) -> str:
     """The line for an unknown option: its distlaunch equivalent when another launcher spells it so."""
-    known = PEER_FLAGS.get(option) or PEER_FLAGS.get(option.replace("_", "use -"))
+    known = PEER_FLAGS.get(option) or PEER_FLAGS.get(option.replace("_", "-"))
     if known:
         tool, equivalent = known
         return f"{option} is {tool}'s option, not {command}'s (hint: in distlaunch, {equivalent})"

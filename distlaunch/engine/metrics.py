@@ -1,7 +1,7 @@
 """Rank 0's JSON-lines metrics and the console line, plus throughput arithmetic.
 
 Where the metrics go, first match wins: ``--metrics-file PATH``, ``$DISTLAUNCH_METRICS_FILE``,
-``$DISTLAUNCH_LOG_DIR/metrics.jsonl`` (the launcher sets ``--log-dir`` there); otherwise only
+``$DISTLAUNCH_LOG_DIR/metrics.jsonl`` (``distlaunch train --log-dir`` passes ``--metrics-file``); otherwise only
 the console line is printed. Lines: one ``{"event": "start", ...}``, one per step
 ``{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mem_bytes", "mem", ...}``, and a
 final ``{"event": "summary", ...}``. The file is appended to, so a restarted job keeps its
