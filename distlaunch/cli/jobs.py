@@ -189,7 +189,7 @@ def render_status(r: JobRecord, console: Console) -> None:
         "cwd": r.cwd,
         "backend": r.backend,
         "ranks": f"{r.world_size} on {_places(r)}, {r.plan.get('parallel', {}).get('dp', '?')}-way data "
-        f"parallel (backend {r.plan.get('backend', '?')})",
+        f"parallel ({_comm_backend(r.plan.get('backend'))})",
         "time": f"started {_clock(r.created_at)}{ended}",
         "exit code": "" if r.exit_code is None else str(r.exit_code),
         "restarts": str(r.restarts),
@@ -213,7 +213,7 @@ def render_status(r: JobRecord, console: Console) -> None:
     for node in r.plan.get("nodes", []):
         ranks = [rank["rank"] for rank in node["ranks"]]
         bad = [f"rank {k} exit {failed[k]['exit_code']}" for k in ranks if k in failed]
-        shown = ", ".join(bad) or node.get("state") or _node_state(r.state)  # a pod's own state, for k8s jobs
+        shown = ", ".join(bad) or node.get("state") or _node_state(r.state, bool(failed))  # a pod's own, for k8s
         table.add_row(Text(node["host"]), str(node["node_rank"]), ranges(ranks) if ranks else "-", shown)
     if table.row_count:  # none while a Slurm or Kubernetes job waits for its nodes or pods
         console.print(table)
@@ -240,7 +240,18 @@ def _lost_why(r: JobRecord) -> str:
     return r.error or "its scheduler no longer knows it"
 
 
-def _node_state(job_state: str) -> str:
+def _comm_backend(backend: str | None) -> str:
+    # "slurm" and "k8s": records of earlier versions, which named the scheduler there
+    if backend in (None, "auto", "slurm", "k8s"):
+        return "backend chosen on the nodes: nccl with GPUs, else gloo"
+    return f"backend {backend}"
+
+
+def _node_state(job_state: str, ranks_known: bool) -> str:
+    """A node's state when no rank of it is named in the report: stopped after another rank's failure, or, when
+    no rank's failure is known (a batch job: its scheduler tells only the job's end), the job's own state."""
+    if job_state == "failed" and not ranks_known:
+        return "failed"
     return {"succeeded": "exited 0", "failed": "stopped", "interrupted": "stopped"}.get(job_state, job_state)
 
 

@@ -126,7 +126,12 @@ def submit_cmd(
     code = kubectl_apply(dump_all(manifest(opts)))
     if code == 0:
         job_id = record_k8s_job(
-            opts.name, opts.namespace, opts.nodes, opts.nproc_per_node, ["distlaunch", *sys.argv[1:]]
+            opts.name,
+            opts.namespace,
+            opts.nodes,
+            opts.nproc_per_node,
+            ["distlaunch", *sys.argv[1:]],
+            "nccl" if opts.gpus_per_node else "gloo",  # what a pod's ranks choose: its GPUs, or none
         )
         sys.stderr.write(f"distlaunch: recorded as job {job_id}: distlaunch status {job_id} | logs | stop\n")
     return code

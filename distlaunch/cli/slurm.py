@@ -256,6 +256,7 @@ def slurm_sbatch(
             job.nodes,
             job.parallel.model_dump(mode="json"),
             ["distlaunch", *sys.argv[1:]],
+            opts.backend,
         ),
     )
     if wait:

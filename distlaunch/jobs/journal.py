@@ -73,7 +73,7 @@ class Journal:
 
 
 def record_batch_job(
-    slurm_id: str, output: str | None, world_size: int, nodes: int, parallel: dict, command: list[str]
+    slurm_id: str, output: str | None, world_size: int, nodes: int, parallel: dict, command: list[str], backend: str
 ) -> None:
     """Record a submitted Slurm batch job (``slurm-<id>``): Slurm runs it, ``distlaunch jobs`` asks Slurm about it."""
     record = JobRecord(
@@ -86,7 +86,7 @@ def record_batch_job(
         state="pending",
         native_id=slurm_id,
         output=os.path.abspath(output) if output else None,
-        plan={"parallel": parallel, "backend": "slurm", "nodes": []},
+        plan={"parallel": parallel, "backend": backend, "nodes": []},  # the ranks' (auto: chosen on the nodes)
     )
     try:
         write_record(record)
@@ -99,7 +99,9 @@ def k8s_job_id(name: str, namespace: str | None) -> str:
     return f"k8s-{name}" + (f".{namespace}" if namespace else "")
 
 
-def record_k8s_job(name: str, namespace: str | None, nodes: int, nproc_per_node: int, command: list[str]) -> str:
+def record_k8s_job(
+    name: str, namespace: str | None, nodes: int, nproc_per_node: int, command: list[str], backend: str
+) -> str:
     """Record a submitted Kubernetes Job; ``distlaunch jobs`` asks kubectl about it. Returns its id.
 
     Kubernetes knows a Job by namespace and name: submitting that name again is the same job, so its record
@@ -116,7 +118,7 @@ def record_k8s_job(name: str, namespace: str | None, nodes: int, nproc_per_node:
         namespace=namespace,
         plan={
             "parallel": {"dp": nodes * nproc_per_node},
-            "backend": "k8s",
+            "backend": backend,
             "nodes": [],
             "nnodes": nodes,
             "nproc_per_node": nproc_per_node,

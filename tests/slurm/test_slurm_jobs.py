@@ -161,6 +161,22 @@ def test_status_of_a_two_node_job_shows_its_nodes_and_ranks(slurm_cluster, tmp_p
     assert ["node2", "1", "2-3", "stopped"] in [line.split() for line in shown.stdout.splitlines()], shown.stdout
 
 
+def test_status_of_a_failed_batch_job_says_failed_and_names_the_ranks_backend(slurm_cluster, tmp_path):
+    """Slurm tells only that the job failed, not which rank: every node reads failed (not "stopped", which
+    says another rank's failure stopped it); the backend is the ranks' (gloo, nccl), never the scheduler."""
+    cli = Cli(slurm_cluster, tmp_path)
+    (tmp_path / "fail.py").write_text("import os, sys\nsys.exit(7 if os.environ['RANK'] == '2' else 0)\n")
+    slurm_id = cli.submit("-N", "2", "--ntasks-per-node", "2", "--backend", "gloo", "-o", "out-%j.log", "fail.py")
+    assert wait_until(lambda: cli.state(slurm_id) == "failed", 90, interval=0.5)
+    shown = cli("status", slurm_id).stdout
+    assert "4-way data parallel (backend gloo)" in shown, shown  # before: (backend slurm)
+    rows = [line.split() for line in shown.splitlines()]
+    assert ["node1", "0", "0-1", "failed"] in rows and ["node2", "1", "2-3", "failed"] in rows, shown
+    auto = cli.submit("-N", "1", "-o", "out-%j.log", "ticker.py", "1")
+    assert wait_until(lambda: cli.state(auto) == "succeeded", 90, interval=0.5)
+    assert "(backend chosen on the nodes: nccl with GPUs, else gloo)" in cli("status", auto).stdout
+
+
 def test_sbatch_wait_follows_a_job_through_a_slurmctld_outage(slurm_cluster, tmp_path):
     cli = Cli(slurm_cluster, tmp_path)
     conf = tmp_path / "slurm.conf"  # the client's config: good, then unreachable for a while, then good again
