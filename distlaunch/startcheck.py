@@ -135,7 +135,7 @@ def start_problems(argv: list[str], workdir: str, env: dict, timeout: float = MO
     problem = executable_problem(argv[0], workdir, os.get_exec_path(env))
     if problem is not None:
         return [problem]
-    if len(argv) < 2 or not os.path.basename(argv[0]).startswith("python"):
+    if not is_python(argv):
         return []
     at, kind = program_index(argv)
     if kind == "script":
