@@ -23,6 +23,12 @@ def entry() -> None:
         signal.signal(signal.SIGINT, previous)
     if held:
         sys.exit(ExitCode.SIGINT)
+    # A terminal that cannot show a character (a latin-1 or ASCII locale, PYTHONIOENCODING=ascii; a file name
+    # that is not UTF-8) gets it escaped: a plan or a report is never lost to a UnicodeEncodeError.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     try:
         code = main()
     except KeyboardInterrupt:  # between the restored handler and main's own handling of it

@@ -2,12 +2,13 @@
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import invoke
+from tests.helpers import distlaunch_cmd, invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTFILE = str(ROOT / "hostfiles" / "deepspeed.txt")
@@ -178,3 +179,14 @@ def test_options_no_job_could_use_are_one_line(tmp_path, args, expected):
     r = invoke(["run", "-n", "2", *args, str(script)])
     assert r.exit_code == 2, r.stdout
     assert r.stderr.count("\n") == 1 and expected in r.stderr, r.stderr
+
+
+def test_a_terminal_that_cannot_show_a_character_gets_it_escaped_not_an_internal_error():
+    """A latin-1 or ASCII terminal (PYTHONIOENCODING, the locale) and a plan that holds other characters."""
+    for encoding in ("ascii", "latin-1"):
+        r = subprocess.run(
+            distlaunch_cmd("run", "-n", "1", "--dry-run", "--", "python", "-c", "print('é→')"),
+            capture_output=True, timeout=60, env={**os.environ, "PYTHONIOENCODING": encoding, "NO_COLOR": "1"},
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr  # before: internal error: UnicodeEncodeError
+        assert b"\\u2192" in r.stdout and b"internal error" not in r.stderr
