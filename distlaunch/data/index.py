@@ -15,7 +15,9 @@ launcher checks it before any rank starts and every rank checks it again when it
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Annotated, Literal
@@ -23,6 +25,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from distlaunch.errors import UsageError, validation_problem
+from distlaunch.files import open_regular
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
@@ -90,20 +93,24 @@ def padded_vocab_size(vocab_size: int, multiple: int = VOCAB_MULTIPLE) -> int:
 
 
 def is_dataset_dir(path: str | Path | None) -> bool:
-    """Whether ``path`` is a folder written by ``distlaunch data prepare``."""
-    return path is not None and (Path(path).expanduser() / INDEX_FILE).is_file()
+    """Whether ``path`` is a folder written by ``distlaunch data prepare``: it holds an ``index.json``
+    (of whatever kind: one that is not a readable file is then refused by ``read_index``, by name)."""
+    return path is not None and os.path.lexists(Path(path).expanduser() / INDEX_FILE)
 
 
 def read_index(folder: str | Path) -> DatasetIndex:
     """The folder's index, or a UsageError naming what is wrong."""
     path = Path(folder).expanduser() / INDEX_FILE
     try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
+        with open(open_regular(path), "rb") as f:  # a pipe in its place is what it is, not a wait
+            raw = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(
             f"no {INDEX_FILE} in {path.parent}", "prepare the folder with distlaunch data prepare"
         ) from None
     except OSError as err:
+        if err.errno in (errno.EISDIR, errno.EINVAL):  # a folder, a pipe, a device
+            raise UsageError(f"{path} is not a regular file, so not a dataset index", REPREPARE) from None
         raise UsageError(f"cannot read {path}: {err.strerror}", "check the file and its permissions") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         why = f"not UTF-8 (byte {err.start})" if isinstance(err, UnicodeDecodeError) else "not valid JSON"

@@ -4,11 +4,19 @@ and renamed into place only when complete, so a failed or interrupted run leaves
 
 ``--out`` must be new, empty, or a dataset folder holding only its own files (those its index names):
 prepare replaces the whole folder, so it refuses one that holds anything else.
+
+The hidden folder (``.NAME.prepare-XXXXXXXX``) is held by an exclusive ``flock`` on the folder itself
+for as long as its prepare runs; the kernel drops the lock when that process ends, however it ends.
+So a folder of that name whose lock can be taken was left by a prepare killed outright (``kill -9``,
+power loss): the next prepare to the same ``--out`` removes it, and never one that another prepare,
+running now, still holds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -20,6 +28,9 @@ from distlaunch.data.index import INDEX_FILE, read_index
 from distlaunch.errors import UsageError
 
 FRESH = "pick a new or empty folder"
+WORK_SUFFIX = r"\.prepare-[0-9a-f]{8}"  # .NAME.prepare-XXXXXXXX: a dataset being built beside NAME
+OLD_SUFFIX = r"\.old-[0-9a-f]{8}"  # .NAME.old-XXXXXXXX: the dataset NAME replaced, being deleted
+ATTEMPTS = 5  # fresh work folders tried when an abandoned-folder sweep of another prepare takes ours
 
 
 def check_out(raw: str | Path) -> Path:
@@ -71,24 +82,25 @@ def check_out(raw: str | Path) -> Path:
 
 @contextmanager
 def staged(out: Path, shown: str) -> Iterator[Path]:
-    """A fresh hidden folder beside ``out`` to build the dataset in; on any failure it is removed,
-    with the parents of ``out`` this made, and an OSError becomes a UsageError."""
+    """A fresh hidden folder beside ``out`` to build the dataset in, locked while this runs; on any
+    failure it is removed, with the parents of ``out`` this made, and an OSError becomes a UsageError.
+    Folders of earlier prepares to ``out`` that were killed outright are removed first."""
     made: list[Path] = []
-    tmp = out.parent / f".{out.name}.prepare-{secrets.token_hex(4)}"
     try:
         missing = [p for p in out.parents if not p.exists()]
         for folder in reversed(missing):
             folder.mkdir()
             made.append(folder)
-        tmp.mkdir()
+        tmp, lock = _make_work_folder(out)
     except OSError as err:
         _remove(None, made)
-        where = out.parent if err.filename == str(tmp) else err.filename
+        where = out.parent if str(err.filename).startswith(str(out.parent / f".{out.name}.")) else err.filename
         raise UsageError(
             f"cannot write --out {shown}: cannot make a folder in {where} ({err.strerror})",
             f"pick a folder you can write to (prepare builds the dataset in {out.parent}, then renames it)",
         ) from None
     try:
+        remove_abandoned(out)
         yield tmp
     except OSError as err:
         _remove(tmp, made)
@@ -97,6 +109,68 @@ def staged(out: Path, shown: str) -> Iterator[Path]:
     except BaseException:
         _remove(tmp, made)
         raise
+    finally:
+        os.close(lock)
+
+
+def _make_work_folder(out: Path) -> tuple[Path, int]:
+    """A new ``.NAME.prepare-XXXXXXXX`` beside ``out`` and the descriptor that holds its lock. Between
+    its mkdir and its lock, another prepare's sweep may take it for abandoned and remove it: then
+    another name is tried."""
+    for _ in range(ATTEMPTS):
+        tmp = out.parent / f".{out.name}.prepare-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        lock = _lock_folder(tmp)
+        if lock is not None:
+            return tmp, lock
+    raise OSError(0, "another prepare keeps removing the folders made here", str(tmp))
+
+
+def _lock_folder(folder: Path) -> int | None:
+    """A descriptor of ``folder`` holding an exclusive flock on it, or None: a live prepare holds it,
+    or the folder is gone or was replaced since (a sweep removed it before the lock was taken)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held, there = os.fstat(fd), os.stat(folder, follow_symlinks=False)
+        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def remove_abandoned(out: Path) -> list[Path]:
+    """Remove what prepares to ``out`` killed outright left beside it: ``.NAME.prepare-*`` folders no live
+    prepare holds locked, and ``.NAME.old-*`` folders once ``out`` is in place (a publish killed while it
+    deleted the replaced dataset; without ``out``, such a folder is the only copy of the dataset and stays)."""
+    work, old = (re.compile(re.escape(f".{out.name}") + suffix) for suffix in (WORK_SUFFIX, OLD_SUFFIX))
+    try:
+        names = sorted(os.listdir(out.parent))
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = out.parent / name
+        if work.fullmatch(name):
+            lock = _lock_folder(path)
+            if lock is None:  # a prepare running now (or not a folder of ours)
+                continue
+            try:
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(lock)
+        elif old.fullmatch(name) and os.path.isdir(out) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            continue
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
 
 
 def _remove(tmp: Path | None, made: list[Path]) -> None:

@@ -18,7 +18,15 @@ from typing import NamedTuple
 
 from pydantic import BaseModel
 
-from distlaunch.data.index import DatasetIndex, Shard, check_dataset, padded_vocab_size, token_dtype, write_index
+from distlaunch.data.index import (
+    REPREPARE,
+    DatasetIndex,
+    Shard,
+    check_dataset,
+    padded_vocab_size,
+    token_dtype,
+    write_index,
+)
 from distlaunch.data.inputs import check_inputs, documents, pieces
 from distlaunch.data.outdir import check_out, publish, staged
 from distlaunch.data.tokenizer import Tokenizer, bpe_vocab, make_tokenizer, parse_spec, train_bpe
@@ -205,6 +213,25 @@ def read_documents(folder: str | Path) -> Iterator[list[int]]:
         if sys.byteorder == "big":
             tokens.byteswap()
             offsets.byteswap()
-        bounds = [*offsets, len(tokens)]
-        for start, end in itertools.pairwise(bounds):
+        problem = _offsets_problem(offsets, len(tokens))
+        if problem is not None:  # a .docs file of the right size can still hold other bytes
+            raise UsageError(
+                f"{root / shard.docs_file} does not hold the document starts of {shard.file}: {problem}", REPREPARE
+            )
+        for start, end in itertools.pairwise([*offsets, len(tokens)]):
             yield tokens[start:end].tolist()
+
+
+def _offsets_problem(offsets: array, tokens: int) -> str | None:
+    """What is wrong with a shard's document starts (None: they run up from 0 within its ``tokens``)."""
+    if offsets and offsets[0] != 0:
+        return f"its first document starts at token {offsets[0]}, not 0"
+    past = next((i for i, start in enumerate(offsets) if start > tokens), None)
+    if past is not None:
+        return f"document {past} starts at token {offsets[past]}, past the shard's {tokens} tokens"
+    back = next((i for i in range(1, len(offsets)) if offsets[i] < offsets[i - 1]), None)
+    if back is not None:
+        return (
+            f"document {back} starts at token {offsets[back]}, before document {back - 1} (token {offsets[back - 1]})"
+        )
+    return None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from distlaunch.errors import DistlaunchError, HostError, NoAnswer, UsageError
+from distlaunch.files import open_regular
 from distlaunch.jobs.store import (
     FINAL_STATES,
     STOP_FILE,
@@ -34,6 +35,7 @@ from distlaunch.jobs.store import (
 POLL_S = 0.2
 OUTPUT_FILE = "output.log"  # a detached job's terminal output, in its folder
 ERRORS_FILE = "errors.log"  # the same job's stderr lines and distlaunch's notices alone
+LAUNCH_FILE = "launch.json"  # a detached job's plan and options, for its supervisor: only detached jobs have one
 
 
 class JobBackend(Protocol):
@@ -97,8 +99,9 @@ class LauncherJobs(_FileOutput):
             os.kill(owner.pid, signal.SIGTERM)  # the launcher stops every rank: SIGTERM, grace period, SIGKILL
 
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
-        path = jobs_dir() / record.job_id / (ERRORS_FILE if stderr else OUTPUT_FILE)
-        if not path.exists():
+        folder = jobs_dir() / record.job_id
+        path = folder / (ERRORS_FILE if stderr else OUTPUT_FILE)
+        if not os.path.lexists(path) and not os.path.lexists(folder / LAUNCH_FILE):
             hint = f"its ranks' logs are in {record.log_dir}" if record.log_dir else "start jobs with --detach"
             raise UsageError(f"job {record.job_id} ran in a terminal: distlaunch kept no output of it", hint)
         return path
@@ -462,6 +465,11 @@ def _file_lines(
         return end is not None
 
     if not path.exists():
+        if record.final:  # nothing more will come: --follow would print nothing and wait for nothing
+            raise UsageError(
+                f"job {record.job_id} has ended, and its output file {path} is missing (removed since)",
+                f"'distlaunch status {record.job_id}' says how it ended",
+            )
         if not follow:
             raise UsageError(f"job {record.job_id} has no output yet: {path} does not exist", "try again later")
         while not path.exists() and not ended():
@@ -470,7 +478,14 @@ def _file_lines(
             if on_end is not None and end is not None:
                 on_end(end)
             return
-    with open(path, encoding="utf-8", errors="replace") as f:
+    try:
+        f = open(open_regular(path), encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:  # a folder, a pipe, a symlink loop, no permission: not a file to read lines from
+        raise UsageError(
+            f"cannot read the output of job {record.job_id}: {path}: {(exc.strerror or str(exc)).lower()}",
+            f"move it aside: the job wrote its output to a file there; 'distlaunch status {record.job_id}' still works",
+        ) from None
+    with f:
         *lines, pending = f.read().split("\n")
         lines = [line for line in lines if keep(line)]
         yield from lines if tail is None else lines[len(lines) - tail :] if tail else []

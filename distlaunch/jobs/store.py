@@ -6,8 +6,10 @@
 
 Writers replace the file with ``os.replace`` of a fully written temporary file, so a reader sees the
 old record or the new one, never half of one. A record that cannot be parsed anyway (a full disk, a
-hand edit) is reported as unreadable instead of breaking the listing. Records are raw here; the
-job's backend (``distlaunch.jobs.backends``) says what the job is doing now.
+hand edit) is reported as unreadable instead of breaking the listing, and so is one that parses but
+holds what no writer writes (a time no clock reads, a plan or report of another shape, another job's id):
+every reader after ``read_record`` may trust a record's fields. Records are raw here; the job's backend
+(``distlaunch.jobs.backends``) says what the job is doing now.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from distlaunch.errors import UsageError, validation_problem
+from distlaunch.files import open_regular
+from distlaunch.launcher.report import RunReport
 
 STATE_VAR = "DISTLAUNCH_STATE_DIR"
 RECORD = "job.json"
@@ -37,7 +41,7 @@ STARTING_S = 30.0
 class Owner(BaseModel):
     """The process that runs the job and keeps its record: pid plus start time, so a reused pid is no match."""
 
-    pid: int
+    pid: int = Field(ge=1)  # never 0 or -1: to a signal those mean a whole process group, or every process
     start_ticks: int
     hostname: str
 
@@ -52,6 +56,45 @@ class Owner(BaseModel):
         return _start_ticks(self.pid) == self.start_ticks
 
 
+# A wall-clock time as a record holds it: seconds since 1970, up to the last second of year 9999 (what
+# time.localtime and the ages in 'distlaunch jobs' can show; inf or NaN would break them).
+Timestamp = Annotated[float, Field(ge=0, le=253402300799, allow_inf_nan=False)]
+
+
+class _PlanRank(BaseModel):
+    rank: int
+
+
+class _PlanNode(BaseModel):
+    host: str
+    node_rank: int
+    ranks: list[_PlanRank]
+    state: str | None = None  # a Kubernetes pod's phase
+
+
+class _RecordPlan(BaseModel):
+    """What ``status``, ``logs`` and the scheduler backends read of a record's plan; the rest is kept as written."""
+
+    nodes: list[_PlanNode] = []
+    parallel: dict[str, Any] = {}
+    nnodes: int | None = None
+    nproc_per_node: int | None = None
+
+
+def _checked_as(model: type[BaseModel]) -> AfterValidator:
+    """A dict field kept as written, once it reads as ``model`` (its first problem is the record's)."""
+
+    def check(value: dict | None) -> dict | None:
+        if value is not None:
+            try:
+                model.model_validate(value)
+            except ValidationError as err:
+                raise ValueError(validation_problem(err)) from None
+        return value
+
+    return AfterValidator(check)
+
+
 class JobRecord(BaseModel):
     """What distlaunch knows about one job, for ``jobs`` and ``status``."""
 
@@ -62,14 +105,14 @@ class JobRecord(BaseModel):
     hosts: list[str]
     world_size: int
     state: JobState = "running"
-    created_at: float = Field(default_factory=time.time)
-    ended_at: float | None = None
+    created_at: Timestamp = Field(default_factory=time.time)
+    ended_at: Timestamp | None = None
     exit_code: int | None = None
     restarts: int = 0
     owner: Owner | None = None
     log_dir: str | None = None
-    plan: dict = Field(default_factory=dict)  # the masked LaunchPlan
-    report: dict | None = None  # the RunReport once the job ended
+    plan: Annotated[dict, _checked_as(_RecordPlan)] = Field(default_factory=dict)  # the masked LaunchPlan
+    report: Annotated[dict | None, _checked_as(RunReport)] = None  # the RunReport once the job ended
     error: str | None = None  # why it ended without a report (a host failed in preflight, ...)
     native_id: str | None = None  # the scheduler's own id (Slurm job id, Kubernetes Job name)
     output: str | None = None  # the scheduler's output file
@@ -123,15 +166,21 @@ def write_record(record: JobRecord) -> Path:
 def read_record(folder: Path) -> JobRecord | Unreadable:
     """One job's record, or what is wrong with it (one short line)."""
     try:
-        raw = (folder / RECORD).read_bytes()
+        with open(open_regular(folder / RECORD), "rb") as f:  # a pipe must not hold up the listing of every job
+            raw = f.read()
     except FileNotFoundError:
         return Unreadable(job_id=folder.name, problem=f"{RECORD} is missing")
     except OSError as exc:
         return Unreadable(job_id=folder.name, problem=f"{RECORD} cannot be read: {exc.strerror or exc}")
     try:
-        return JobRecord.model_validate_json(raw)
+        record = JobRecord.model_validate_json(raw)
     except ValidationError as exc:
         return Unreadable(job_id=folder.name, problem=f"{RECORD} is not a job record: {validation_problem(exc)}")
+    if record.job_id != folder.name:  # its writers would write to that other job's folder
+        return Unreadable(
+            job_id=folder.name, problem=f"{RECORD} is not this job's record: it names job {record.job_id!r}"
+        )
+    return record
 
 
 def list_records() -> list[JobRecord | Unreadable]:

@@ -28,12 +28,11 @@ from pydantic import BaseModel
 
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import DistlaunchError, UsageError
-from distlaunch.jobs.backends import ERRORS_FILE, OUTPUT_FILE
+from distlaunch.jobs.backends import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE
 from distlaunch.jobs.store import STATE_VAR, JobRecord, jobs_dir, read_record
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
 
-LAUNCH_FILE = "launch.json"
 START_TIMEOUT_S = 15.0  # the supervisor records the job at once; this only bounds a broken start
 
 

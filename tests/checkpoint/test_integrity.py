@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -111,12 +112,20 @@ def _missing_shard(checkpoint: Path) -> str:
     return "__1_0.distcp is missing"
 
 
+def _shard_a_folder(checkpoint: Path) -> str:
+    (checkpoint / "__1_0.distcp").unlink()
+    (checkpoint / "__1_0.distcp").mkdir()  # there, but not a file: not "missing"
+    return "__1_0.distcp is a directory, not a file"
+
+
 def _negative_step(checkpoint: Path) -> str:
     edit_meta(checkpoint, step=-7)
     return "meta.json is not a valid manifest: step=-7: input should be greater than or equal to 1"
 
 
-@pytest.mark.parametrize("damage", [_truncate, _garbage_meta, _garbage_index, _missing_shard, _negative_step])
+@pytest.mark.parametrize(
+    "damage", [_truncate, _garbage_meta, _garbage_index, _missing_shard, _shard_a_folder, _negative_step]
+)
 def test_each_damage_is_one_clear_line_and_resume_falls_back(ckpt, tmp_path, damage):
     expected = damage(ckpt / NEWEST)
     inspected = invoke(["checkpoint", "inspect", str(ckpt / NEWEST)])
@@ -239,6 +248,12 @@ def _pointer_is_a_directory(latest: Path) -> str:
     return "is a directory, not a pointer file"
 
 
+def _pointer_is_a_pipe(latest: Path) -> str:
+    latest.unlink()
+    os.mkfifo(latest)  # once, every tool waited on it for a writer
+    return "is not a regular file, not a pointer file"
+
+
 def _pointer_to_a_step_without_meta(latest: Path) -> str:
     (latest.parent / "step_000099").mkdir()
     latest.write_text("step_000099\n")
@@ -255,12 +270,14 @@ def _pointer_out_of_the_folder(latest: Path) -> str:
     return "does not name a step_N directory ('../')"
 
 
+@pytest.mark.timeout(120)  # a pointer the tools wait on fails here, not at the suite's limit
 @pytest.mark.parametrize(
     "bad_pointer",
     [
         _pointer_to_a_missing_step,
         _pointer_symlink_loop,
         _pointer_is_a_directory,
+        _pointer_is_a_pipe,
         _pointer_to_a_step_without_meta,
         _empty_pointer,
         _pointer_out_of_the_folder,

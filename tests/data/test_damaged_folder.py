@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from array import array
 
 import pytest
 
+from distlaunch.data.index import read_index
+from distlaunch.data.prepare import read_documents
+from distlaunch.errors import UsageError
 from tests.checkpoint.conftest import cli_env
 from tests.data.conftest import refused
 from tests.data.test_train_on_prepared import prepared
@@ -88,6 +92,14 @@ DAMAGE = {
         "cannot read dataset file {d}/shard_00000.bin: Too many levels of symbolic links",
     ),
     "shard a folder": (lambda d: redir(shard(d)), "dataset file {d}/shard_00000.bin is not a regular file"),
+    "index a folder": (
+        lambda d: redir(d / "index.json"),
+        "{d}/index.json is not a regular file, so not a dataset index",
+    ),
+    "index a pipe": (  # once, train took the folder for one without an index
+        lambda d: ((d / "index.json").unlink(), os.mkfifo(d / "index.json")),
+        "{d}/index.json is not a regular file, so not a dataset index",
+    ),
 }
 
 
@@ -96,6 +108,7 @@ def good(tmp_path_factory):
     return prepared(tmp_path_factory.mktemp("good"), "ds", 0, vocab=300)
 
 
+@pytest.mark.timeout(60)  # a file the launcher waits on fails here, not at the suite's limit
 @pytest.mark.parametrize("case", DAMAGE)
 def test_the_launcher_refuses_a_damaged_folder_before_any_rank_starts(good, tmp_path, case):
     damage, expected = DAMAGE[case]
@@ -125,3 +138,33 @@ def test_a_token_id_outside_the_vocabulary_is_refused_when_the_ranks_load_the_da
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert expected in r.stdout + r.stderr and REPREPARE in r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr and "byte tokenizer" not in r.stdout + r.stderr
+
+
+def swap_offsets(docs) -> None:
+    """Document starts of the right size and count, in another order (bytes a bad copy could hold)."""
+    starts = array("Q", docs.read_bytes())
+    starts[1], starts[2] = starts[2], starts[1]
+    docs.write_bytes(starts.tobytes())
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (swap_offsets, "document 2 starts at token {s1}, before document 1 (token {s2})"),
+        (lambda docs: docs.write_bytes(b"\x07" + docs.read_bytes()[1:]), "its first document starts at token 7, not 0"),
+        (lambda docs: docs.write_bytes(docs.read_bytes()[:-8] + b"\xff" * 8), "past the shard's {tokens} tokens"),
+    ],
+)
+def test_document_starts_that_do_not_fit_their_shard_are_refused_when_read_back(good, tmp_path, damage, expected):
+    folder = tmp_path / "d"
+    shutil.copytree(good, folder)
+    docs = folder / "shard_00000.docs"
+    starts = array("Q", docs.read_bytes())
+    assert len(starts) > 3 and list(read_documents(good))  # intact, the folder reads back
+    damage(docs)
+    tokens = read_index(folder).shards[0].tokens
+    with pytest.raises(UsageError) as refused_read:
+        list(read_documents(folder))
+    line = refused_read.value.message
+    assert line.startswith(f"{docs} does not hold the document starts of shard_00000.bin: ")
+    assert expected.format(s1=starts[1], s2=starts[2], tokens=tokens) in line

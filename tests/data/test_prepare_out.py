@@ -137,3 +137,15 @@ def test_an_out_prepare_cannot_use_is_one_line_and_writes_nothing(corpus, tmp_pa
     monkeypatch.chdir(work)
     refused(prepare(str(text), "--out", out, "--tokenizer", "bpe:300"), expected.format(tmp=work))
     assert sorted(p.name for p in work.iterdir()) == ["afile"]
+
+
+@pytest.mark.timeout(60)  # once, prepare waited on the pipe for a writer
+def test_an_out_whose_index_is_a_pipe_is_a_damaged_dataset_not_a_wait(dataset):
+    out, text, _ = dataset
+    (out / "index.json").unlink()
+    os.mkfifo(out / "index.json")
+    refused(
+        prepare(str(text), "--out", str(out), "--tokenizer", "bpe:300"),
+        f"--out {out} holds a damaged dataset: {out}/index.json is not a regular file",
+        "remove it first",
+    )

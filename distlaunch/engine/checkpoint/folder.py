@@ -25,6 +25,7 @@ import stat
 from pathlib import Path
 
 from distlaunch.errors import UsageError
+from distlaunch.files import open_regular
 
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
@@ -101,11 +102,13 @@ def _pointer_target(pointer: Path) -> tuple[str | None, str | None]:
     if not os.path.lexists(pointer):
         return None, None
     try:
-        with open(pointer, "rb") as f:
+        with open(open_regular(pointer), "rb") as f:  # a pipe in its place is refused, never waited on
             data = f.read(256)  # a step name is ~12 bytes: never read a huge file that landed here
     except IsADirectoryError:
         return None, f"{pointer} is a directory, not a pointer file"
     except OSError as err:
+        if err.errno == errno.EINVAL:
+            return None, f"{pointer} is not a regular file, not a pointer file"
         return None, f"{pointer} is unreadable ({os_reason(pointer, err)})"
     try:
         name = data.decode("utf-8").strip()
@@ -123,6 +126,22 @@ def os_reason(path: Path, err: OSError) -> str:
     if err.errno == errno.ENOENT and os.path.islink(path):
         return f"a symlink to {os.readlink(path)}, which does not exist"
     return (err.strerror or err.__class__.__name__).lower()
+
+
+def regular_file(path: Path) -> tuple[os.stat_result | None, str | None]:
+    """A checkpoint file's stat, or None and why it cannot be read as a file, to follow its name: ``is
+    missing``, ``is a directory, not a file``, ``cannot be read (a symlink loop)``. A symlink to a file is one."""
+    try:
+        info = path.stat()
+    except OSError as err:
+        if err.errno == errno.ENOENT and not os.path.islink(path):
+            return None, "is missing"
+        return None, f"cannot be read ({os_reason(path, err)})"
+    if stat.S_ISDIR(info.st_mode):
+        return None, "is a directory, not a file"
+    if not stat.S_ISREG(info.st_mode):
+        return None, "is not a regular file"
+    return info, None
 
 
 def path_problem(path: Path) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from distlaunch.engine.checkpoint.folder import META_FILE
+from distlaunch.engine.checkpoint.folder import META_FILE, regular_file
 from distlaunch.engine.checkpoint.manifest import (
     CheckpointMeta,
     DamagedCheckpoint,
@@ -46,9 +46,10 @@ def share(names: list[str], rank: int, world: int) -> list[str]:
 def check_file(checkpoint: Path, name: str, expected: FileDigest, checksum: bool = True) -> str | None:
     """What is wrong with one file (None: intact); ``checksum=False`` checks presence and size only."""
     path = checkpoint / name
-    if not path.is_file():
-        return f"{name} is missing"
-    size = path.stat().st_size
+    info, problem = regular_file(path)
+    if info is None:
+        return f"{name} {problem}"
+    size = info.st_size
     if size != expected.bytes:
         return f"{name} has {size} bytes, the manifest recorded {expected.bytes} (truncated or overwritten)"
     if checksum and digest(path).sha256 != expected.sha256:

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from distlaunch.engine.checkpoint.folder import is_shard_name
+from distlaunch.engine.checkpoint.folder import is_shard_name, regular_file
 from distlaunch.engine.checkpoint.manifest import DamagedCheckpoint, read_manifest
 from distlaunch.errors import DistlaunchError
 
@@ -108,8 +108,8 @@ def index_problems(checkpoint: Path) -> list[str]:
         path = checkpoint / name
         if not is_shard_name(name):
             problems.append(f"the index names {name!r}, which is not a shard file of the checkpoint directory")
-        elif not path.is_file():
-            problems.append(f"{name} is missing (the index reads from it)")
+        elif (problem := regular_file(path)[1]) is not None:
+            problems.append(f"{name} {problem} (the index reads from it)")
         elif (size := path.stat().st_size) < end:
             problems.append(f"{name} has {size} bytes, the index reads up to byte {end} (truncated)")
         elif recorded and name not in recorded:
