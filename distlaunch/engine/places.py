@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from distlaunch.engine.checkpoint.folder import LATEST_FILE, os_reason
+from distlaunch.engine.checkpoint.folder import LATEST_FILE, LATEST_TMP, os_reason
 from distlaunch.errors import UsageError
 
 CHECKPOINT_DIR, METRICS_FILE = "checkpoint.dir", "metrics file"
@@ -21,12 +21,14 @@ def place_problem(path: Path, folder: bool) -> str | None:
     """Why a job cannot write ``path`` (a folder when ``folder``, else a file it appends to), found
     without creating anything; None when it can. The end of a sentence that starts with the path:
     ``is a file, not a folder``, ``cannot be created: /x is a file, not a folder``, ``is not writable``.
-    A checkpoint folder's ``latest`` must be a file: a folder of that name would fail the first save."""
+    A checkpoint folder's ``latest`` (and ``latest.tmp``, written before it) must not be a folder: it would
+    fail the first save."""
     if os.path.lexists(path):
         if folder and not path.is_dir():
             return f"is {_not_a_folder(path)}"
-        if folder and (path / LATEST_FILE).is_dir():
-            return f"holds a folder named {LATEST_FILE}, where distlaunch keeps its pointer file (move it)"
+        pointer = next((name for name in (LATEST_FILE, LATEST_TMP) if (path / name).is_dir()), None)
+        if folder and pointer:
+            return f"holds a folder named {pointer}, where distlaunch keeps its pointer file (move it)"
         if not folder and path.is_dir():
             return "is a folder, not a file"
         if path.exists() and not os.access(path, os.W_OK | (os.X_OK if folder else 0)):

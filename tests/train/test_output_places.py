@@ -140,8 +140,20 @@ def test_train_refuses_a_metrics_file_that_is_a_folder_before_any_rank_starts(tm
     assert r.stderr.startswith(f"error: {METRICS_FILE} {tmp_path} "), r.stderr
 
 
-def test_a_folder_named_latest_in_the_checkpoint_dir_is_refused_before_the_first_save(tmp_path):
-    (tmp_path / "ckpt" / "latest").mkdir(parents=True)  # before: trained, then failed to publish its pointer
+@pytest.mark.parametrize("name", ["latest", "latest.tmp"])
+def test_a_folder_named_as_the_pointer_in_the_checkpoint_dir_is_refused_before_the_first_save(tmp_path, name):
+    (tmp_path / "ckpt" / name).mkdir(parents=True)  # before: trained, then failed to publish its pointer
     r = invoke(["train", "--dry-run", "-n", "1", "--parallel", "dp=1", *sets(f"checkpoint.dir='{tmp_path / 'ckpt'}'")])
     assert r.exit_code == 2, r.stdout + r.stderr
-    assert f"checkpoint.dir {tmp_path / 'ckpt'} holds a folder named latest" in r.stderr, r.stderr
+    assert f"checkpoint.dir {tmp_path / 'ckpt'} holds a folder named {name}, " in r.stderr, r.stderr
+
+
+def test_a_file_in_a_step_folders_place_is_replaced_by_the_save_and_leaves_nothing_behind(tmp_path):
+    from distlaunch.engine.checkpoint.folder import publish
+
+    (tmp_path / "step_000006").write_text("not a checkpoint")
+    (tmp_path / "step_000006.tmp-ab").mkdir()
+    (tmp_path / "step_000006.tmp-ab" / "meta.json").write_text("{}")
+    publish(tmp_path, tmp_path / "step_000006.tmp-ab", 6, "ab")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000006"]  # before: a .trash-ab file too
+    assert (tmp_path / "step_000006" / "meta.json").is_file()

@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from distlaunch.engine.checkpoint.folder import LATEST_FILE, locate_checkpoint, resolve_checkpoint
+from distlaunch.engine.checkpoint.folder import LATEST_FILE, LATEST_TMP, locate_checkpoint, resolve_checkpoint
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, require_intact
 from distlaunch.engine.checkpoint.manifest import CheckpointMeta
 from distlaunch.engine.checkpoint.safe import describe, index_problems, load_state, read_dcp_metadata
@@ -108,7 +108,7 @@ def usable_output(output: Path, checkpoint: Path) -> Path:
     root = Path(os.path.realpath(checkpoint.parent))
     if target.is_relative_to(root) and target != root:
         first = target.relative_to(root).parts[0]
-        if first in (LATEST_FILE, f"{LATEST_FILE}.tmp") or first.startswith("step_"):
+        if first in (LATEST_FILE, LATEST_TMP) or first.startswith("step_"):
             raise UsageError(f"export output {output} is part of the checkpoint folder {root} ({first})", fix)
     existing = target.parent
     while not existing.exists():

@@ -17,6 +17,7 @@ A directory counts as a checkpoint only if its name is ``step_<digits>`` and it 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -29,6 +30,7 @@ from distlaunch.files import open_regular
 
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
+LATEST_TMP = f"{LATEST_FILE}.tmp"  # the pointer being written, renamed over LATEST_FILE
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 LEFTOVER = re.compile(r"^step_\d{6,}\.(tmp|trash)-")
 
@@ -215,12 +217,12 @@ def publish(root: Path, tmp_dir: Path, step: int, tag: str) -> Path:
         os.rename(final, trash)
     os.rename(tmp_dir, final)
     _fsync_dir(root)
-    pointer_tmp = root / f"{LATEST_FILE}.tmp"
+    pointer_tmp = root / LATEST_TMP
     write_file_durably(pointer_tmp, final.name + "\n")
     os.replace(pointer_tmp, root / LATEST_FILE)
     _fsync_dir(root)
     if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+        discard(trash)
     return final
 
 
@@ -231,7 +233,7 @@ def remove_leftovers(root: Path) -> list[Path]:
         return removed
     for path in root.iterdir():
         if LEFTOVER.match(path.name):
-            shutil.rmtree(path, ignore_errors=True)
+            discard(path)
             removed.append(path)
     return removed
 
@@ -250,9 +252,19 @@ def prune(root: Path, keep: int, tag: str) -> list[Path]:
             continue
         trash = root / f"{path.name}.trash-{tag}"
         os.rename(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        discard(trash)
         removed.append(path)
     return removed
+
+
+def discard(path: Path) -> None:
+    """Delete what a save or a prune set aside: a checkpoint folder, or a file or link that stood in a
+    ``step_N``'s place (a folder's delete would leave that behind for good)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def directory_bytes(path: Path) -> int:
