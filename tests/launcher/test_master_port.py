@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 
 from tests.helpers import run_cli
 
@@ -36,7 +37,9 @@ def test_two_jobs_started_at_once_on_one_fixed_port_never_share_it(tmp_path):
     from distlaunch.contract.endpoint import free_port
     from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
 
-    port, mark = free_port(), tmp_path.name
+    # The mark finds this job's processes among every process on the machine: a suite running beside this one
+    # has a tmp_path of the same name, so the mark is random.
+    port, mark = free_port(), uuid.uuid4().hex
     slow = tmp_path / "slow.py"  # waits before it would bind the store, holding the window open
     slow.write_text("import time\nprint('up', flush=True)\ntime.sleep(30)\n")
     first = subprocess.Popen(

@@ -188,14 +188,34 @@ def test_a_signal_during_the_ssh_preflight_ends_the_launch_at_once_and_is_record
         hostfile.write_text("node1 slots=1\nmute slots=1\n")
         (tmp_path / "x.py").write_text("pass\n")
         env = {**os.environ, "DISTLAUNCH_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1"}
-        proc = subprocess.Popen(
-            distlaunch_cmd("run", "-H", str(hostfile), "--ssh-config", config, "x.py"),
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        time.sleep(2)  # in the preflight: node1 connected, mute still in its handshake
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        # The launcher starts with SIGINT at its default, as from a terminal. A suite started in the background
+        # by a script (``pytest ... &``) inherits SIGINT ignored, and distlaunch leaves a signal ignored at its
+        # start ignored: the Ctrl-C below would never arrive. A Python handler here is reset by exec.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            proc = subprocess.Popen(
+                distlaunch_cmd("run", "-H", str(hostfile), "--ssh-config", config, "x.py"),
+                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        try:
+            # Once mute's connection comes, the launcher is in the preflight, however slowly it started on a
+            # busy machine; mute's handshake then waits, and the signal comes meanwhile.
+            silent.settimeout(60)
+            try:
+                conn, _ = silent.accept()
+            except TimeoutError:
+                proc.kill()
+                pytest.fail(f"the launcher never connected to mute: {proc.communicate()}")
+            with conn:
+                sent = time.monotonic()
+                proc.send_signal(sig)
+                _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # our own child, by its handle
+                proc.communicate()
     assert proc.returncode == code, err
     assert time.monotonic() - sent < 5, err
     assert f"interrupted by {sig.name}" in err, err
