@@ -51,13 +51,14 @@ def interrupts_unwind() -> Iterator[None]:
     def unwind(signum, frame) -> None:
         raise Interrupted(signum)
 
-    saved = {sig: catch(sig, unwind) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Always, as the job's own trap (SignalTrap) does: a launch started by a script in the background inherits
+    # SIGINT ignored, yet a SIGINT sent to it must stop it in order, before the job starts as after.
+    saved = {sig: signal.signal(sig, unwind) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for sig, previous in saved.items():
-            if previous is not None:
-                signal.signal(sig, previous)
+            signal.signal(sig, previous)
 
 
 class SignalTrap:

@@ -188,17 +188,13 @@ def test_a_signal_during_the_ssh_preflight_ends_the_launch_at_once_and_is_record
         hostfile.write_text("node1 slots=1\nmute slots=1\n")
         (tmp_path / "x.py").write_text("pass\n")
         env = {**os.environ, "DISTLAUNCH_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1"}
-        # The launcher starts with SIGINT at its default, as from a terminal. A suite started in the background
-        # by a script (``pytest ... &``) inherits SIGINT ignored, and distlaunch leaves a signal ignored at its
-        # start ignored: the Ctrl-C below would never arrive. A Python handler here is reset by exec.
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            proc = subprocess.Popen(
-                distlaunch_cmd("run", "-H", str(hostfile), "--ssh-config", config, "x.py"),
-                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        # Started as a script's background job (``distlaunch run ... &``): SIGINT ignored from the start. A signal
+        # sent to the launcher still ends the launch, before its job starts as after (SignalTrap).
+        proc = subprocess.Popen(
+            distlaunch_cmd("run", "-H", str(hostfile), "--ssh-config", config, "x.py"),
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )  # fmt: skip
         try:
             # Once mute's connection comes, the launcher is in the preflight, however slowly it started on a
             # busy machine; mute's handshake then waits, and the signal comes meanwhile.
