@@ -137,7 +137,10 @@ def program_label(opts: LaunchOptions) -> str:
     """What the user called the thing the ranks exec."""
     if opts.no_python:
         return "program"
-    return "interpreter" if is_interpreter(opts.program[0]) else "--python"
+    if is_interpreter(opts.program[0]):
+        return "interpreter"
+    # --remote-python runs the ranks too when --python is not given, this machine's ranks included
+    return "--remote-python" if opts.remote_python and opts.python == opts.remote_python else "--python"
 
 
 def check_executable(program: str, label: str, workdir: str, search_path: list[str]) -> None:
@@ -191,6 +194,8 @@ def _missing_hint(program: str, label: str, workdir: str | None, local: bool) ->
     if label == "--python":
         start = " (a relative path starts from the working directory)" if "/" in program else ""
         return f"give the path of the Python that runs the ranks{start}, or leave --python out (the launcher's own)"
+    if label == "--remote-python":
+        return "every rank runs it unless --python is given, this machine's too: give --python a Python every host has"
     if not local and "/" not in program:
         return "ranks on other hosts search their own login PATH, not this machine's: give the program's full path, or --env PATH=..."
     if local and "/" not in program and Path(workdir or ".", program).is_file():

@@ -148,20 +148,27 @@ def test_help_names_values_not_python_types_and_fits_80_columns(command):
 def test_dry_run_shows_each_hosts_working_directory_and_agent_interpreter(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=1\nnode9 slots=1\n", encoding="utf-8")
-    args = ["run", "-H", str(hostfile), "--workdir", "/srv/job", "--remote-python", "/opt/py/bin/python3"]
+    job = tmp_path / "job"  # this machine runs ranks too: their workdir and script are checked here
+    job.mkdir()
+    (job / "train.py").write_text("pass\n")
+    only_remote = ["run", "-H", str(hostfile), "--workdir", str(job), "--remote-python", "/opt/py/bin/python3"]
+    r = invoke([*only_remote, "--ssh-config", os.devnull, "--dry-run", "train.py"])  # it would run ranks here too
+    assert r.exit_code == 2 and "--remote-python '/opt/py/bin/python3' does not exist on this machine" in r.stderr
+    args = [*only_remote, "--python", sys.executable]  # this machine's ranks: a Python that is here
     r = invoke([*args, "--ssh-config", os.devnull, "--dry-run", "--json", "train.py"])
     assert r.exit_code == 0, r.stderr
     nodes = {n["host"]: n for n in json.loads(r.stdout)["nodes"]}
     assert nodes["localhost"]["local"] and not nodes["node9"]["local"]
-    assert {n["workdir"] for n in nodes.values()} == {"/srv/job"}
+    assert {n["workdir"] for n in nodes.values()} == {str(job)}
     assert nodes["localhost"]["agent_python"] == sys.executable
     assert nodes["node9"]["agent_python"] == "/opt/py/bin/python3"
-    shown = invoke([*args, "--ssh-config", os.devnull, "--dry-run", "train.py"]).stdout
+    shown = invoke([*args, "--ssh-config", os.devnull, "--dry-run", "train.py"], env={"COLUMNS": "300"}).stdout
     assert (
-        "workdir /srv/job" in shown
-        and f"localhost: {sys.executable}" in shown
-        and "node9: /opt/py/bin/python3" in shown
+        f"workdir {job}" in shown and f"localhost: {sys.executable}" in shown and "node9: /opt/py/bin/python3" in shown
     )
+    (job / "train.py").unlink()  # a dry run checks what a run checks, for this machine's ranks
+    r = invoke([*args, "--ssh-config", os.devnull, "--dry-run", "train.py"])
+    assert r.exit_code == 2 and f"script 'train.py' does not exist (ranks start in {job})" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize(
