@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import selectors
@@ -146,7 +147,7 @@ class Agent:
         self.heard_at = self.sent_at = time.monotonic()
         self.hang_timeout = float(node.get("hang_timeout") or 0)
         # Every job: stacks can be asked for at any time (distlaunch stacks), not only on a hang.
-        self.scratch = tempfile.mkdtemp(prefix="distlaunch-agent-")
+        self.scratch = make_scratch()
         self.progress_seen = 0.0  # newest progress-file mtime reported
         self.progress_checked = 0.0
 
@@ -598,6 +599,50 @@ class Agent:
             self.flush_out()
             if len(self.pending) < before:
                 taken_at = time.monotonic()
+
+
+SCRATCH_PREFIX = "distlaunch-agent-"
+SCRATCH_SWEEP_AGE_S = 60.0  # younger folders may be an agent's that is about to lock its own
+_held_scratch: list[int] = []  # the descriptor that holds this agent's lock, for as long as it lives
+
+
+def make_scratch() -> str:
+    """This agent's scratch folder, locked (flock) for as long as the agent lives: the kernel drops the lock
+    when the agent ends, however it ends. Folders of agents that were killed outright (SIGKILL, the OOM
+    killer), which no live agent holds, are removed first, so they do not pile up in the temp folder."""
+    sweep_scratch()
+    path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: ranks never hold the lock
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _held_scratch.append(fd)
+    return path
+
+
+def sweep_scratch() -> list[str]:
+    """Remove this user's abandoned agent scratch folders: older than a minute and locked by no agent."""
+    root, removed = tempfile.gettempdir(), []
+    try:
+        names = [name for name in os.listdir(root) if name.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            info = os.stat(path, follow_symlinks=False)
+            if info.st_uid != os.getuid() or time.time() - info.st_mtime < SCRATCH_SWEEP_AGE_S:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live agent holds its own: then this fails
+        except OSError:
+            os.close(fd)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+        removed.append(path)
+    return removed
 
 
 def _exit_fd(pid: int) -> int | None:
