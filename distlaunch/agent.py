@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import selectors
@@ -28,6 +27,7 @@ import tempfile
 import time
 
 from distlaunch import protocol as p
+from distlaunch.files import lock_folder
 from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, is_python, program_index, start_problems
 
 _PR_SET_PDEATHSIG = 1
@@ -612,9 +612,9 @@ def make_scratch() -> str:
     killer), which no live agent holds, are removed first, so they do not pile up in the temp folder."""
     sweep_scratch()
     path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: ranks never hold the lock
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    _held_scratch.append(fd)
+    fd = lock_folder(path)  # young: no sweep takes it before this lock
+    if fd is not None:
+        _held_scratch.append(fd)
     return path
 
 
@@ -629,15 +629,12 @@ def sweep_scratch() -> list[str]:
         path = os.path.join(root, name)
         try:
             info = os.stat(path, follow_symlinks=False)
-            if info.st_uid != os.getuid() or time.time() - info.st_mtime < SCRATCH_SWEEP_AGE_S:
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live agent holds its own: then this fails
-        except OSError:
-            os.close(fd)
+        if info.st_uid != os.getuid() or time.time() - info.st_mtime < SCRATCH_SWEEP_AGE_S:
+            continue
+        fd = lock_folder(path)
+        if fd is None:  # a live agent's
             continue
         shutil.rmtree(path, ignore_errors=True)
         os.close(fd)

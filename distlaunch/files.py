@@ -1,11 +1,14 @@
-"""Reading a file that someone else may have replaced: a job record, a dataset index, a checkpoint pointer.
+"""Files and folders that someone else may have replaced or left behind: reading a job record, a dataset
+index or a checkpoint pointer; locking a work folder so that a later process can tell an abandoned one
+(its owner was killed outright) from a live one.
 
-Standard library only, for the launcher and the engine alike.
+Standard library only, for the launcher, the agent and the engine alike.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 from pathlib import Path
@@ -24,3 +27,23 @@ def open_regular(path: str | Path) -> int:
     if stat.S_ISDIR(kind):
         raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
     raise OSError(errno.EINVAL, "not a regular file", str(path))
+
+
+def lock_folder(folder: str | Path) -> int | None:
+    """A descriptor of ``folder`` holding an exclusive flock on it, or None: a live process holds it, or
+    the folder is gone or was replaced since it was named. The kernel drops the lock when its holder ends,
+    however it ends, so a folder whose lock can be taken is one its owner left behind. Not inherited by
+    child processes."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held, there = os.fstat(fd), os.stat(folder, follow_symlinks=False)
+        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None

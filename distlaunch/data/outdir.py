@@ -14,7 +14,6 @@ running now, still holds.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import secrets
@@ -26,10 +25,12 @@ from pathlib import Path
 
 from distlaunch.data.index import INDEX_FILE, read_index
 from distlaunch.errors import UsageError
+from distlaunch.files import lock_folder
 
 FRESH = "pick a new or empty folder"
-WORK_SUFFIX = r"\.prepare-[0-9a-f]{8}"  # .NAME.prepare-XXXXXXXX: a dataset being built beside NAME
-OLD_SUFFIX = r"\.old-[0-9a-f]{8}"  # .NAME.old-XXXXXXXX: the dataset NAME replaced, being deleted
+# Hidden folders beside NAME: .NAME.prepare-XXXXXXXX, a dataset being built; .NAME.old-XXXXXXXX, the dataset
+# NAME replaced, being deleted (XXXXXXXX: TOKEN_BYTES random bytes in hex).
+WORK, OLD, TOKEN_BYTES = "prepare", "old", 4
 ATTEMPTS = 5  # fresh work folders tried when an abandoned-folder sweep of another prepare takes ours
 
 
@@ -113,42 +114,34 @@ def staged(out: Path, shown: str) -> Iterator[Path]:
         os.close(lock)
 
 
+def hidden(out: Path, kind: str) -> Path:
+    """A new name for a hidden folder of ``kind`` (WORK or OLD) beside ``out``."""
+    return out.parent / f".{out.name}.{kind}-{secrets.token_hex(TOKEN_BYTES)}"
+
+
+def hidden_names(out: Path, kind: str) -> re.Pattern[str]:
+    """What ``hidden(out, kind)`` names look like."""
+    return re.compile(re.escape(f".{out.name}.{kind}-") + f"[0-9a-f]{{{2 * TOKEN_BYTES}}}")
+
+
 def _make_work_folder(out: Path) -> tuple[Path, int]:
     """A new ``.NAME.prepare-XXXXXXXX`` beside ``out`` and the descriptor that holds its lock. Between
     its mkdir and its lock, another prepare's sweep may take it for abandoned and remove it: then
     another name is tried."""
     for _ in range(ATTEMPTS):
-        tmp = out.parent / f".{out.name}.prepare-{secrets.token_hex(4)}"
+        tmp = hidden(out, WORK)
         tmp.mkdir()
-        lock = _lock_folder(tmp)
+        lock = lock_folder(tmp)
         if lock is not None:
             return tmp, lock
     raise OSError(0, "another prepare keeps removing the folders made here", str(tmp))
-
-
-def _lock_folder(folder: Path) -> int | None:
-    """A descriptor of ``folder`` holding an exclusive flock on it, or None: a live prepare holds it,
-    or the folder is gone or was replaced since (a sweep removed it before the lock was taken)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        held, there = os.fstat(fd), os.stat(folder, follow_symlinks=False)
-        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
 
 
 def remove_abandoned(out: Path) -> list[Path]:
     """Remove what prepares to ``out`` killed outright left beside it: ``.NAME.prepare-*`` folders no live
     prepare holds locked, and ``.NAME.old-*`` folders once ``out`` is in place (a publish killed while it
     deleted the replaced dataset; without ``out``, such a folder is the only copy of the dataset and stays)."""
-    work, old = (re.compile(re.escape(f".{out.name}") + suffix) for suffix in (WORK_SUFFIX, OLD_SUFFIX))
+    work, old = hidden_names(out, WORK), hidden_names(out, OLD)
     try:
         names = sorted(os.listdir(out.parent))
     except OSError:
@@ -157,7 +150,7 @@ def remove_abandoned(out: Path) -> list[Path]:
     for name in names:
         path = out.parent / name
         if work.fullmatch(name):
-            lock = _lock_folder(path)
+            lock = lock_folder(path)
             if lock is None:  # a prepare running now (or not a folder of ours)
                 continue
             try:
@@ -191,7 +184,7 @@ def publish(tmp: Path, out: Path) -> None:
         previous = None
     try:
         if out.exists():
-            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+            old = hidden(out, OLD)
             os.rename(out, old)
             try:
                 os.rename(tmp, out)
