@@ -22,6 +22,7 @@ from distlaunch.doctor.model import DoctorOptions, HostFacts
 from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession, StartGate
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.remote import sshlog
+from distlaunch.remote.command import SHELL_FILES, shell_hang, without_shell_ready
 from distlaunch.remote.ssh import SshError, connect
 from distlaunch.remote.sshconfig import SshTarget
 
@@ -39,7 +40,6 @@ CLOCK_SOURCE = (
     "for _ in sys.stdin:\n"
     "    print('distlaunch-clock', repr(time.time()), flush=True)\n"
 )
-SHELL_FILES = "~/.bashrc, ~/.bash_profile, ~/.profile, /etc/bash.bashrc"
 
 
 @dataclass
@@ -52,6 +52,8 @@ class HostResult:
     ssh_error: SshError | None = None
     probe_error: str | None = None
     probe_hung: bool = False  # the interpreter started (or was started) but never answered
+    shell_hung: bool = False  # the login shell never got to start the interpreter: a startup file hangs
+    hint: str = ""  # the fix that goes with probe_error, where it is known when the error is
     facts: HostFacts | None = None
 
     @property
@@ -152,10 +154,13 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str, 
             break
         seen.append(line)
     else:
-        if time.monotonic() >= deadline:
+        seen, shell_ran = without_shell_ready(seen)
+        if time.monotonic() >= deadline and not shell_ran and session.through_login_shell:
+            listener.error = f"{listener.host}: " + shell_hang(listener.host, python, timeout)[0]
+        elif time.monotonic() >= deadline:
             listener.error = (
                 f"{python} on {listener.host} started but did not answer within {timeout:g}s (--start-timeout): "
-                "the interpreter, or the shell that starts it, hangs"
+                "the interpreter hangs at startup"
             )
         else:
             listener.error = f"{python} on {listener.host} did not start the listener" + (
@@ -178,11 +183,14 @@ def run_probe(session: HostSession, result: HostResult, opts: DoctorOptions, pro
         done = session.run([python, "-", json.dumps(probe_args)], timeout=timeout, stdin=PROBE_SOURCE)
     except SshError as exc:
         result.probe_error = exc.detail
-        if exc.kind == "timeout":
+        if exc.kind == "shell":
+            result.shell_hung = True
+            result.probe_error, result.hint = shell_hang(result.host, python, timeout)
+        elif exc.kind == "timeout":
             result.probe_hung = True
             result.probe_error = (
                 f"{python} started but did not answer within {timeout:g}s (--start-timeout {opts.start_timeout:g} "
-                f"and {opts.reach_timeout:g}s to reach the master): the interpreter, or the shell that starts it, hangs"
+                f"and {opts.reach_timeout:g}s to reach the master): the interpreter hangs at startup"
             )
         return
     received = time.time()
@@ -288,7 +296,7 @@ class Gathering:
                 run_probe(session, result, self.opts, args)
                 if result.facts is not None:
                     measure_clock(session, result, self.opts.remote_python)
-                if result.probe_hung:
+                if result.probe_hung or result.shell_hung:
                     with self._lock:
                         self._unfinished.add(id(session))
         except Exception as exc:

@@ -101,6 +101,11 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
     f, host = r.facts, r.host
     if f is None:
         why = r.ssh_error.check_id if r.ssh_error else None
+        if why is None and r.shell_hung:
+            return [
+                check("python", host, "fail", r.probe_error, r.hint),
+                *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]],
+            ]
         if why is None and r.probe_hung:
             return [
                 check(
@@ -108,8 +113,8 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
                     host,
                     "fail",
                     f"{r.probe_error} on {host}",
-                    f"run 'ssh {host} {ctx['python']} -c pass': something at startup blocks (the login shell's "
-                    "~/.bashrc, sitecustomize, a .pth file, a wrapper script, a hung network file system); or pass "
+                    f"run 'ssh {host} {ctx['python']} -c pass': something at its startup blocks (sitecustomize, "
+                    "a .pth file, a wrapper script, a hung network file system); or pass "
                     "--remote-python with another one",
                 ),
                 *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]],

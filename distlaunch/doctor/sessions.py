@@ -144,6 +144,7 @@ class HostSession(ABC):
     name: str
     nonce: str
     gate: StartGate
+    through_login_shell = False  # commands start in the user's login shell (its startup files run first)
 
     @abstractmethod
     def run(self, argv: list[str], timeout: float, stdin: str | None = None) -> CommandResult:
@@ -239,6 +240,8 @@ def _reap(proc: subprocess.Popen) -> None:
 
 class SshSession(HostSession):
     """A remote host over an open SSH connection."""
+
+    through_login_shell = True
 
     def __init__(self, name: str, client: paramiko.SSHClient, nonce: str, gate: StartGate | None = None):
         self.name = name

@@ -11,11 +11,13 @@ import contextlib
 import json
 import shlex
 import threading
+import time
 from collections.abc import Iterator
 
 import paramiko
 
 from distlaunch.protocol import HELLO, AgentConnection
+from distlaunch.remote.command import SHELL_READY, after_login_shell
 from distlaunch.remote.ssh import SshError
 
 CLOSE_WAIT_S = 10.0  # how long close() waits for the agent to finish (it has usually sent "done" already)
@@ -27,6 +29,8 @@ class StartedAgent:
 
     def __init__(self, channel: paramiko.Channel, stream):
         self.channel, self.stream = channel, stream
+        self.started_at = time.monotonic()
+        self.silent_for: float | None = None  # set when the agent did not say hello in time: since its start
 
     @classmethod
     def start(cls, client: paramiko.SSHClient, host: str, python: str, workdir: str, job_id: str) -> StartedAgent:
@@ -37,7 +41,7 @@ class StartedAgent:
                 raise paramiko.SSHException("the connection is closed")
             channel = transport.open_session(timeout=CLOSE_WAIT_S)
             channel.set_combine_stderr(True)  # a shell or interpreter error shows as agent output
-            channel.exec_command(agent_command(python, workdir, job_id))
+            channel.exec_command(after_login_shell(agent_command(python, workdir, job_id)))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SshError(
                 host,
@@ -48,7 +52,8 @@ class StartedAgent:
         return cls(channel, channel.makefile("rb"))
 
     def wait_hello(self, timeout: float = HELLO_TIMEOUT_S) -> list[str] | None:
-        """None once the agent said hello; else everything it printed before it ended (why it failed)."""
+        """None once the agent said hello; else everything it printed before it ended (why it failed),
+        ``SHELL_READY`` included once the login shell got as far as running the agent's command."""
         self.channel.settimeout(timeout)
         output = []
         try:
@@ -58,7 +63,8 @@ class StartedAgent:
                     return None
                 output.append(line)
         except (OSError, EOFError, paramiko.SSHException):  # socket.timeout is an OSError
-            output.append(f"(no hello within {timeout:g}s)")
+            self.silent_for = round(time.monotonic() - self.started_at)
+            output.append(f"(no hello within {self.silent_for:g}s)")
         finally:
             self.channel.settimeout(None)
         return output
@@ -94,7 +100,9 @@ def _is_hello(line: str) -> bool:
 def _lines(stream) -> Iterator[str]:
     with stream:
         for raw in stream:
-            yield raw.decode("utf-8", "replace")
+            line = raw.decode("utf-8", "replace")
+            if line.rstrip("\n") != SHELL_READY:  # an agent started without the preflight: not its output
+                yield line
 
 
 class SshAgent(AgentConnection):

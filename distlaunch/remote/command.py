@@ -13,6 +13,11 @@ from pydantic import BaseModel
 from distlaunch.remote.ssh import SshError
 
 READ_CHUNK = 65536
+# sshd runs every command through the user's login shell, which first sources its startup files. A line the
+# shell prints just before the command tells a hung startup file (a ~/.bashrc waiting on a network mount, a
+# `module load` on a license server) from a command that hangs itself.
+SHELL_READY = "distlaunch-login-shell-ready"
+SHELL_FILES = "~/.bashrc, ~/.bash_profile, ~/.profile, /etc/bash.bashrc"
 
 
 class CommandResult(BaseModel):
@@ -21,6 +26,27 @@ class CommandResult(BaseModel):
     rc: int
     stdout: str
     stderr: str
+
+
+def after_login_shell(command: str) -> str:
+    """``command`` as sent to sshd: preceded by the ``SHELL_READY`` line, printed once the shell's startup
+    files have run (``echo`` and ``;`` mean the same in sh, bash, zsh, fish and csh)."""
+    return f"echo {SHELL_READY}; {command}"
+
+
+def without_shell_ready(lines: list[str]) -> tuple[list[str], bool]:
+    """``lines`` without the ``SHELL_READY`` line, and whether the login shell got as far as printing it."""
+    kept = [line for line in lines if line != SHELL_READY]
+    return kept, len(kept) < len(lines)
+
+
+def shell_hang(host: str, what: str, timeout: float) -> tuple[str, str]:
+    """Detail and hint for a login shell that never got to run ``what`` within ``timeout`` seconds."""
+    return (
+        f"the login shell did not get to run {what} within {timeout:g}s: a shell startup file hangs ({SHELL_FILES})",
+        f"run 'ssh {host} true': if that hangs too, make the startup files return at once for non-interactive "
+        "shells ('[ -z \"$PS1\" ] && return' before module, conda or network-mount commands)",
+    )
 
 
 def host_name(client: paramiko.SSHClient) -> str:
@@ -71,7 +97,7 @@ def open_command(client: paramiko.SSHClient, host: str, command: str, timeout: f
         ) from None
     try:
         channel.settimeout(timeout)
-        channel.exec_command(command)
+        channel.exec_command(after_login_shell(command))
     except (paramiko.SSHException, OSError, EOFError) as exc:
         channel.close()
         raise SshError(
@@ -84,24 +110,27 @@ def finish_command(
     channel: paramiko.Channel, host: str, command: str, deadline: float, stdin: str | bytes | None = None
 ) -> CommandResult:
     """Feed a started command ``stdin``, read its output to the end and its exit code, by the (monotonic)
-    ``deadline``; the channel is closed whatever happens."""
+    ``deadline``; the channel is closed whatever happens. A command whose login shell hangs (it never printed
+    ``SHELL_READY``) is an SshError of kind ``shell``, one that hangs itself of kind ``timeout``."""
     timeout = max(deadline - time.monotonic(), 0.001)
+    out: list[bytes] = []
+    err: list[bytes] = []
     try:
         channel.settimeout(timeout)
         if stdin:
             channel.sendall(stdin.encode("utf-8") if isinstance(stdin, str) else stdin)
         channel.shutdown_write()
-        err: list[bytes] = []
         # stderr in a thread: a command that fills one pipe while we wait on the other must not stall
         err_reader = threading.Thread(target=_drain_quietly, args=(channel.recv_stderr, err), daemon=True)
         err_reader.start()
-        out: list[bytes] = []
         _drain(channel.recv, out)
         err_reader.join(max(deadline - time.monotonic(), 0.001))
         if err_reader.is_alive() or not channel.status_event.wait(max(deadline - time.monotonic(), 0.001)):
             raise TimeoutError()
         rc = channel.recv_exit_status()
     except TimeoutError:
+        if not without_shell_ready(b"".join(out).decode("utf-8", "replace").splitlines())[1]:
+            raise SshError(host, "shell", *shell_hang(host, repr(command), timeout)) from None
         raise SshError(
             host,
             "timeout",
@@ -114,6 +143,7 @@ def finish_command(
         ) from None
     finally:
         channel.close()
+    stdout = b"".join(out).decode("utf-8", "replace")
     return CommandResult(
-        rc=rc, stdout=b"".join(out).decode("utf-8", "replace"), stderr=b"".join(err).decode("utf-8", "replace")
+        rc=rc, stdout=stdout.replace(SHELL_READY + "\n", "", 1), stderr=b"".join(err).decode("utf-8", "replace")
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from distlaunch.errors import HostError
 from distlaunch.remote.agent_conn import HELLO_TIMEOUT_S, SshAgent, StartedAgent
+from distlaunch.remote.command import shell_hang, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
 
@@ -56,13 +57,25 @@ class RemoteHosts:
         for alias, agent in self.started.items():
             output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
             if output is not None:
-                errors.append(self._why(alias, output, agent.exit_status()))
+                errors.append(self._why(alias, output, agent))
         if errors:
             raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
 
-    def _why(self, alias: str, output: list[str], status: int) -> HostError:
+    def _why(self, alias: str, output: list[str], agent: StartedAgent) -> HostError:
         """Why the agent did not start, from what the remote shell or Python printed."""
+        output, shell_ran = without_shell_ready(output)
+        if agent.silent_for is not None and not shell_ran:
+            detail, hint = shell_hang(alias, "the agent", agent.silent_for)
+            return HostError(f"{alias}: {detail}", hint)
+        if agent.silent_for is not None:
+            return HostError(
+                f"{alias}: {self.python} -m distlaunch.agent started but did not say hello within "
+                f"{agent.silent_for:g}s: the interpreter hangs at startup",
+                f"run it by hand to see where it waits: ssh {alias} {self.python} -m distlaunch.agent (something "
+                "at its startup blocks: sitecustomize, a .pth file, a hung network file system)",
+            )
         text = "\n".join(output)
+        status = agent.exit_status()
         last = output[-1] if output else f"exit status {status}"
         if "cd" in text and self.workdir in text:
             return HostError(

@@ -32,7 +32,8 @@ RETRY_BASE_S = 0.25  # back-off before retry i is RETRY_BASE_S * 2**i, scaled by
 MAX_PARALLEL = 32  # concurrent handshakes; more only queues on the CPU (key exchange is CPU bound)
 KEEPALIVE_S = 30  # a training job's connection idles for hours: keep firewalls/NAT from dropping it
 
-KINDS = ("dns", "refused", "timeout", "auth", "hostkey-unknown", "hostkey-changed", "other")
+# shell: connected, but the login shell hangs in its startup files before it runs a command
+KINDS = ("dns", "refused", "timeout", "auth", "hostkey-unknown", "hostkey-changed", "shell", "other")
 TRANSIENT = ("refused", "timeout", "other")  # may pass on a retry; dns, auth and host keys never do
 _CHECK_IDS = {"dns": "dns", "auth": "ssh.auth", "hostkey-unknown": "ssh.hostkey", "hostkey-changed": "ssh.hostkey"}
 

@@ -1,7 +1,8 @@
 """Doctor's verdict against what really happens: for each broken (or only odd-looking) cluster the real job
 runs too where that is cheap, and READY / NOT READY must agree with the job's success. Faults are real: a
-login banner from ~/.bashrc, a service that is not sshd on the SSH port, a port that accepts and stays silent,
-an interpreter that hangs, Ctrl-C while connects are pending. No traceback, and no process left behind."""
+login banner from ~/.bashrc, a ~/.bashrc that hangs, a service that is not sshd on the SSH port, a port that
+accepts and stays silent, an interpreter that hangs, Ctrl-C while connects are pending. No traceback, and no
+process left behind."""
 
 from __future__ import annotations
 
@@ -73,6 +74,37 @@ def test_startup_output_without_an_answer_names_the_shell_files(banner_cluster, 
     python = get(report, "python", "node1")
     assert rc == 1 and python["status"] == "fail"
     assert "~/.bashrc" in python["detail"] and "install Python" not in python["hint"]
+
+
+@pytest.fixture(scope="module")
+def hung_shell_cluster(tmp_path_factory):
+    """Our own sshd (two hosts) whose login shell hangs in ~/.bashrc before it runs any command, as one does
+    that waits on a network mount or a license server."""
+    cluster = start_sshd(tmp_path_factory.mktemp("hung-shell-sshd"), nhosts=2)
+    try:
+        (cluster.dir / "home" / ".bashrc").write_text("sleep 120\n", encoding="utf-8")
+        yield cluster
+    finally:
+        cluster.stop()  # with its sessions: the hung shells go too
+
+
+def test_a_login_shell_that_hangs_is_named_not_the_interpreter_and_the_job_agrees(hung_shell_cluster, tmp_path):
+    hostfile = hung_shell_cluster.write_hostfile(tmp_path / "hosts", 2, slots=1)
+    common = ["-H", str(hostfile), "--ssh-config", str(hung_shell_cluster.ssh_config)]
+    rc, report, err = doctor_cli(*common, "--start-timeout", "2")
+    assert rc == 1 and report["ok"] is False
+    for host in ("node1", "node2"):
+        python = get(report, "python", host)
+        assert python["status"] == "fail" and "the login shell did not get to run" in python["detail"], python
+        assert "~/.bashrc" in python["detail"] and f"ssh {host} true" in python["hint"], python
+        assert "the interpreter hangs" not in python["detail"]
+    assert "login shell" in get(report, "master-port", "node1")["detail"]
+    assert "Traceback" not in err, err
+    job = run_cli("run", *common, *ALLREDUCE, timeout=180)
+    assert job.returncode == 3, job.stderr
+    for host in ("node1", "node2"):  # both waited as long as the launch did, not what was left of its wait
+        assert f"{host}: the login shell did not get to run the agent within 30s" in job.stderr, job.stderr
+    assert "Traceback" not in job.stderr, job.stderr
 
 
 def _serve(sock: socket.socket, greeting: bytes | None, stop: threading.Event, accepted: threading.Event) -> None:
