@@ -9,8 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from distlaunch.cli.options import user_path
 from distlaunch.cli.render import print_json
 from distlaunch.data.prepare import DEFAULT_SHARD_TOKENS, PrepareReport, PrepareSpec, prepare
+from distlaunch.data.verify import verify_dataset
 
 data_app = typer.Typer(
     name="data",
@@ -76,3 +78,32 @@ def prepare_command(
         report = prepare(spec)
     print_json(report) if json_output else render_prepare(report, Console())
     return 0
+
+
+@data_app.command("verify")
+def verify_command(
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR",
+            help="A folder written by distlaunch data prepare.",
+            parser=user_path("DIR", "a folder written by distlaunch data prepare", required=True),
+        ),
+    ],
+    json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> int:
+    """Check every shard against the size and SHA-256 recorded at prepare; exit 0 intact, 1 damaged, 2 no dataset."""
+    report = verify_dataset(folder)
+    if json_output:
+        print_json(report)
+        return 0 if report.ok else 1
+    console = Console(highlight=False, soft_wrap=True)
+    for problem in report.problems:
+        console.print(f"[red]damaged[/red] {problem}")
+    if report.ok:
+        console.print(
+            f"[green]ok[/green] {report.folder} ({report.shards} shards, {report.tokens:,} tokens, "
+            f"{report.bytes / 2**20:.1f} MiB)"
+            + ("" if report.verified == report.shards else "; checked as a whole (prepared before per-shard checksums)")
+        )
+    return 0 if report.ok else 1

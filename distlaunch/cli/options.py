@@ -15,22 +15,22 @@ from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
 LAUNCH = "Launch options"
 
 
-def given(flag: str, example: str) -> Callable[[str], str]:
+def given(flag: str, example: str, required: bool = False) -> Callable[[str], str]:
     """A parser that refuses an empty value: an unset shell variable (``--workdir "$WORKDIR"``) would otherwise
     mean the current folder, which nobody means by typing nothing."""
 
     def parse(raw: str) -> str:
         if not raw.strip():
-            raise UsageError(f"{flag} is empty", f"give {example}, or leave {flag} out")
+            raise UsageError(f"{flag} is empty", f"give {example}" + ("" if required else f", or leave {flag} out"))
         return raw
 
     return parse
 
 
-def user_path(flag: str, example: str) -> Callable[[str], Path]:
+def user_path(flag: str, example: str, required: bool = False) -> Callable[[str], Path]:
     """A parser for a path option: given (see ``given``), with ``~`` expanded (the shell leaves it alone in
     ``--log-dir=~/logs``, and a path the launcher checks must be the one the ranks write)."""
-    check = given(flag, example)
+    check = given(flag, example, required)
     return lambda raw: Path(check(raw)).expanduser()
 
 

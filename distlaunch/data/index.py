@@ -66,6 +66,7 @@ class Shard(BaseModel):
     docs_file: FileName
     tokens: Count
     documents: Count
+    sha256: str | None = None  # of the .bin file; None in folders prepared before it was recorded
 
 
 class DatasetIndex(BaseModel):
@@ -126,46 +127,60 @@ def read_index(folder: str | Path) -> DatasetIndex:
         raise UsageError(f"{path} is not a valid dataset index: {validation_problem(err)}", REPREPARE) from None
 
 
-def _check_file(root: Path, name: str, size: int, what: str) -> None:
-    """``root/name`` is a regular file (a symlink to one is fine) of ``size`` bytes."""
+def _file_problem(root: Path, name: str, size: int, what: str) -> str | None:
+    """What keeps ``root/name`` from being a regular file (a symlink to one is fine) of ``size`` bytes."""
     path = root / name
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise UsageError(f"dataset file missing: {path} (listed in {INDEX_FILE})", REPREPARE) from None
+        return f"dataset file missing: {path} (listed in {INDEX_FILE})"
     except OSError as err:
-        raise UsageError(f"cannot read dataset file {path}: {err.strerror}", REPREPARE) from None
+        return f"cannot read dataset file {path}: {err.strerror}"
     if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"dataset file {path} is not a regular file", REPREPARE)
+        return f"dataset file {path} is not a regular file"
     if st.st_size != size:
-        raise UsageError(f"{path} has {st.st_size} bytes, but {INDEX_FILE} says {what} ({size} bytes)", REPREPARE)
+        return f"{path} has {st.st_size} bytes, but {INDEX_FILE} says {what} ({size} bytes)"
+    return None
+
+
+def dataset_problems(root: Path, index: DatasetIndex) -> list[str]:
+    """What does not add up between ``index`` and the folder's files (no shard is read): a truncated,
+    missing or foreign shard, counts that differ from the shards', ids the dtype cannot hold."""
+    where = root / INDEX_FILE
+    problems = []
+    if index.tokens != sum(s.tokens for s in index.shards):
+        problems.append(
+            f"{where} says {index.tokens} tokens, but its shards add up to {sum(s.tokens for s in index.shards)}"
+        )
+    if index.documents != sum(s.documents for s in index.shards):
+        problems.append(
+            f"{where} says {index.documents} documents, but its shards add up to {sum(s.documents for s in index.shards)}"
+        )
+    if index.dtype != token_dtype(index.vocab_size) and index.dtype == "uint16":
+        problems.append(f"{where}: dtype uint16 cannot hold the ids of vocab_size {index.vocab_size}")
+    eos = index.tokenizer.eos_id
+    if eos is not None and eos >= index.vocab_size:
+        problems.append(f"{where}: the end-of-text id {eos} is outside vocab_size {index.vocab_size}")
+    itemsize = ITEMSIZE[index.dtype]
+    for shard in index.shards:
+        problems += filter(
+            None,
+            (
+                _file_problem(root, shard.file, shard.tokens * itemsize, f"{shard.tokens} {index.dtype} tokens"),
+                _file_problem(root, shard.docs_file, shard.documents * DOC_OFFSET_SIZE, f"{shard.documents} documents"),
+            ),
+        )
+    return problems
 
 
 def check_dataset(folder: str | Path) -> DatasetIndex:
-    """The folder's index, checked against its shards (torch-free, no shard is read): a truncated,
-    missing or foreign shard, or counts that do not add up, are a UsageError naming the file."""
+    """The folder's index, checked against its shards (torch-free, no shard is read): the first of
+    ``dataset_problems`` is a UsageError naming the file."""
     root = Path(folder).expanduser()
     index = read_index(root)
-    where = root / INDEX_FILE
-    if index.tokens != sum(s.tokens for s in index.shards):
-        raise UsageError(
-            f"{where} says {index.tokens} tokens, but its shards add up to {sum(s.tokens for s in index.shards)}",
-            REPREPARE,
-        )
-    if index.documents != sum(s.documents for s in index.shards):
-        raise UsageError(
-            f"{where} says {index.documents} documents, but its shards add up to {sum(s.documents for s in index.shards)}",
-            REPREPARE,
-        )
-    if index.dtype != token_dtype(index.vocab_size) and index.dtype == "uint16":
-        raise UsageError(f"{where}: dtype uint16 cannot hold the ids of vocab_size {index.vocab_size}", REPREPARE)
-    eos = index.tokenizer.eos_id
-    if eos is not None and eos >= index.vocab_size:
-        raise UsageError(f"{where}: the end-of-text id {eos} is outside vocab_size {index.vocab_size}", REPREPARE)
-    itemsize = ITEMSIZE[index.dtype]
-    for shard in index.shards:
-        _check_file(root, shard.file, shard.tokens * itemsize, f"{shard.tokens} {index.dtype} tokens")
-        _check_file(root, shard.docs_file, shard.documents * DOC_OFFSET_SIZE, f"{shard.documents} documents")
+    problems = dataset_problems(root, index)
+    if problems:
+        raise UsageError(problems[0], REPREPARE)
     return index
 
 

@@ -30,6 +30,7 @@ from distlaunch.data.index import (
 from distlaunch.data.inputs import check_inputs, documents, pieces
 from distlaunch.data.outdir import check_out, publish, staged
 from distlaunch.data.tokenizer import Tokenizer, bpe_vocab, make_tokenizer, parse_spec, train_bpe
+from distlaunch.data.verify import docs_problem, read_offsets
 from distlaunch.errors import DistlaunchError, ExitCode, UsageError
 
 ENCODE_BATCH = 256  # pieces per encode_batch call
@@ -134,6 +135,7 @@ class ShardWriter:
         if not self.offsets:
             return
         name = f"shard_{len(self.shards):05d}"
+        sha256 = None
         for values, suffix in ((self.tokens, ".bin"), (self.offsets, ".docs")):
             if sys.byteorder == "big":
                 values.byteswap()
@@ -141,8 +143,15 @@ class ShardWriter:
             (self.folder / (name + suffix)).write_bytes(data)
             if suffix == ".bin":
                 self.digest.update(data)
+                sha256 = hashlib.sha256(data).hexdigest()
         self.shards.append(
-            Shard(file=name + ".bin", docs_file=name + ".docs", tokens=len(self.tokens), documents=len(self.offsets))
+            Shard(
+                file=name + ".bin",
+                docs_file=name + ".docs",
+                tokens=len(self.tokens),
+                documents=len(self.offsets),
+                sha256=sha256,
+            )
         )
         self.tokens, self.offsets = array(self.typecode), array("Q")
 
@@ -207,31 +216,13 @@ def read_documents(folder: str | Path) -> Iterator[list[int]]:
     index = check_dataset(root)
     typecode = {"uint16": "H", "uint32": "I"}[index.dtype]
     for shard in index.shards:
-        tokens, offsets = array(typecode), array("Q")
+        tokens = array(typecode)
         tokens.frombytes((root / shard.file).read_bytes())
-        offsets.frombytes((root / shard.docs_file).read_bytes())
         if sys.byteorder == "big":
             tokens.byteswap()
-            offsets.byteswap()
-        problem = _offsets_problem(offsets, len(tokens))
-        if problem is not None:  # a .docs file of the right size can still hold other bytes
-            raise UsageError(
-                f"{root / shard.docs_file} does not hold the document starts of {shard.file}: {problem}", REPREPARE
-            )
+        offsets = read_offsets(root / shard.docs_file)
+        problem = docs_problem(root, shard, offsets, len(tokens))
+        if problem is not None:
+            raise UsageError(problem, REPREPARE)
         for start, end in itertools.pairwise([*offsets, len(tokens)]):
             yield tokens[start:end].tolist()
-
-
-def _offsets_problem(offsets: array, tokens: int) -> str | None:
-    """What is wrong with a shard's document starts (None: they run up from 0 within its ``tokens``)."""
-    if offsets and offsets[0] != 0:
-        return f"its first document starts at token {offsets[0]}, not 0"
-    past = next((i for i, start in enumerate(offsets) if start > tokens), None)
-    if past is not None:
-        return f"document {past} starts at token {offsets[past]}, past the shard's {tokens} tokens"
-    back = next((i for i in range(1, len(offsets)) if offsets[i] < offsets[i - 1]), None)
-    if back is not None:
-        return (
-            f"document {back} starts at token {offsets[back]}, before document {back - 1} (token {offsets[back - 1]})"
-        )
-    return None

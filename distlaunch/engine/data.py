@@ -20,13 +20,17 @@ is held out for evaluation.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from distlaunch.data.index import REPREPARE, check_dataset, is_dataset_dir
 from distlaunch.data.source import data_file, data_fingerprint, other_data, same_data
+from distlaunch.data.verify import COPY_AGAIN, changed_shards
+from distlaunch.engine.parallel.mesh import read_env
 from distlaunch.errors import UsageError
 
 VOCAB_SIZE = 256
@@ -100,7 +104,12 @@ def load_split(
 def load_dataset_split(path: str, val_fraction: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """A prepared folder's shards, memory-mapped and checked, cut at the last ``val_fraction`` of all its tokens."""
     root = Path(path).expanduser()
-    index = check_dataset(root)  # sizes, names and counts; the ids below
+    index = check_dataset(root)  # sizes, names and counts; the bytes and the ids below
+    # this host's copy, its shards split between the host's ranks: each reads them next for the ids anyway
+    env = read_env()
+    changed = all_ranks_problems(changed_shards(root, index, *env.host_share), env.rank)
+    if changed:
+        raise UsageError(changed[0], COPY_AGAIN)
     shards = []
     for entry in index.shards:
         shard = map_token_file(str(root / entry.file), index.dtype)
@@ -117,6 +126,16 @@ def load_dataset_split(path: str, val_fraction: float) -> tuple[list[torch.Tenso
         held_out += [shard[keep:]] if keep < shard.numel() else []
         start += shard.numel()
     return train, held_out
+
+
+def all_ranks_problems(mine: list[str], rank: int) -> list[str]:
+    """Every rank's ``mine`` (collective once the process group is up), each naming where it was found:
+    all ranks stop together with the same line, and none waits in a collective for a peer that stopped."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, [f"{p} (found by rank {rank} on {socket.gethostname()})" for p in mine])
+    return [p for part in gathered for p in part]
 
 
 def check_token_ids(tokens: torch.Tensor, path: Path, vocab_size: int, vocabulary: str, fix: str) -> None:

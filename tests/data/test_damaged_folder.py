@@ -128,6 +128,7 @@ def test_a_token_id_outside_the_vocabulary_is_refused_when_the_ranks_load_the_da
         data = bytearray(shard(folder).read_bytes())
         data[10:12] = (1299).to_bytes(2, "little")  # one token: no batch of two steps need sample it
         shard(folder).write_bytes(data)
+        edit_index(folder, lambda i: i["shards"][0].pop("sha256"))  # as an older prepare: no checksum tells
         expected = f"{shard(folder)} holds token id 1299, outside the vocabulary of 300 in its index.json"
     else:
         edit_index(folder, lambda i: (i.update(vocab_size=100), i["tokenizer"].update(vocab_size=100, eos_id=0)))
@@ -168,3 +169,24 @@ def test_document_starts_that_do_not_fit_their_shard_are_refused_when_read_back(
     line = refused_read.value.message
     assert line.startswith(f"{docs} does not hold the document starts of shard_00000.bin: ")
     assert expected.format(s1=starts[1], s2=starts[2], tokens=tokens) in line
+
+
+def test_a_shard_changed_within_the_vocabulary_is_refused_by_the_rank_that_checks_it(good, tmp_path):
+    # ids still below the vocabulary: the id check passes, only the SHA-256 recorded at prepare tells.
+    # Two ranks on this host split the shards (rank 1: shards 1, 3, …): rank 1 finds it, and both stop
+    # with its line (neither is left in a collective the other never joins: no traceback).
+    folder = tmp_path / "d"
+    shutil.copytree(good, folder)
+    changed = folder / "shard_00001.bin"
+    data = bytearray(changed.read_bytes())
+    data[10:12] = ((int.from_bytes(data[10:12], "little") + 1) % 256).to_bytes(2, "little")
+    changed.write_bytes(data)
+    r = run_cli(
+        "train", "-n", "2", "--set", "train.steps=2", "--set", f"data.path='{folder}'", env=cli_env(), cwd=tmp_path
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out[-3000:]
+    line = f"error: {changed} does not match its SHA-256 in index.json (its bytes changed after prepare) (found by rank 1"
+    assert f"[rank 0] {line}" in out and f"[rank 1] {line}" in out, out[-3000:]
+    assert "copy the folder again from where it was prepared" in out
+    assert "Traceback" not in out and "Connection closed by peer" not in out

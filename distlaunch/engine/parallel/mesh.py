@@ -29,6 +29,15 @@ class DistEnv:
     local_rank: int
     launched: bool  # False: no RANK/WORLD_SIZE, a plain single-process run
     backend: str | None = None  # DISTLAUNCH_BACKEND, the launcher's choice; None under torchrun
+    local_world_size: int = 1  # the ranks on this host; 1 where the launcher does not say
+
+    @property
+    def host_share(self) -> tuple[int, int]:
+        """(this rank's part, parts) of work the ranks of one host split between them: (0, 1), the whole,
+        where the launcher's LOCAL_RANK and LOCAL_WORLD_SIZE do not fit together."""
+        if 0 <= self.local_rank < self.local_world_size:
+            return self.local_rank, self.local_world_size
+        return 0, 1
 
 
 def read_env(environ: dict[str, str] | None = None) -> DistEnv:
@@ -46,14 +55,24 @@ def read_env(environ: dict[str, str] | None = None) -> DistEnv:
     try:
         rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
         local_rank = int(env.get("LOCAL_RANK", env["RANK"]))
+        local_world_size = int(env.get("LOCAL_WORLD_SIZE", 1))
     except ValueError:
         raise UsageError(
-            f"RANK/WORLD_SIZE/LOCAL_RANK must be integers, got RANK={env['RANK']!r} WORLD_SIZE={env['WORLD_SIZE']!r}",
+            f"RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE must be integers, got RANK={env['RANK']!r} "
+            f"WORLD_SIZE={env['WORLD_SIZE']!r} LOCAL_RANK={env.get('LOCAL_RANK')!r} "
+            f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')!r}",
             "check the launcher's environment",
         ) from None
     if not 0 <= rank < world_size:
         raise UsageError(f"RANK={rank} outside WORLD_SIZE={world_size}", "RANK must be in [0, WORLD_SIZE)")
-    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, launched=True, backend=backend)
+    return DistEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        launched=True,
+        backend=backend,
+        local_world_size=local_world_size,
+    )
 
 
 def pick_device(local_rank: int, backend: str | None = None) -> torch.device:
