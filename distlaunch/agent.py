@@ -766,7 +766,7 @@ def main() -> int:
     # "hello" tells a launcher that this host can run the agent before it sends any node its plan,
     # so a host without distlaunch fails the launch before a single rank has started anywhere.
     try:
-        print(json.dumps(p.event(p.HELLO, python=sys.version.split()[0])), flush=True)
+        print(json.dumps(p.event(p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL)), flush=True)
     except OSError:
         return 2
     commands = _Lines(sys.stdin.fileno())

@@ -39,6 +39,11 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
+# The protocol's version, in every agent's hello. A launcher and an agent of another distlaunch may not
+# understand each other (an agent from before the gate starts its ranks at once, unchecked), so a remote
+# host whose agent speaks another version is refused before any rank starts. Raise it whenever a message
+# is added or changes meaning. 1: hellos without it (before the gate).
+PROTOCOL = 2
 # events, agent → launcher
 HELLO, READY, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEARTBEAT, DONE = (
     "hello", "ready", "started", "out", "progress", "stacks", "exit", "stragglers", "nccl-trace", "hb", "done"

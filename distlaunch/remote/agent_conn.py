@@ -30,6 +30,7 @@ class StartedAgent:
     def __init__(self, channel: paramiko.Channel, stream):
         self.channel, self.stream = channel, stream
         self.started_at = time.monotonic()
+        self.hello: dict = {}  # what the agent said in its hello
         self.silent_for: float | None = None  # set when the agent did not say hello in time: since its start
 
     @classmethod
@@ -59,7 +60,9 @@ class StartedAgent:
         try:
             for raw in self.stream:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
-                if _is_hello(line):
+                hello = _hello(line)
+                if hello is not None:
+                    self.hello = hello
                     return None
                 output.append(line)
         except (OSError, EOFError, paramiko.SSHException):  # socket.timeout is an OSError
@@ -90,11 +93,12 @@ def _job_id(payload: dict) -> str:
     return ranks[0].get("env", {}).get("DISTLAUNCH_JOB_ID", "")
 
 
-def _is_hello(line: str) -> bool:
+def _hello(line: str) -> dict | None:
     try:
-        return json.loads(line).get("ev") == HELLO
-    except (ValueError, AttributeError):
-        return False  # a login banner, or the error that kept the agent from starting
+        message = json.loads(line)
+    except ValueError:
+        return None  # a login banner, or the error that kept the agent from starting
+    return message if isinstance(message, dict) and message.get("ev") == HELLO else None
 
 
 def _lines(stream) -> Iterator[str]:

@@ -6,13 +6,33 @@ node's agent gets its plan; connections are closed in finally."""
 from __future__ import annotations
 
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from distlaunch.errors import HostError
+from distlaunch.protocol import PROTOCOL
 from distlaunch.remote.agent_conn import HELLO_TIMEOUT_S, SshAgent, StartedAgent
 from distlaunch.remote.command import shell_hang, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
+
+
+def other_version(alias: str, protocol) -> HostError:
+    """A host whose agent speaks another protocol: another distlaunch is installed there."""
+    older = isinstance(protocol, int) and protocol < PROTOCOL
+    return HostError(
+        f"{alias}: its distlaunch is {'older' if older else 'newer'} than this launcher's "
+        f"(agent protocol {protocol}, here {PROTOCOL}); the two cannot run a job together",
+        f"install distlaunch {launcher_version()} there, as here, or point --remote-python at an interpreter "
+        "that has it",
+    )
+
+
+def launcher_version() -> str:
+    try:
+        return version("distlaunch")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(this launcher's version)"
 
 
 class RemoteHosts:
@@ -58,6 +78,8 @@ class RemoteHosts:
             output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
             if output is not None:
                 errors.append(self._why(alias, output, agent))
+            elif agent.hello.get("protocol", 1) != PROTOCOL:
+                errors.append(other_version(alias, agent.hello.get("protocol", 1)))
         if errors:
             raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import distlaunch
 from tests.helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
 
 WORKER = str(Path(__file__).parent / "scripts" / "worker.py")
@@ -298,3 +301,27 @@ def test_an_interpreter_that_never_answers_the_module_check_does_not_hold_the_jo
     r = run_cli(*args, env=cli_env(), cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr  # not 'node1 has been silent for 6.0s'
     assert r.stdout.count("] ran\n") == 6, r.stdout
+
+
+def test_a_host_with_an_older_distlaunch_is_refused_before_any_rank_starts(sshd_cluster, tmp_path):
+    """node2..3 run the agent of another distlaunch (a copy whose hello predates the protocol version,
+    as every agent before the gate): it would start its ranks unchecked, so the launch stops first."""
+    old = tmp_path / "old"
+    shutil.copytree(Path(distlaunch.__file__).parent, old / "distlaunch", ignore=shutil.ignore_patterns("__pycache__"))
+    agent = old / "distlaunch" / "agent.py"
+    source = agent.read_text()
+    assert ", protocol=p.PROTOCOL" in source
+    agent.write_text(source.replace(", protocol=p.PROTOCOL", ""))
+    python = tmp_path / "python-old"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={old} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    marker = tmp_path / "ran"
+    script = tmp_path / "mark.py"
+    script.write_text(f"open({str(marker)!r}, 'a').write('x')\n")
+    args = launch_args(sshd_cluster, "--remote-python", str(python), str(script))
+    r = run_cli(*args, env=cli_env(), cwd=tmp_path, timeout=120)  # not a checkout: -m finds the copy
+    assert r.returncode == 3, r.stdout + r.stderr
+    for host in ("node1", "node2", "node3"):
+        assert f"{host}: its distlaunch is older than this launcher's (agent protocol 1, here" in r.stderr, r.stderr
+    assert "install distlaunch " in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists()  # no rank ran anywhere
