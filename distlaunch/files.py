@@ -1,6 +1,7 @@
 """Files and folders that someone else may have replaced or left behind: reading a job record, a dataset
 index or a checkpoint pointer; locking a work folder so that a later process can tell an abandoned one
-(its owner was killed outright) from a live one.
+(its owner was killed outright) from a live one; holding a place (a master port, a checkpoint folder)
+for one job at a time.
 
 Standard library only, for the launcher, the agent and the engine alike.
 """
@@ -47,3 +48,53 @@ def lock_folder(folder: str | Path) -> int | None:
         pass
     os.close(fd)
     return None
+
+
+class LockHeld(Exception):
+    """A live process holds the lock; ``holder`` is what it wrote in the lock file."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+def hold_lock(path: str | Path, holder: str) -> int:
+    """A descriptor holding an exclusive flock on the file ``path`` (created if missing, never followed as a
+    symlink), with ``holder`` written in it for whoever finds it held (LockHeld). Held until the descriptor
+    is closed or the process ends, however it ends; not inherited by child processes. Other OSErrors (a
+    file system without locks) are the caller's to judge."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = _holder(fd)
+        os.close(fd)
+        raise LockHeld(text) from None
+    except OSError:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode("utf-8"), 0)
+    return fd
+
+
+def lock_holder(path: str | Path) -> str | None:
+    """Who holds the lock file ``path`` (what it wrote), or None when nobody does; creates nothing, and a
+    file it cannot lock (missing, another file system's rules) counts as free."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # releases it, when it was taken here
+    return None
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 300, 0).decode("utf-8", "replace").strip() or "another process"

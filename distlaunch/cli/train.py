@@ -57,7 +57,7 @@ Resume = Annotated[
     typer.Option(
         "--resume",
         metavar="latest|auto|never|PATH",
-        help="Resume from a checkpoint: 'latest' in checkpoint.dir, a checkpoint.dir or step_N directory (any layout), 'never'; the same as --set checkpoint.resume (default auto: the latest one if there is one, docs/checkpointing.md).",
+        help="Resume from a checkpoint: 'latest' in checkpoint.dir, a checkpoint.dir or step_N directory (any layout), 'never' (a fresh run, in a checkpoint.dir without checkpoints); the same as --set checkpoint.resume (default auto: the latest one if there is one, docs/checkpointing.md).",
     ),
 ]
 MetricsFile = Annotated[

@@ -18,7 +18,7 @@ from distlaunch.data.index import is_dataset_dir, read_index
 from distlaunch.errors import UsageError
 
 BUNDLED_CORPUS = Path(__file__).resolve().parent / "corpus.txt"
-FRESH_START = "or start fresh with checkpoint.resume=never or a new checkpoint.dir"
+FRESH_START = "or start fresh in a new checkpoint.dir"
 
 
 class DataIdentity(BaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
 from distlaunch.engine.model import num_params
 from distlaunch.engine.parallel.dims import ParallelDims, resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_group, pick_device
-from distlaunch.engine.places import create_checkpoint_dir
+from distlaunch.engine.places import create_checkpoint_dir, hold_checkpoint_dir
 from distlaunch.engine.presets import model_config
 from distlaunch.engine.progress import ProgressReport, write_loss_curve
 from distlaunch.engine.trainer import Engine, StepResult, read_results
@@ -160,23 +162,31 @@ def train(
     return summary
 
 
-def open_outputs(cfg: TrainingConfig, rank: int, metrics_file: Path | None) -> MetricsWriter:
-    """Rank 0 creates ``checkpoint.dir`` and opens the metrics file before anything is built, so a
-    place it cannot write is one line at the start instead of a traceback at the first save, hours
+def open_outputs(cfg: TrainingConfig, rank: int, metrics_file: Path | None) -> tuple[MetricsWriter, int | None]:
+    """Rank 0 creates ``checkpoint.dir`` and holds it for this job (the descriptor of its lock, to close at
+    the end), and opens the metrics file before anything is built, so a place it cannot write, or one
+    another job trains into, is one line at the start instead of a traceback at the first save, hours
     later. Collective: every rank gets rank 0's refusal and stops with it."""
-    writer, refusal = MetricsWriter(None, enabled=False), None
+    writer, refusal, lock = MetricsWriter(None, enabled=False), None, None
     if rank == 0:
         try:
             if cfg.checkpoint.dir is not None:
-                create_checkpoint_dir(Path(cfg.checkpoint.dir).expanduser())
+                root = Path(cfg.checkpoint.dir).expanduser()
+                create_checkpoint_dir(root)
+                job = os.environ.get("DISTLAUNCH_JOB_ID")
+                lock = hold_checkpoint_dir(
+                    root, f"{f'job {job}' if job else 'a job'} (rank 0, pid {os.getpid()} on {socket.gethostname()})"
+                )
             writer = MetricsWriter(metrics_file, enabled=True)
         except DistlaunchError as err:
             refusal = err
     shared = [refusal]
     dist.broadcast_object_list(shared, src=0)
     if shared[0] is not None:
+        if lock is not None:
+            os.close(lock)
         raise shared[0]
-    return writer
+    return writer, lock
 
 
 def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[str, Any] | None:
@@ -186,9 +196,9 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
     dims: ParallelDims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), env.world_size)
     device = pick_device(env.local_rank, env.backend)
     init_process_group(env, device)
-    writer = MetricsWriter(None, enabled=False)
+    writer, lock = MetricsWriter(None, enabled=False), None
     try:
-        writer = open_outputs(cfg, env.rank, metrics_file)
+        writer, lock = open_outputs(cfg, env.rank, metrics_file)
         engine = Engine(cfg, dims, build_mesh(dims, device), device)
         checkpoints = Checkpointing(engine, env.rank)
         first_step = checkpoints.start()  # resumes from a checkpoint when there is one to resume
@@ -208,6 +218,8 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
         return summary
     finally:
         writer.close()
+        if lock is not None:
+            os.close(lock)  # checkpoint.dir is free for the next job (a restart's rank 0 included)
         if dist.is_initialized():
             dist.destroy_process_group()
         if device.type == "cuda":

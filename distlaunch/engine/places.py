@@ -7,10 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from distlaunch.engine.checkpoint.folder import LATEST_FILE, LATEST_TMP, os_reason
+from distlaunch.engine.checkpoint.folder import LATEST_FILE, LATEST_TMP, is_checkpoint, os_reason
 from distlaunch.errors import UsageError
+from distlaunch.files import LockHeld, hold_lock, lock_holder
 
 CHECKPOINT_DIR, METRICS_FILE = "checkpoint.dir", "metrics file"
+# In checkpoint.dir, locked by the rank 0 of the job that trains into it: two jobs in one folder would
+# delete each other's saves in progress (as leftovers), prune each other's checkpoints and resume each other.
+CHECKPOINT_LOCK = ".distlaunch-lock"
 PLACE_FIXES = {
     CHECKPOINT_DIR: "point checkpoint.dir at a folder you can write; missing folders are created",
     METRICS_FILE: "point --metrics-file or --log-dir at a place you can write; missing folders are created",
@@ -54,7 +58,13 @@ def place_refusal(what: str, path: Path, why: str) -> UsageError:
 
 
 def check_place(what: str, path: Path, folder: bool) -> None:
-    """UsageError when ``path`` cannot be written (``place_problem``); creates nothing (--dry-run too)."""
+    """UsageError when ``path`` cannot be written (``place_problem``), or is one checkpoint where a folder of
+    them belongs; creates nothing (--dry-run too)."""
+    if what == CHECKPOINT_DIR and is_checkpoint(path):  # saves would go inside it, and nothing resumes from it
+        raise UsageError(
+            f"checkpoint.dir {path} is one checkpoint ({path.name}), not the folder of a run's checkpoints",
+            f"point checkpoint.dir at {path.parent}, or resume from this one with --resume {path}",
+        )
     why = place_problem(path, folder)
     if why is not None:
         raise place_refusal(what, path, why)
@@ -68,3 +78,30 @@ def create_checkpoint_dir(root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # what the check cannot foresee: a read-only or special filesystem
         raise place_refusal(CHECKPOINT_DIR, root, f"cannot be created: {os_reason(root, err)}") from None
+
+
+def in_use(root: Path, holder: str) -> UsageError:
+    """The one refusal of a ``checkpoint.dir`` another running job trains into."""
+    return UsageError(
+        f"checkpoint.dir {root} is in use by {holder}",
+        "give this job a checkpoint.dir of its own, or wait until that job ends (two jobs in one folder would "
+        "delete, prune and resume each other's checkpoints)",
+    )
+
+
+def check_not_in_use(root: Path) -> None:
+    """UsageError when a running job holds ``root`` (the launcher's look, before any rank starts)."""
+    holder = lock_holder(root / CHECKPOINT_LOCK)
+    if holder is not None:
+        raise in_use(root, holder)
+
+
+def hold_checkpoint_dir(root: Path, holder: str) -> int | None:
+    """Rank 0 holds ``root`` for its job until it ends (the descriptor to close then), or UsageError when
+    another job does. None where the file system has no locks (some network file systems): unguarded."""
+    try:
+        return hold_lock(root / CHECKPOINT_LOCK, holder)
+    except LockHeld as held:
+        raise in_use(root, held.holder) from None
+    except OSError:
+        return None

@@ -8,12 +8,12 @@ it when the launcher exits, however it exits) for the whole job.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from distlaunch.errors import UsageError
+from distlaunch.files import LockHeld, hold_lock
 from distlaunch.jobs.store import state_dir
 
 
@@ -22,19 +22,15 @@ def hold_port(port: int, job_id: str) -> Iterator[None]:
     """Hold ``port`` for ``job_id`` until the block ends; another job holding it is a one-line error."""
     folder = state_dir() / "ports"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(folder / f"{port}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another job"
-            raise UsageError(
-                f"--master-port {port} is held by distlaunch job {holder} on this machine (the master)",
-                "pick another port, or leave --master-port auto (a free one is chosen); two jobs on one port "
-                "would cross-connect",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, job_id.encode(), 0)
+        fd = hold_lock(folder / f"{port}.lock", job_id)
+    except LockHeld as held:
+        raise UsageError(
+            f"--master-port {port} is held by distlaunch job {held.holder} on this machine (the master)",
+            "pick another port, or leave --master-port auto (a free one is chosen); two jobs on one port "
+            "would cross-connect",
+        ) from None
+    try:
         yield
     finally:
         os.close(fd)  # releases the lock

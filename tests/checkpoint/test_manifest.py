@@ -76,7 +76,7 @@ def test_saving_a_step_again_replaces_it_and_points_latest_to_it(tmp_path):
         ("auto", 0, "step_000010"),
         ("auto", 1, "step_000010"),
         ("latest", 0, "step_000010"),
-        ("never", 1, None),
+        ("never", 1, "step_000010"),  # a restart continues the run (its first try found the folder empty)
         ("PATH", 0, "step_000005"),
         ("PATH", 1, "step_000010"),
     ],
@@ -88,6 +88,19 @@ def test_resume_source(tmp_path, resume, tries, expected):
     found, warning = resume_source(resume, str(tmp_path), tries)
     assert warning is None
     assert (found.name if found else None) == expected
+
+
+def test_never_is_a_fresh_run_in_a_folder_without_checkpoints(tmp_path):
+    assert resume_source("never", str(tmp_path), 0) == (None, None)
+    assert resume_source("never", None, 0) == (None, None)
+    save(tmp_path, 35)
+    save(tmp_path, 40)
+    with pytest.raises(UsageError) as refused:
+        resume_source("never", str(tmp_path), 0)
+    assert f"checkpoint.dir {tmp_path} already holds 2 checkpoint(s) of another run (step_000035 … step_000040)" in str(
+        refused.value
+    )
+    assert "give this run a new checkpoint.dir" in refused.value.hint
 
 
 def test_resume_errors_name_the_fix(tmp_path):

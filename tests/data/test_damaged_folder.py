@@ -186,7 +186,9 @@ def test_a_shard_changed_within_the_vocabulary_is_refused_by_the_rank_that_check
     )
     out = r.stdout + r.stderr
     assert r.returncode == 2, out[-3000:]
-    line = f"error: {changed} does not match its SHA-256 in index.json (its bytes changed after prepare) (found by rank 1"
+    line = (
+        f"error: {changed} does not match its SHA-256 in index.json (its bytes changed after prepare) (found by rank 1"
+    )
     assert f"[rank 0] {line}" in out and f"[rank 1] {line}" in out, out[-3000:]
     assert "copy the folder again from where it was prepared" in out
     assert "Traceback" not in out and "Connection closed by peer" not in out

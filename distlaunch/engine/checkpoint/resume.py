@@ -10,7 +10,9 @@ several hosts they may see other files than the launcher.
 - ``auto`` (default): the latest checkpoint in ``checkpoint.dir`` if there is one, else a fresh
   start. Re-running a command, a ``--max-restarts`` restart and a requeued Slurm job all continue.
 - ``latest``: the same, but a first try with nothing to resume is an error.
-- ``never``: always a fresh start, restarts included (old checkpoints are replaced as it saves).
+- ``never``: a fresh run, in a ``checkpoint.dir`` that holds no checkpoint yet (among another run's
+  checkpoints its saves would mix with theirs, and pruning would keep theirs, the higher steps); a
+  restart continues this run from its own latest checkpoint, as ``auto`` does.
 - a path (a ``step_N`` directory or a checkpoint root): that checkpoint on the first try; on a
   restart, this job's own latest checkpoint in ``checkpoint.dir`` once it has one.
 
@@ -32,7 +34,7 @@ from distlaunch.engine.checkpoint.folder import (
 )
 from distlaunch.engine.checkpoint.manifest import read_manifest
 from distlaunch.engine.config import ranks_path
-from distlaunch.engine.places import CHECKPOINT_DIR, check_place
+from distlaunch.engine.places import CHECKPOINT_DIR, check_not_in_use, check_place
 from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
 
@@ -64,9 +66,21 @@ def nothing_left(checkpoint: Path, step: int, steps: int) -> str:
 def resume_source(resume: str, ckpt_dir: str | None, tries: int) -> tuple[Path | None, str | None]:
     """The checkpoint to resume from (None: start fresh), and the warning of a ``latest`` pointer
     that could not be followed on the way (None: no warning); see the module docstring."""
-    if resume == "never":
+    if resume == "never" and tries == 0:
+        found = list_checkpoints(Path(ckpt_dir).expanduser()) if ckpt_dir else []
+        if found:
+            names = found[0].name + (f" … {found[-1].name}" if len(found) > 1 else "")
+            raise UsageError(
+                f"checkpoint.resume='never' starts a fresh run, but checkpoint.dir {ckpt_dir} already holds "
+                f"{len(found)} checkpoint(s) of another run ({names}): the two would mix, and pruning keeps "
+                "the newest steps, theirs",
+                "give this run a new checkpoint.dir, or move those checkpoints away, or continue them with "
+                "checkpoint.resume=auto",
+            )
         return None, None
     own, warning = read_latest(Path(ckpt_dir).expanduser()) if ckpt_dir else (None, None)
+    if resume == "never":
+        return own, warning  # a restart: this run's own latest checkpoint (the first try found none)
     if resume == "auto":
         return own, warning
     if resume == "latest":
@@ -128,6 +142,7 @@ def check_before_launch(
     ckpt_dir = ranks_path(ckpt_dir, workdir) if ckpt_dir else None
     if ckpt_dir is not None:
         check_place(CHECKPOINT_DIR, Path(ckpt_dir), folder=True)
+        check_not_in_use(Path(ckpt_dir))
     source, _ = resume_source(resume if resume in RESUME_WORDS else ranks_path(resume, workdir), ckpt_dir, tries=0)
     if source is None:
         return

@@ -98,7 +98,7 @@ class Checkpointing:
                 )
         raise DamagedCheckpoint(
             f"no intact checkpoint to resume from (tried {', '.join(str(p) for p in candidates)})",
-            "restore the checkpoint files, or set checkpoint.resume='never' to start fresh",
+            "restore the checkpoint files, or start fresh in a new checkpoint.dir",
         )
 
     def start(self) -> int:

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from distlaunch.data.source import check_same_data
+from distlaunch.data.source import FRESH_START, check_same_data
 from distlaunch.engine.checkpoint.folder import directory_bytes, prune, publish, remove_leftovers, step_dir_name
 from distlaunch.engine.checkpoint.integrity import checkpoint_files, digest, share
 from distlaunch.engine.checkpoint.manifest import CheckpointMeta, ComponentSize, Layout, read_meta, write_meta
@@ -208,7 +208,6 @@ def _check_model(engine, meta: CheckpointMeta, path: Path) -> dict[str, Any]:
         raise UsageError(
             f"checkpoint {path} was trained on other data: it holds {key} as {there}, this model has {here} "
             f"(the vocabulary comes from {f'data.path={data!r}' if data else 'the bundled corpus'})",
-            "resume with the data.path the checkpoint was trained on, or start fresh with checkpoint.resume=never "
-            "or a new checkpoint.dir",
+            f"resume with the data.path the checkpoint was trained on, {FRESH_START}",
         )
     return saved
