@@ -6,6 +6,7 @@ it. Exactly one place (``distlaunch.cli.app.main``) turns these into a printed l
 
 from __future__ import annotations
 
+import signal
 from enum import IntEnum
 
 
@@ -74,3 +75,22 @@ def validation_problem(err) -> str:
         return f"{field}: {why}"
     value = repr(first.get("input"))
     return f"{field}={value if len(value) <= 60 else value[:57] + '...'}: {why}"
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM (or SIGHUP) while a command unwinds on a signal (``launcher.signals.interrupts_unwind``:
+    a launch before its job's own trap is set, a data prepare): it cleans up on the way, and the command
+    exits 128 + the signal with one line. Not a KeyboardInterrupt, which the CLI framework would turn into
+    a silent exit 130 whatever the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name

@@ -23,8 +23,7 @@ from distlaunch.cli.peers import check_peer_spellings, peer_equivalent
 from distlaunch.cli.run import run
 from distlaunch.cli.slurm import slurm_app
 from distlaunch.cli.train import train
-from distlaunch.errors import DistlaunchError, ExitCode
-from distlaunch.launcher.signals import Interrupted
+from distlaunch.errors import DistlaunchError, ExitCode, Interrupted
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click import exceptions as cx

@@ -31,7 +31,7 @@ from distlaunch.data.inputs import check_inputs, documents, pieces
 from distlaunch.data.outdir import check_out, publish, staged
 from distlaunch.data.tokenizer import Tokenizer, bpe_vocab, make_tokenizer, parse_spec, train_bpe
 from distlaunch.data.verify import docs_problem, read_offsets
-from distlaunch.errors import DistlaunchError, ExitCode, UsageError
+from distlaunch.errors import DistlaunchError, ExitCode, Interrupted, UsageError
 
 ENCODE_BATCH = 256  # pieces per encode_batch call
 # Encoding a text holds a few hundred bytes per token (HF keeps offsets and token strings), so a long
@@ -95,13 +95,13 @@ def _encode(tokenizer: Tokenizer, batch: list[Piece]) -> list[list[int]]:
     """Token ids of each piece; a document the tokenizer fails on is a UsageError naming it."""
     try:
         return tokenizer.encode_batch([p.text for p in batch])
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, Interrupted):
         raise
     except BaseException:  # tokenizers' errors, and a Rust panic (not an Exception)
         for piece in batch:
             try:
                 tokenizer.encode_batch([piece.text])
-            except (KeyboardInterrupt, SystemExit):
+            except (KeyboardInterrupt, SystemExit, Interrupted):
                 raise
             except BaseException as err:
                 why = (str(err).splitlines() or [type(err).__name__])[0]

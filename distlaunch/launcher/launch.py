@@ -6,14 +6,14 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from distlaunch.contract.options import LaunchOptions
-from distlaunch.errors import DistlaunchError, ExitCode, HostError, UsageError
+from distlaunch.errors import DistlaunchError, ExitCode, HostError, Interrupted, UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import CannotStart, Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.program import check_local_program, check_workdir, program_label, start_error
 from distlaunch.launcher.report import RunReport
-from distlaunch.launcher.signals import Interrupted, StackRequests, StopRequest, interrupts_unwind
+from distlaunch.launcher.signals import StackRequests, StopRequest, interrupts_unwind
 from distlaunch.launcher.spec import (
     check_master_port,
     is_local_host,

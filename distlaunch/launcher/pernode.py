@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from distlaunch.contract.endpoint import choose_port
 from distlaunch.contract.options import LaunchOptions
-from distlaunch.errors import DistlaunchError, ExitCode, UsageError
+from distlaunch.errors import DistlaunchError, ExitCode, Interrupted, UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.hostname import host_port
 from distlaunch.launcher.job import ExecOptions, Sink
@@ -24,7 +24,7 @@ from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
 from distlaunch.launcher.report import RankExit, RunReport
-from distlaunch.launcher.signals import Interrupted, StopRequest
+from distlaunch.launcher.signals import StopRequest
 from distlaunch.launcher.spec import address_for_peer, make_spec
 
 POLL_S = 0.5  # how often a node looks for another node's failure

@@ -9,6 +9,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from distlaunch.errors import Interrupted
+
 
 def catch(sig: int, handler: Callable) -> object | None:
     """Install ``handler`` for ``sig``; the previous handler, or None when ``sig`` was left alone.
@@ -21,29 +23,12 @@ def catch(sig: int, handler: Callable) -> object | None:
     return signal.signal(sig, handler)
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM before a job's own trap is set (the SSH preflight, say): the launch unwinds, its job
-    record says interrupted, and the command exits 128 + the signal with one line. Not a KeyboardInterrupt,
-    which the CLI framework would turn into a silent exit 130 whatever the signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-
 @contextlib.contextmanager
-def interrupts_unwind() -> Iterator[None]:
-    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread meanwhile, instead of a KeyboardInterrupt
-    or the default action (death, leaving the job record 'running' and then 'lost'). A ``SignalTrap`` inside
-    takes over while a job runs."""
+def interrupts_unwind(hangup: bool = False) -> Iterator[None]:
+    """SIGINT and SIGTERM (and with ``hangup``, SIGHUP unless ignored: a closed terminal) raise
+    ``Interrupted`` in the main thread meanwhile, instead of a KeyboardInterrupt or the default action
+    (death, leaving the job record 'running' and then 'lost', or a half-built folder). A ``SignalTrap``
+    inside takes over while a job runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -54,6 +39,9 @@ def interrupts_unwind() -> Iterator[None]:
     # Always, as the job's own trap (SignalTrap) does: a launch started by a script in the background inherits
     # SIGINT ignored, yet a SIGINT sent to it must stop it in order, before the job starts as after.
     saved = {sig: signal.signal(sig, unwind) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = catch(signal.SIGHUP, unwind) if hangup else None
+    if previous is not None:
+        saved[signal.SIGHUP] = previous
     try:
         yield
     finally:

@@ -1,6 +1,7 @@
 """What a ``distlaunch data prepare`` killed outright (``kill -9``) leaves beside ``--out`` is removed by the
-next prepare to the same ``--out``, and never the folder of a prepare that runs at the same time (real
-processes, real signals: a prepare holds its hidden folder with a flock that ends with the process)."""
+next prepare to the same ``--out``, and never the folder of a prepare that runs at the same time; one
+stopped by SIGTERM or a closed terminal (SIGHUP) removes its own (real processes, real signals: a prepare
+holds its hidden folder with a flock that ends with the process)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from distlaunch.data.index import read_index
 from distlaunch.data.source import BUNDLED_CORPUS
@@ -75,6 +78,17 @@ def test_the_folder_of_a_prepare_killed_outright_is_removed_by_the_next_prepare_
     assert hidden(tmp_path) == []
     assert (tmp_path / ".other.prepare-0123abcd").is_dir()
     assert read_index(out).documents == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_prepare_stopped_by_sigterm_or_a_closed_terminal_removes_its_folder_and_says_so(tmp_path, sig):
+    out = tmp_path / "ds"
+    proc, folder = start_slow_prepare(tmp_path, out)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert err.strip() == f"error: interrupted by {sig.name}; {out} unchanged", err
+    assert not folder.exists() and hidden(tmp_path) == [] and not out.exists()
 
 
 def test_a_prepare_running_at_the_same_time_keeps_its_folder_and_finishes(tmp_path):

@@ -68,7 +68,7 @@ def test_ctrl_c_part_way_says_so_exits_130_and_leaves_the_old_dataset(dataset, t
     monkeypatch.setattr(prepare_module, "ENCODE_BATCH", 4)
     fail_on_call(monkeypatch, 3, lambda: os.kill(os.getpid(), signal.SIGINT))  # a real SIGINT
     r = prepare(str(jsonl), "--out", str(out), "--tokenizer", "bpe:300")
-    refused(r, f"interrupted; {out} unchanged", code=130)
+    refused(r, f"interrupted by SIGINT; {out} unchanged", code=130)
     assert snapshot(out) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
