@@ -114,12 +114,16 @@ def plural(count: int, noun: str) -> str:
 
 
 def failure_text(failure: RankExit) -> str:
-    """What the rank's ``@record`` error file says (exception and last frame), else its last lines of output."""
+    """What the rank's ``@record`` error file says (exception and last frame), else the one-line error it
+    ended with, else its last lines of output."""
     if failure.error:
         kind, message = failure.error.get("type", ""), failure.error.get("message", "")
         lines = [f"{kind}: {message}" if kind else message, failure.error.get("frame", "")]
         return "\n".join(line for line in lines if line)
-    return "\n".join(failure.tail[-5:]) or "(no output)"
+    tail = failure.tail[-5:]
+    if tail and tail[-1].startswith("error: "):  # a one-line reason last (the engine's): it says it all
+        return tail[-1]
+    return "\n".join(tail) or "(no output)"
 
 
 def render_report(report: RunReport, console: Console) -> None:

@@ -1,9 +1,15 @@
 """A per-rank watchdog: a step (or a checkpoint save) that runs too long ends the process.
 
 A hung rank stalls every other rank in its next collective, so every rank's watchdog fires, each
-exits with ``STEP_TIMEOUT_EXIT`` and a one-line reason (plus the Python stacks of the stuck
-process, to show where it hung), and the launcher sees a failed rank: it stops the job and, with
-``--max-restarts``, starts it again from the latest checkpoint. Nobody waits on a hang forever.
+exits with ``STEP_TIMEOUT_EXIT`` and a one-line reason after the Python stacks of the stuck process
+(the reason last, so it is what the launcher's root-cause table shows), and the launcher sees a
+failed rank: it stops the job and, with ``--max-restarts``, starts it again from the latest
+checkpoint. Nobody waits on a hang forever.
+
+The rank that hangs is the one that is not waiting in a collective: a rank whose main thread waits in
+``torch.distributed`` says so and exits a few seconds later than its deadline, so that the hung
+rank's watchdog (armed at about the same moment) ends its process first and the launcher names it
+as the root cause.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ STEP_TIMEOUT_EXIT = 124  # the code timeout(1) uses: "ran out of time"
 # The longest single wait: Condition.wait raises OverflowError past threading.TIMEOUT_MAX (~292
 # years), which would end the thread and with it hang detection; a longer deadline waits in turns.
 MAX_WAIT_S = 3600.0
+WAITING_GRACE_S = 5.0  # a rank waiting in a collective lets the hung rank exit first (at most the limit)
+COLLECTIVES = f"{os.sep}torch{os.sep}distributed{os.sep}"  # where a main thread waits on other ranks
 
 
 class Watchdog:
@@ -70,11 +78,41 @@ class Watchdog:
                 self._cond.wait(timeout=min(left, MAX_WAIT_S))
 
     def _fire(self) -> None:
-        sys.stderr.write(
-            f"error: rank {self.rank}: {self._what} did not finish within {self._limit:g}s ({self._setting}); "
-            f"exiting with code {STEP_TIMEOUT_EXIT} (hint: a hang in one rank blocks the others in their next "
-            f"collective; the stacks below show where this rank was; raise {self._setting} if steps are just slow)\n"
-        )
+        waiting = collective_of(threading.main_thread())
+        if waiting is not None:
+            time.sleep(min(WAITING_GRACE_S, self._limit))  # the rank that hangs goes first, if it is one of ours
+        sys.stderr.write(f"rank {self.rank}: Python stacks when {self._what} ran out of time:\n")
         sys.stderr.flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        where = (
+            f"it waits in {waiting} for a rank that did not get there (that rank's line says where it is)"
+            if waiting is not None
+            else "it is not waiting for other ranks: the hang is in this rank (its stacks above show where)"
+        )
+        sys.stderr.write(
+            f"error: rank {self.rank}: {self._what} did not finish within {self._limit:g}s ({self._setting}): "
+            f"{where}; exiting with code {STEP_TIMEOUT_EXIT} (hint: raise {self._setting} if steps are just slow)\n"
+        )
+        sys.stderr.flush()
         os._exit(STEP_TIMEOUT_EXIT)  # the main thread may be stuck in C code: only _exit ends it
+
+
+def wait_for_peers(work: object) -> None:
+    """Wait for an async collective (a ``Work``, or None: nothing to wait for). The one place the engine
+    waits on one itself, so the watchdog knows a rank waiting here is waiting on other ranks."""
+    if work is not None:
+        work.wait()
+
+
+def collective_of(thread: threading.Thread) -> str | None:
+    """The collective ``thread`` waits in: its outermost torch.distributed call (as the engine called it),
+    or an async one it waits on in ``wait_for_peers``; None when it is not in one."""
+    frame = sys._current_frames().get(thread.ident)
+    found = None
+    while frame is not None:
+        if COLLECTIVES in frame.f_code.co_filename and frame.f_code.co_name != "wrapper":  # not a decorator's
+            found = frame.f_code.co_name
+        elif frame.f_code is wait_for_peers.__code__:
+            found = "an async collective"
+        frame = frame.f_back
+    return found

@@ -142,5 +142,9 @@ def test_watchdog_ends_a_stuck_process_with_its_exit_code_and_a_reason():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert r.returncode == STEP_TIMEOUT_EXIT
-    assert r.stderr.startswith("error: rank 3: step 7 did not finish within 0.3s (train.step_timeout)")
-    assert "time.sleep(30)" in r.stderr or "<string>" in r.stderr  # the stack of the stuck thread
+    stacks, reason = r.stderr.rstrip("\n").rsplit("\n", 1)  # the reason last: the root-cause table shows it
+    assert reason.startswith(
+        "error: rank 3: step 7 did not finish within 0.3s (train.step_timeout): it is not waiting for other ranks"
+    ), r.stderr
+    assert stacks.startswith("rank 3: Python stacks when step 7 ran out of time:")
+    assert "time.sleep(30)" in stacks or "<string>" in stacks  # the stack of the stuck thread

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from distlaunch.engine.parallel.bucketing import cut_buckets
 from distlaunch.engine.parallel.hooks import register_weak_hook
+from distlaunch.engine.watchdog import wait_for_peers
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
 REDUCE_BYTES = 4  # gradients are reduced in fp32
@@ -146,14 +147,14 @@ class GradReducer:
     def _finish_bucket(self, bucket: Bucket) -> None:
         for item in [x for x in self.pending if x[0] is bucket]:
             self.pending.remove(item)
-            _wait(item[1])
+            wait_for_peers(item[1])
             item[2]()
 
     def wait(self) -> None:
         """Wait for every collective in flight and apply its result."""
         pending, self.pending = self.pending, []
         for _, work, done in pending:
-            _wait(work)
+            wait_for_peers(work)
             done()
 
     def finish(self, extra: list[torch.Tensor] | None = None) -> None:
@@ -174,8 +175,3 @@ class GradReducer:
         if extra:  # every bucket went out from a hook: the scalars need their own collective
             self._launch(self.buckets[-1], extra, params=False)
         self.wait()
-
-
-def _wait(work: object) -> None:
-    if work is not None:
-        work.wait()

@@ -43,6 +43,7 @@ from distlaunch.engine.parallel.data import (
     local,
     tp_sharded,
 )
+from distlaunch.engine.watchdog import wait_for_peers
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -50,7 +51,7 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 
 def _finish(work, done) -> None:
-    work.wait()
+    wait_for_peers(work)
     done()
 
 
