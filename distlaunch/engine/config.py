@@ -42,6 +42,15 @@ def _only_bool(value: Any) -> Any:
     return value
 
 
+def _switch_or_auto(value: Any) -> Any:
+    """A switch that also takes "auto" (None: the engine decides)."""
+    if value == "auto" or value is None:
+        return None
+    if not isinstance(value, bool):
+        raise ValueError("true, false or 'auto' is needed here")
+    return value
+
+
 Bool = Annotated[bool, BeforeValidator(_only_bool)]
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
@@ -110,9 +119,7 @@ class TrainSection(_Section):
     loss_scale: Float = Field(2.0**16, gt=0)  # fp16 only: the dynamic loss scale's start value
     activation_checkpointing: Bool = False
     # torch.compile every transformer block; "auto" (None): on for CUDA, off on CPU
-    compile: Annotated[
-        bool | None, BeforeValidator(_only_bool), BeforeValidator(lambda value: None if value == "auto" else value)
-    ] = None
+    compile: Annotated[bool | None, BeforeValidator(_switch_or_auto)] = None
     # ZeRO-0/1/2: gradients are reduced in buckets of this many MiB, each launched from the
     # backward as soon as it is complete (DDP's default 25); at most 64 GiB: a bucket larger than
     # all of a model's gradients is one bucket of them all, so more would change nothing
@@ -255,6 +262,8 @@ def load_config(
 ) -> TrainingConfig:
     """Read the TOML file (optional), apply ``--set`` overrides and the launcher's parallel spec."""
     raw: dict = {}
+    for assignment in overrides:  # their form first: `--set train.steps 50` leaves 50 where CONFIG goes
+        apply_override({}, assignment)
     if path is not None:
         try:
             raw = tomllib.loads(Path(path).read_text())

@@ -51,7 +51,7 @@ def refused(args: list[str], *words: str) -> str:
         ("train.steps=true", ["train.steps: True", "not true or false"]),
         # and a switch takes only true or false: 1 and yes were taken as true
         ("train.activation_checkpointing=1", ["train.activation_checkpointing: 1", "true or false is needed"]),
-        ("train.compile=yes", ["train.compile: 'yes'", "true or false is needed"]),
+        ("train.compile=yes", ["train.compile: 'yes'", "true, false or 'auto' is needed"]),  # auto is one too
         ("fault.every_try=0", ["fault.every_try: 0", "true or false is needed"]),
         ("train.global_batch_size=true", ["train.global_batch_size: True", "not true or false"]),
         ("train.micro_batch_size=true", ["train.micro_batch_size: True", "not true or false"]),
@@ -130,3 +130,10 @@ def test_good_values_still_load(tmp_path):
 )
 def test_a_fault_the_job_cannot_inject_is_refused_before_any_rank_starts(sets, words):
     refused([arg for s in sets for arg in ("--set", s)], *words)  # before: each rank refused it, seconds in
+
+
+def test_a_set_without_its_equals_sign_is_named_not_taken_for_a_missing_config_file():
+    # `--set train.steps 50`: 50 lands where CONFIG goes; the --set is what is wrong
+    line = refused(["--set", "train.steps", "50"], "bad --set 'train.steps': expected section.key=value")
+    assert "config file" not in line
+    assert invoke(["train", "-n", "1", "--dry-run", "--set", "train.compile=auto"]).exit_code == 0
