@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from distlaunch.engine.checkpoint.folder import latest_checkpoint
+from distlaunch.engine.places import CHECKPOINT_LOCK
 from distlaunch.engine.progress import summary_table
 from tests.checkpoint.conftest import REPO, cli_env, engine_args
 from tests.helpers import run_cli
@@ -52,7 +53,7 @@ def test_running_a_finished_job_again_says_nothing_is_left_and_exits_0(tmp_path)
     assert "training summary" not in out  # no step was run: no summary of nothing
     assert metrics.read_text() == lines  # the finished run's records and summary stay the last ones
     assert latest_checkpoint(ckpt) == ckpt / "step_000004"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_000002", "step_000004"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [CHECKPOINT_LOCK, "latest", "step_000002", "step_000004"]
 
 
 def test_a_checkpoint_past_train_steps_is_refused_before_and_inside_the_ranks(tmp_path):

@@ -21,6 +21,7 @@ from distlaunch.engine.checkpoint.folder import LEFTOVER, latest_checkpoint
 from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.model import GPT, PRESETS
+from distlaunch.engine.places import CHECKPOINT_LOCK
 from tests.checkpoint.conftest import BASE, REPO, cli_env, engine_args, step_losses
 from tests.helpers import invoke
 
@@ -121,7 +122,7 @@ def test_export_refuses_an_output_that_is_part_of_the_checkpoint_or_cannot_be_wr
         assert r.exit_code == 2 and r.stderr.count("\n") == 1, (output, r.stderr)
         assert r.stderr.startswith(f"error: {expected}") and "internal error" not in r.stderr, r.stderr
     assert (ckpt / "latest").read_bytes() == pointer
-    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_000015", "step_000020"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [CHECKPOINT_LOCK, "latest", "step_000015", "step_000020"]
     assert not [p for p in tmp_path.rglob("*.tmp-*")]
 
 

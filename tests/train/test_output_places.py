@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distlaunch.engine.config import load_config
-from distlaunch.engine.places import METRICS_FILE, place_problem
+from distlaunch.engine.places import CHECKPOINT_LOCK, METRICS_FILE, place_problem
 from distlaunch.errors import UsageError
 from distlaunch.launcher.train import check_training_files
 from tests.checkpoint.conftest import cli_env
@@ -95,7 +95,7 @@ def test_rank_0_creates_the_checkpoint_dir_before_the_first_step(tmp_path):
     crash = ["fault.rank=0", "fault.step=1", "fault.kind='crash'"]
     code, output = engine_job(tmp_path, *sets(f"checkpoint.dir='{ckpt}'", *crash))
     assert code == 42, output[-3000:]
-    assert ckpt.is_dir() and not list(ckpt.iterdir())  # made at the start, nothing saved
+    assert ckpt.is_dir() and [p.name for p in ckpt.iterdir()] == [CHECKPOINT_LOCK]  # made at the start, held
 
 
 def test_rank_0_refuses_a_metrics_file_it_cannot_write_before_the_first_step(tmp_path, a_file):
