@@ -141,3 +141,11 @@ def on_fresh_ports(job: Callable[[], T], attempts: int = 3) -> T:
         with contextlib.suppress(PortTaken):
             return job()
     return job()
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent, or for init, to reap it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.harness import spawn, spawn_ok
-from tests.helpers import finish
+from tests.helpers import finish, running
 
 # rank 1 fails at once; rank 0 would wait for it (as in a collective) for a minute
 ONE_FAILS = "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n"
@@ -79,17 +79,9 @@ def test_ranks_die_with_a_harness_killed_from_outside(tmp_path):
         proc.kill()
         proc.wait()
     deadline = time.monotonic() + 10
-    while any(map(_alive, ranks)) and time.monotonic() < deadline:
+    while any(map(running, ranks)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = [pid for pid in ranks if _alive(pid)]
+    left = [pid for pid in ranks if running(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"ranks {left} outlived their harness"
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for init to reap it has ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False

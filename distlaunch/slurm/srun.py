@@ -6,12 +6,14 @@ read from srun's own report line: ``srun: error: node2: task 2: Exited with exit
 A SIGINT or SIGTERM to distlaunch stops the step in order (``StepStopper``): srun itself would only print the
 tasks' state on one Ctrl-C and SIGKILL every task on SIGTERM, so distlaunch finds srun's step (``scontrol show
 steps``: ``SrunHost:Pid``), sends SIGTERM to every rank (``scancel --signal=TERM JOB.STEP``), waits the grace
-period, then sends SIGKILL. A second signal sends SIGKILL at once.
+period, then sends SIGKILL. A second signal sends SIGKILL at once. A distlaunch killed outright (SIGKILL, the OOM
+killer) takes srun with it: srun gets SIGTERM when its parent dies, and ends its tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -29,6 +31,7 @@ from distlaunch.errors import HostError
 from distlaunch.launcher.signals import SignalTrap, catch
 from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
 STEP_LOOKUP_S = 10.0  # how long to look for srun's step after a signal (it may still be starting)
 
 _REPORT = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+)$")
@@ -187,6 +190,25 @@ def _on_hangup(handler: Callable[[int], None]) -> Iterator[list[int]]:
             signal.signal(signal.SIGHUP, saved)
 
 
+def _ended_with_parent() -> Callable[[], None] | None:
+    """What srun's child runs before exec so that it gets SIGTERM when distlaunch dies, however it dies
+    (Linux's parent-death signal): srun, in its own process group, would otherwise run on with every rank,
+    and SIGTERM makes srun end its tasks. None where there is no prctl. Called from the thread that runs srun
+    to its end (the signal follows the thread that forked it); resolved here, as the child may not import."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # distlaunch died before the line above: nobody else will stop srun
+            os._exit(1)
+
+    return in_child
+
+
 def run_srun(
     argv: list[str],
     err: TextIO | None = None,
@@ -210,6 +232,7 @@ def run_srun(
             # (srun would take one Ctrl-C as "print the tasks' state"); no terminal input, so no SIGTTIN
             stdin=subprocess.DEVNULL,
             process_group=0,
+            preexec_fn=_ended_with_parent(),
         )
     except FileNotFoundError:
         raise HostError(

@@ -1,5 +1,6 @@
 """On the real Slurm cluster: one SIGINT or SIGTERM to ``distlaunch slurm run`` gives every rank SIGTERM, waits the
-grace period, then SIGKILL, and the report says what happened."""
+grace period, then SIGKILL, and the report says what happened; a distlaunch killed outright takes srun and its
+ranks with it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import distlaunch_cmd, wait_until
+from tests.helpers import children, distlaunch_cmd, running, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RANKS = (0, 1)
@@ -30,7 +31,7 @@ def start(cluster, tmp_path: Path, mode: str, grace: str) -> subprocess.Popen:
 
 def rank_alive(tmp_path: Path, rank: int) -> bool:
     # the rank's pid, from its own file: this test started it (through Slurm on this machine)
-    return Path(f"/proc/{(tmp_path / f'ready-{rank}').read_text()}").exists()
+    return running(int((tmp_path / f"ready-{rank}").read_text()))
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
@@ -57,3 +58,16 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(slurm_clus
     assert not any((tmp_path / f"ended-{r}").exists() for r in RANKS)
     report = [line for line in err.splitlines() if line.startswith("distlaunch: interrupted by")]
     assert len(report) == 1 and "; after the 2 s grace period, sent SIGKILL (exit 130)" in report[0], err
+
+
+def test_a_distlaunch_killed_outright_leaves_no_srun_and_no_rank_behind(slurm_cluster, tmp_path):
+    """srun runs in its own process group (a terminal's Ctrl-C goes to distlaunch alone), so a SIGKILL to
+    distlaunch left it, its step and every rank running; srun now gets SIGTERM when distlaunch dies."""
+    proc = start(slurm_cluster, tmp_path, "exit", "30")
+    srun = [pid for pid in children(proc.pid) if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"srun")]
+    assert len(srun) == 1, children(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert wait_until(lambda: not running(srun[0]), timeout=60), "srun outlived distlaunch"
+    assert wait_until(lambda: not any(rank_alive(tmp_path, r) for r in RANKS), timeout=60), "ranks left running"
+    assert not any((tmp_path / f"ended-{r}").exists() for r in RANKS)
