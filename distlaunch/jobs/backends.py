@@ -8,6 +8,7 @@ kubectl get job/pods, kubectl delete, kubectl logs of the pod that runs a rank. 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -486,9 +487,18 @@ def _file_lines(
             f"move it aside: the job wrote its output to a file there; 'distlaunch status {record.job_id}' still works",
         ) from None
     with f:
-        *lines, pending = f.read().split("\n")
-        lines = [line for line in lines if keep(line)]
-        yield from lines if tail is None else lines[len(lines) - tail :] if tail else []
+        # line by line, keeping at most the last ``tail`` kept lines: a job's output can be many GB
+        pending, last = "", collections.deque(maxlen=tail) if tail is not None else None
+        for line in f:
+            if not line.endswith("\n"):  # the line the job is writing now: completed by what follows
+                pending = line
+                break
+            if keep(line := line[:-1]):
+                if last is None:
+                    yield line
+                else:
+                    last.append(line)
+        yield from last or ()
         while follow:
             chunk = f.read()
             if not chunk:

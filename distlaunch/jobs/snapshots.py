@@ -67,7 +67,8 @@ def write_snapshot(folder: Path, job_id: str, stacks: dict[int, dict], host_of: 
 
 # What to use instead where distlaunch does not run the job's launcher itself.
 _ELSEWHERE = {
-    "slurm": "run py-spy dump --pid PID on its nodes (srun --jobid ID --overlap), or submit with --hang-timeout",
+    "slurm": "run py-spy dump --pid PID on its nodes (srun --jobid ID --overlap); for distlaunch train, "
+    "train.step_timeout prints a hung rank's stacks by itself",
     "k8s": "run py-spy dump --pid PID in its pods (kubectl exec POD -- ...), or submit with --hang-timeout",
 }
 
