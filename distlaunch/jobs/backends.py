@@ -133,8 +133,11 @@ class SlurmJobs(_FileOutput):
             found = job_state(record.native_id)
         except SlurmUnanswered as exc:  # the state is unknown, not gone: the caller keeps the last known one
             raise SlurmUnanswered(exc.message, f"its last known state is {record.state}; {exc.hint}") from None
-        except OSError:
-            return record  # no Slurm client here (another login node): the last known state stands
+        except OSError:  # no Slurm client here (another login node): unknown, as when slurmctld does not answer
+            raise SlurmUnanswered(
+                "Slurm's client commands (scontrol, sacct) are not installed here",
+                f"its last known state is {record.state}; run distlaunch on a Slurm login node to see it now",
+            ) from None
         if found is None:  # slurmctld answered that it has no such job, and sacct has none either
             return record.model_copy(update={"state": "lost", "error": "Slurm no longer knows this job"})
         state = _SLURM_STATES.get(found.state, "failed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +68,8 @@ def exit_code_of(state: str, exit_code: str) -> int:
     """Slurm's ``CODE:SIGNAL`` as a process exit code (128+SIGNAL when killed); a failed state is never 0."""
     code, _, sig = exit_code.partition(":")
     value = 128 + int(sig) if sig.isdigit() and int(sig) else int(code) if code.isdigit() else 1
+    if not value and state.startswith("CANCELLED"):  # cancelled before any task ran (still pending): stopped
+        return 128 + signal.SIGTERM
     return value if value or state == "COMPLETED" else 1
 
 

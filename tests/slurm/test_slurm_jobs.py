@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -131,6 +132,22 @@ def test_an_unreachable_slurmctld_leaves_a_running_job_running_not_lost(slurm_cl
     shown = cli("status", slurm_id, conf=missing)
     assert shown.returncode == 3 and f"cannot reach slurmctld: SLURM_CONF={missing} does not exist" in shown.stderr
 
+    # no Slurm client here at all (another login node): unknown too, never the old state as if current
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    no_client = subprocess.run(
+        [str(bare / "python3"), "-m", "distlaunch", "jobs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**cli.env, "PATH": str(bare)},
+        cwd=cli.cwd,
+    )
+    assert no_client.returncode == 0, no_client.stderr
+    assert re.search(rf"slurm-{slurm_id} .* running\? ", no_client.stdout), no_client.stdout
+    assert "state unknown (last known: running): Slurm's client commands (scontrol, sacct)" in no_client.stdout
+
     # slurmctld back: the job is running all along, and stops
     assert cli.state(slurm_id) == "running"
     stopped = cli("stop", slurm_id, "--json")
@@ -234,3 +251,13 @@ def test_a_newline_in_an_sbatch_value_is_refused_before_submitting(slurm_cluster
     assert "-p/--partition 'debug\\nsrun touch injected' holds a control character" in r.stderr
     assert slurm_cluster.client("squeue", "-h", "-o", "%i").stdout == before
     assert not (tmp_path / "injected").exists()
+
+
+def test_stopping_a_pending_job_says_stopped_with_143_as_any_stop(slurm_cluster, tmp_path):
+    cli = Cli(slurm_cluster, tmp_path)
+    slurm_id = cli.submit("-N", "3", "ticker.py", "10")  # 3 nodes on a 2-node cluster: pending for good
+    assert wait_until(lambda: cli.state(slurm_id) == "pending", 60, interval=0.5)
+    stopped = cli("stop", slurm_id, "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    record = json.loads(stopped.stdout)
+    assert record["state"] == "stopped" and record["exit_code"] == 143, record  # was exit 1: Slurm's 0:0
