@@ -73,19 +73,24 @@ def _first(environ: Mapping[str, str], *names: str) -> str | None:
     return None
 
 
-def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
-    value = _first(environ, *names)
-    if value is None:
+def _int(environ: Mapping[str, str], *names: str, default: int | None = None, least: int = 0) -> int:
+    """The first of ``names`` that is set, as an integer of at least ``least``; a UsageError names the one read."""
+    name = next((n for n in names if environ.get(n) not in (None, "")), None)
+    if name is None:
         if default is not None:
             return default
         raise UsageError(
             f"{names[0]} is not set: this is not an srun task",
             "start it under srun (srun distlaunch run train.py), or use distlaunch slurm run",
         )
+    value = environ[name]
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise UsageError(f"{names[0]}={value!r} is not an integer", "run inside an unmodified Slurm job step") from None
+        raise UsageError(f"{name}={value!r} is not an integer", "run inside an unmodified Slurm job step") from None
+    if number < least:
+        raise UsageError(f"{name}={value!r} is below {least}", "run inside an unmodified Slurm job step")
+    return number
 
 
 def step_id_of(environ: Mapping[str, str]) -> int | None:
@@ -120,8 +125,8 @@ def read_step(environ: Mapping[str, str]) -> SlurmStep:
     nodelist = _first(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") or ""
     nodes = expand_nodelist(nodelist)
     tasks_text = _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-    world_size = _int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
-    nnodes = _int(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", default=len(nodes))
+    world_size = _int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", least=1)
+    nnodes = _int(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", default=len(nodes), least=1)
     tasks_per_node = expand_tasks_per_node(tasks_text) if tasks_text else [world_size // nnodes] * nnodes
     gtids = environ.get("SLURM_GTIDS", "")
     step = SlurmStep(

@@ -137,6 +137,11 @@ def test_tampered_variables_are_refused():
         read_step(task_env(0, 0, 0, SLURM_NTASKS="5", SLURM_STEP_NUM_TASKS="5"))
     with pytest.raises(UsageError, match="SLURM_PROCID='x' is not an integer"):
         read_step(task_env(0, 0, 0, SLURM_PROCID="x"))
+    bare = {k: v for k, v in task_env(0, 0, 0).items() if not k.startswith(("SLURM_STEP_NUM", "SLURM_STEP_TASKS"))}
+    with pytest.raises(UsageError, match="SLURM_NNODES='0' is below 1"):  # was a ZeroDivisionError
+        read_step({**bare, "SLURM_NNODES": "0"})
+    with pytest.raises(UsageError, match="SLURM_NTASKS='abc' is not an integer"):  # named the unset step variable
+        read_step({**bare, "SLURM_NTASKS": "abc"})
 
 
 def test_layouts_of_block_and_cyclic_distribution():
