@@ -80,7 +80,8 @@ def _count(environ: Mapping[str, str], name: str) -> int | None:
 
 
 def tasks_per_node(opts: SlurmJobOptions, nodes: int, environ: Mapping[str, str]) -> int:
-    """--ntasks-per-node (or -n), else the allocation's, else --ntasks / nodes, else one per GPU, else 1."""
+    """--ntasks-per-node (or -n), else --ntasks / nodes, else the allocation's (its tasks per node, or its
+    --ntasks over its nodes), else one per GPU, else 1."""
     given, nproc = opts.ntasks_per_node, opts.nproc_per_node
     if given is not None and nproc is not None and given != nproc:
         raise UsageError(
@@ -98,7 +99,29 @@ def tasks_per_node(opts: SlurmJobOptions, nodes: int, environ: Mapping[str, str]
                 f"use a multiple of {nodes}, or give --ntasks-per-node",
             )
         return opts.ntasks // nodes
-    return _count(environ, "SLURM_NTASKS_PER_NODE") or opts.gpus_per_node or _count(environ, "SLURM_GPUS_PER_NODE") or 1
+    return (
+        _count(environ, "SLURM_NTASKS_PER_NODE")
+        or _allocation_tasks(environ, nodes)
+        or opts.gpus_per_node
+        or _count(environ, "SLURM_GPUS_PER_NODE")
+        or 1
+    )
+
+
+def _allocation_tasks(environ: Mapping[str, str], nodes: int) -> int | None:
+    """An allocation made with -n (``sbatch -N2 -n4``): its tasks per node, when this run spans all its nodes.
+    One that does not split evenly is refused: every node runs the same number of ranks here."""
+    tasks = _count(environ, "SLURM_NTASKS")
+    allocated = _count(environ, "SLURM_JOB_NUM_NODES") or _count(environ, "SLURM_NNODES")
+    if tasks is None or allocated != nodes:
+        return None
+    if tasks % nodes:
+        raise UsageError(
+            f"the allocation has {tasks} tasks (SLURM_NTASKS) on {nodes} node(s): they do not split evenly, and "
+            "distlaunch runs the same number of ranks on every node",
+            "give --ntasks-per-node N (or allocate with --ntasks-per-node)",
+        )
+    return tasks // nodes
 
 
 def check_gpus(gpus: int, per_node: int) -> None:

@@ -108,6 +108,17 @@ def test_job_shape_errors():
         resolve_job(job(nodes=0), {})
 
 
+def test_an_allocation_made_with_ntasks_gives_its_tasks_per_node():
+    # sbatch -N2 -n4 (no --ntasks-per-node): 2 per node, not 1 (SLURM_NTASKS_PER_NODE is not set then)
+    allocation = {"SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert resolve_job(job(), allocation).world_size == 4
+    assert resolve_job(job(), {"SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "3"}).world_size == 3
+    assert resolve_job(job(nodes=1), allocation).world_size == 1  # a run on part of it: not the allocation's count
+    with pytest.raises(UsageError, match=r"the allocation has 3 tasks \(SLURM_NTASKS\) on 2 node\(s\)"):
+        resolve_job(job(), {"SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "3"})
+    assert resolve_job(job(ntasks_per_node=1), {"SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "3"}).world_size == 2
+
+
 def test_job_gpus_one_per_rank():
     with pytest.raises(
         UsageError, match="--ntasks-per-node 8 with --gpus-per-node 4: two ranks would be given the same GPU"
