@@ -162,11 +162,22 @@ class _Follower(threading.Thread):
         self.out.flush()
 
 
-def make_output_dir(output: str | None) -> None:
-    """Create the output file's folder: Slurm does not, and the job then fails without a word of output."""
-    if not output or "%" in str(Path(output).parent):
+def make_output_dir(output: str | None, job_name: str) -> None:
+    """Create the output file's folder: Slurm does not, and the job then fails without a word of output
+    (Slurm reports only "JobLaunchFailure"). A folder named with a field known before the job exists (%x,
+    %u) is filled in; one with a field that only the job has (%j, a node's or a task's) cannot be created
+    here, and is refused."""
+    if not output:
         return
-    folder = Path(output).parent
+    parent = str(Path(output).parent)
+    folder_text = output_path(parent, job_id="", job_name=job_name) if "%" in parent else parent
+    if folder_text is None or re.search(r"%[jA]", parent.replace("%%", "")):
+        raise UsageError(
+            f"-o/--output {output}: its folder {parent} has a field only the job knows, and Slurm creates no "
+            "folder, so the job would fail to start",
+            "put the job's fields in the file name (e.g. logs/train-%j.out); the folder may use %x and %u",
+        )
+    folder = Path(folder_text)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a parent that is a file, /proc, no permission, a read-only file system
@@ -194,7 +205,7 @@ def submit(
     ``on_submitted`` hears of the job as soon as Slurm has accepted it.
     """
     out = out or sys.stdout
-    make_output_dir(output)
+    make_output_dir(output, job_name)
     try:
         done = subprocess.run(
             ["sbatch", "--parsable"],

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from distlaunch.slurm.sbatch import packaged_template
+from distlaunch.slurm.sbatch import make_output_dir, packaged_template
 from tests.helpers import invoke
 from tests.slurm.test_slurm_env import task_env
 
@@ -115,6 +116,16 @@ def test_an_output_folder_that_cannot_be_made_is_one_usage_line(in_tmp, output, 
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     folder = output.rsplit("/", 1)[0]
     assert r.stderr.startswith(f"error: cannot create the folder {folder} of -o/--output {output}: {why} (hint: ")
+
+
+def test_an_output_folder_named_with_the_jobs_own_fields_is_refused_and_known_ones_are_filled_in(in_tmp):
+    # Slurm creates no folder: sub/%j/ would fail the job at launch ("JobLaunchFailure", read as a signal)
+    r = invoke(["slurm", "sbatch", "-o", "sub/%j/o.txt", "train.py"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: -o/--output sub/%j/o.txt: its folder sub/%j has a field only the job knows")
+    assert not (in_tmp / "sub").exists()
+    make_output_dir("runs/%x/%u/o-%j.txt", job_name="exp1")
+    assert (in_tmp / "runs" / "exp1" / getpass.getuser()).is_dir()
 
 
 def test_sbatch_values_are_quoted_for_the_directive_parser(in_tmp):
