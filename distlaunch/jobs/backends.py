@@ -34,6 +34,7 @@ from distlaunch.jobs.store import (
 )
 
 POLL_S = 0.2
+WRITER_WAIT_S = 10.0  # logs --follow: how long a job that has ended may still be writing its report
 OUTPUT_FILE = "output.log"  # a detached job's terminal output, in its folder
 ERRORS_FILE = "errors.log"  # the same job's stderr lines and distlaunch's notices alone
 LAUNCH_FILE = "launch.json"  # a detached job's plan and options, for its supervisor: only detached jobs have one
@@ -461,11 +462,18 @@ def _file_lines(
     on_end: Callable[[JobRecord], None] | None = None,
 ) -> Iterator[str]:
     end: JobRecord | None = None
+    final_at: float | None = None
 
     def ended() -> bool:
-        nonlocal end
+        # Final, and its owner done writing: a detached job's supervisor records the end first, then prints
+        # the failure report into the output (waited for at most WRITER_WAIT_S, should it hang).
+        nonlocal end, final_at
         now = _reread(record)
-        end = now if now.final else None
+        if now.final and final_at is None:
+            final_at = time.monotonic()
+        owner = now.owner if now.owner is not None and now.owner.hostname == os.uname().nodename else None
+        writing = owner is not None and owner.alive() and time.monotonic() - (final_at or 0) < WRITER_WAIT_S
+        end = now if now.final and not writing else None
         return end is not None
 
     if not path.exists():

@@ -371,3 +371,37 @@ def test_stop_that_outlasts_its_timeout_is_exit_1_as_stacks_and_the_job_still_st
     assert f"job {job_id} did not confirm its end within 1s" in late.stderr and "--timeout" in late.stderr
     assert wait_state(job_id, tmp_path, ("stopped",))["exit_code"] == 143  # SIGKILL after the grace period
     assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job_id), 10)
+
+
+def test_logs_follow_waits_for_the_supervisor_to_write_its_report_after_the_end(state, tmp_path):
+    """A detached job's supervisor records the end, then prints the failure report into the output: a follow
+    that stopped at the record missed the report (the supervisor here: a real process we hold open)."""
+    import time
+
+    from distlaunch.jobs.store import JobRecord, Owner, _start_ticks, jobs_dir, write_record
+
+    writer = subprocess.Popen(["sleep", "60"])
+    try:
+        job_id = "dl-00000000beef"
+        owner = Owner(pid=writer.pid, start_ticks=_start_ticks(writer.pid), hostname=os.uname().nodename)
+        write_record(
+            JobRecord(job_id=job_id, backend="local", command=["distlaunch", "run"], cwd="/", hosts=["localhost"],
+                      world_size=2, state="failed", exit_code=7, created_at=time.time(), owner=owner)
+        )  # fmt: skip
+        output = jobs_dir() / job_id / "output.log"
+        output.write_text("[rank 1] boom\n")
+        follow = subprocess.Popen(
+            distlaunch_cmd("logs", job_id, "--follow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(2)
+        assert follow.poll() is None, follow.communicate()  # the job has ended, its writer has not
+        with output.open("a") as f:
+            f.write("job dl-00000000beef failed (root cause first)\n")
+        writer.kill()
+        writer.wait()
+        out, err = follow.communicate(timeout=30)
+        assert follow.returncode == 0, err  # as for any end ('status' says how it ended)
+        assert out.splitlines()[:2] == ["[rank 1] boom", "job dl-00000000beef failed (root cause first)"], out
+    finally:
+        writer.kill()
+        writer.wait()
