@@ -33,6 +33,10 @@ from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 STEP_LOOKUP_S = 10.0  # how long to look for srun's step after a signal (it may still be starting)
+STEP_POLL_S = 0.5  # between two looks (each one asks slurmctld)
+
+_QUEUED = re.compile(r"^srun: job \d+ queued and waiting for resources")
+_ALLOCATED = re.compile(r"^srun: job \d+ has been allocated resources")
 
 _REPORT = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+)$")
 _EXITED = re.compile(r"Exited with exit code (\d+)")
@@ -99,6 +103,14 @@ class StepStopper:
         self.hurry = threading.Event()
         self.thread: threading.Thread | None = None
         self.done: list[str] = []
+        self.queued = False  # srun said its job waits for resources, and not yet that it has them
+
+    def heard(self, line: str) -> None:
+        """Follow srun's own words about its allocation (``srun: job 42 queued and waiting for resources``)."""
+        if _QUEUED.match(line):
+            self.queued = True
+        elif _ALLOCATED.match(line):
+            self.queued = False
 
     def on_signal(self, signum: int) -> None:
         if self.thread is None:
@@ -118,12 +130,17 @@ class StepStopper:
     def _stop(self) -> None:
         step = None
         deadline = time.monotonic() + STEP_LOOKUP_S
-        while step is None and self.proc.poll() is None and time.monotonic() < deadline:
+        # No step while the job waits for its allocation: srun withdraws the request on SIGTERM, at once.
+        while not self.queued and step is None and self.proc.poll() is None and time.monotonic() < deadline:
             step = find_step(self.proc.pid)
-            if step is None:
-                self._srun_ended(0.2)
+            if step is None and not self._srun_ended(STEP_POLL_S) and self.hurry.is_set():
+                break  # a second signal: no more looking
         if self.proc.poll() is not None:
             self.done.append("srun had already ended")
+            return
+        if self.queued:
+            self.proc.send_signal(signal.SIGTERM)
+            self.done.append("srun still waited for its allocation; it was sent SIGTERM, and no rank started")
             return
         if step is None or not scancel(step, "TERM"):
             # no step (still waiting for its allocation), or Slurm refused: srun's own stop is all there is
@@ -246,6 +263,7 @@ def run_srun(
         for line in proc.stderr:
             err.write(line)
             err.flush()
+            stopper.heard(line)
             failure = parse_failure(line)
             if failure:
                 failures.append(failure)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,33 @@ def test_a_distlaunch_killed_outright_leaves_no_srun_and_no_rank_behind(slurm_cl
     assert wait_until(lambda: not running(srun[0]), timeout=60), "srun outlived distlaunch"
     assert wait_until(lambda: not any(rank_alive(tmp_path, r) for r in RANKS), timeout=60), "ranks left running"
     assert not any((tmp_path / f"ended-{r}").exists() for r in RANKS)
+
+
+def test_ctrl_c_while_srun_waits_for_its_allocation_withdraws_it_at_once(slurm_cluster, tmp_path):
+    """Both nodes held by another job: srun says its job is queued. Ctrl-C then sends srun SIGTERM at once
+    (there is no step to look for yet), and no rank starts once the nodes come free."""
+    held = slurm_cluster.client("sbatch", "--parsable", "-N", "2", "--exclusive", "--wrap", "sleep 300")
+    assert held.returncode == 0, held.stderr
+    holder = held.stdout.strip().split(";")[0]
+    try:
+        argv = distlaunch_cmd(
+            "slurm", "run", "-N", "2", "--ntasks-per-node", "1", str(SCRIPTS / "trap_term.py"), str(tmp_path), "exit"
+        )
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm_cluster.env)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        assert wait_until(lambda: any("queued and waiting for resources" in line for line in lines), timeout=60), lines
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+        reader.join(10)
+        assert proc.returncode == 130, lines
+        assert took < 5, f"stopping a queued srun took {took:.1f}s"  # it looked for a step for 10 s before
+        report = [line for line in lines if line.startswith("distlaunch: interrupted by SIGINT")]
+        assert report and "srun still waited for its allocation; it was sent SIGTERM, and no rank started" in report[0]
+    finally:
+        slurm_cluster.client("scancel", holder)
+    time.sleep(3)  # the nodes are free now: a request that was not withdrawn would start its ranks
+    assert not list(tmp_path.glob("ready-*"))
