@@ -143,9 +143,10 @@ class StepStopper:
             self.done.append("srun still waited for its allocation; it was sent SIGTERM, and no rank started")
             return
         if step is None or not scancel(step, "TERM"):
-            # no step (still waiting for its allocation), or Slurm refused: srun's own stop is all there is
+            # no step (not started yet), or Slurm refused: srun's own stop is all there is
             self.proc.send_signal(signal.SIGTERM)
-            self.done.append("no running step of this srun was found; srun was sent SIGTERM (it SIGKILLs its tasks)")
+            why = "no running step of this srun was found" if step is None else f"scancel refused to signal step {step}"
+            self.done.append(f"{why}; srun was sent SIGTERM (it SIGKILLs its tasks)")
             return
         self.done.append(f"sent SIGTERM to every rank of step {step}")
         if self._srun_ended(self.grace_period):
