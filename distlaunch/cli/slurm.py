@@ -164,6 +164,7 @@ def _report(result: SrunResult) -> None:
         )
     elif failure:
         how = f"was killed by {failure.signal}" if failure.signal else f"exited with code {failure.exit_code}"
+        how += " (out of memory)" if failure.out_of_memory else ""
         sys.stderr.write(
             f"distlaunch: rank {failure.rank} on {failure.node} {how}; srun stopped the other ranks "
             f"(exit {result.exit_code})\n"

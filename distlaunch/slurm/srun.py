@@ -51,6 +51,7 @@ class TaskFailure(BaseModel):
     node: str
     exit_code: int  # 128+N when killed by signal N
     signal: str | None = None
+    out_of_memory: bool = False  # srun's "Out Of Memory": the node's OOM killer, or the job's memory limit
 
 
 class SrunResult(BaseModel):
@@ -176,6 +177,8 @@ def parse_failure(line: str) -> TaskFailure | None:
     for text, sig in _SIGNALS.items():
         if what.startswith(text):
             return TaskFailure(rank=rank, node=node, exit_code=128 + sig, signal=sig.name)
+    if what.startswith("Out Of Memory"):  # killed (SIGKILL) for memory
+        return TaskFailure(rank=rank, node=node, exit_code=128 + signal.SIGKILL, signal="SIGKILL", out_of_memory=True)
     return None
 
 

@@ -21,6 +21,10 @@ from distlaunch.slurm.srun import TaskFailure, parse_failure, root_cause
             TaskFailure(rank=1, node="node1", exit_code=139, signal="SIGSEGV"),
         ),
         ("srun: error: node2: task 3: Terminated", TaskFailure(rank=3, node="node2", exit_code=143, signal="SIGTERM")),
+        (  # the OOM killer (or the job's memory limit): the root cause, not an unknown line
+            "srun: error: node1: task 0: Out Of Memory",
+            TaskFailure(rank=0, node="node1", exit_code=137, signal="SIGKILL", out_of_memory=True),
+        ),
     ],
 )
 def test_parse_failure(line, failure):
