@@ -37,6 +37,7 @@ class LaunchRequest(BaseModel):
     node: NodeOptions | None = None  # per-node mode: --nnodes / --node-rank / --rdzv-endpoint
     launcher: str = "auto"  # --launcher: auto | slurm | agent
     command: list[str] = []  # the command line, kept in the job record
+    supervision_given: list[str] = []  # supervision flags typed on the command line (--hang-timeout, ...)
 
 
 class Backend(ABC):
@@ -115,6 +116,13 @@ class SrunStep(Backend):
             raise UsageError(
                 f"{flag} cannot be used under srun: each task is one rank and distlaunch execs into it",
                 "requeue with sbatch --requeue for restarts; use srun --output=rank%t.log for per-rank logs",
+            )
+        if request.supervision_given:  # taken and then silently ignored, before: nothing supervises a task
+            raise UsageError(
+                f"{request.supervision_given[0]} cannot be used under srun: each task is one rank and distlaunch "
+                "execs into it, so nothing watches or stops the ranks but Slurm",
+                "leave it out (srun --kill-on-bad-exit stops the step, --time bounds it); distlaunch train's ranks "
+                "watch their own steps (train.step_timeout)",
             )
 
     def plan(self, request: LaunchRequest):

@@ -8,6 +8,11 @@ from typing import Annotated
 
 import typer
 
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click.core import ParameterSource
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click.core import ParameterSource
+
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostname import host_problem
 from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
@@ -328,3 +333,16 @@ def parse_local_ranks(text: str | None) -> list[int] | None:
     if any(r < 0 for r in ranks):
         raise UsageError(f"--local-ranks-filter {text!r} has a negative rank", "local ranks start at 0")
     return ranks
+
+
+SUPERVISION = ("grace_period", "heartbeat_timeout", "hang_timeout", "local_ranks_filter")  # what a launcher does
+
+
+def given_flags(ctx: typer.Context, names: tuple[str, ...] = SUPERVISION) -> list[str]:
+    """The options among ``names`` typed on the command line (not left at their default), by their long flag:
+    a backend that cannot honour one refuses what was asked, never a default nobody asked for."""
+    flags = []
+    for param in ctx.command.params:
+        if param.name in names and ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE:
+            flags.append(max(param.opts, key=len))
+    return flags

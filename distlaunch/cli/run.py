@@ -22,6 +22,7 @@ from distlaunch.protocol import GRACE_PERIOD_S
 
 
 def run(
+    ctx: typer.Context,
     program: Annotated[
         list[str],
         typer.Argument(
@@ -108,7 +109,14 @@ def run(
             rdzv_endpoint=rdzv_endpoint,
             rdzv_timeout=rdzv_timeout,
         )
-    request = LaunchRequest(opts=opts, exec_opts=exec_opts, node=node, launcher=launcher, command=command_line())
+    request = LaunchRequest(
+        opts=opts,
+        exec_opts=exec_opts,
+        node=node,
+        launcher=launcher,
+        command=command_line(),
+        supervision_given=o.given_flags(ctx),
+    )
     return start(request, dry_run=dry_run, json_output=json_output, detach=detach)
 
 

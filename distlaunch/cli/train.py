@@ -71,6 +71,7 @@ MetricsFile = Annotated[
 
 
 def train(
+    ctx: typer.Context,
     config: Config = None,
     set_: Set = None,
     gpu_memory: GpuMemory = None,
@@ -146,7 +147,9 @@ def train(
         hang_timeout=hang_timeout,
         local_ranks_filter=o.parse_local_ranks(local_ranks_filter),
     )
-    request = LaunchRequest(opts=opts, exec_opts=exec_opts, launcher=launcher, command=command_line())
+    request = LaunchRequest(
+        opts=opts, exec_opts=exec_opts, launcher=launcher, command=command_line(), supervision_given=o.given_flags(ctx)
+    )
 
     def with_memory(plan: BaseModel) -> BaseModel:  # every rank's memory, where the plan knows the hosts
         return train_plan(plan, cfg, config, gpu_memory) if isinstance(plan, LaunchPlan) else plan

@@ -199,6 +199,17 @@ def test_options_that_pick_hosts_are_refused_under_srun(in_tmp):
     assert r.exit_code == 2 and "sbatch --requeue" in r.stderr
 
 
+@pytest.mark.parametrize("flag", ["--hang-timeout", "--heartbeat-timeout", "--grace-period"])
+def test_supervision_options_typed_under_srun_are_refused_not_ignored(in_tmp, flag):
+    env = {**task_env(0, 0, 0), "MASTER_ADDR": "h"}
+    r = invoke(["run", flag, "5", "--dry-run", "train.py"], env=env)
+    assert r.exit_code == 2, r.stdout + r.stderr  # taken and ignored before: nothing supervises a task
+    assert r.stderr.startswith(f"error: {flag} cannot be used under srun: each task is one rank"), r.stderr
+    assert invoke(["run", "--dry-run", "train.py"], env=env).exit_code == 0  # their defaults are no request
+    trained = invoke(["train", "--dry-run"], env=env)  # its --hang-timeout defaults to 600: not typed
+    assert "cannot be used under srun" not in trained.stderr, trained.stderr
+
+
 def test_in_an_allocation_but_outside_srun_runs_here_and_says_so(in_tmp):
     r = invoke(["run", "-n", "2", "--dry-run", "train.py"], env={"SLURM_JOB_ID": "9", "SLURM_PROCID": "0"})
     assert r.exit_code == 0, r.stderr
