@@ -78,7 +78,9 @@ def test_a_distlaunch_killed_outright_leaves_no_srun_and_no_rank_behind(slurm_cl
 def test_ctrl_c_while_srun_waits_for_its_allocation_withdraws_it_at_once(slurm_cluster, tmp_path):
     """Both nodes held by another job: srun says its job is queued. Ctrl-C then sends srun SIGTERM at once
     (there is no step to look for yet), and no rank starts once the nodes come free."""
-    held = slurm_cluster.client("sbatch", "--parsable", "-N", "2", "--exclusive", "--wrap", "sleep 300")
+    held = slurm_cluster.client(
+        "sbatch", "--parsable", "-N", "2", "--exclusive", "-o", str(tmp_path / "holder.out"), "--wrap", "sleep 300"
+    )
     assert held.returncode == 0, held.stderr
     holder = held.stdout.strip().split(";")[0]
     try:
