@@ -19,7 +19,7 @@ from distlaunch.launcher.signals import interrupts_unwind
 data_app = typer.Typer(
     name="data",
     no_args_is_help=True,
-    help="Prepare datasets for distlaunch train (docs/data.md).",
+    help="Prepare datasets for distlaunch train, and verify a copy (docs/data.md).",
 )
 
 
