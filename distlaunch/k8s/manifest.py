@@ -16,7 +16,7 @@ from distlaunch.errors import UsageError
 from distlaunch.launcher.spec import parse_env
 
 MASTER_ADDR_VAR = "DISTLAUNCH_MASTER_ADDR"
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1035 label: the Service's name is one
 _SECRET_REF = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]([-a-z0-9.]*[a-z0-9])?):([-._A-Za-z0-9]+)$")
 
 
@@ -52,7 +52,21 @@ def check_options(opts: K8sJobOptions) -> None:
     if not _NAME.match(opts.name) or len(opts.name) > 52:
         raise UsageError(
             f"--name {opts.name!r} is not a Kubernetes name",
-            "use lowercase letters, digits and '-', at most 52 characters, e.g. --name gpt-run1",
+            "use lowercase letters, digits and '-', starting with a letter, at most 52 characters, e.g. --name gpt-run1",
+        )
+    forwarded = next((item for item in opts.env if "=" not in item), None)
+    if forwarded is not None:  # run's --env NAME forwards this machine's value: here it would be written out
+        raise UsageError(
+            f"--env {forwarded} would copy this machine's value of {forwarded} into the manifest, in plain text",
+            f"give --env {forwarded}=VALUE, or --secret-env {forwarded}=SECRET:KEY for a secret",
+        )
+    names = [MASTER_ADDR_VAR, *parse_env(opts.env), *(pair.partition("=")[0] for pair in opts.secret_env)]
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:  # Kubernetes keeps one of them, and which is not what anyone wrote
+        raise UsageError(
+            f"{twice} is set twice in the pods' environment"
+            + (" (distlaunch sets it: the master's address)" if twice == MASTER_ADDR_VAR else ""),
+            "give each variable once, with --env or --secret-env",
         )
     for port in (opts.master_port, opts.rdzv_port):
         if not 1 <= port <= 65535 or opts.master_port == opts.rdzv_port:
@@ -81,8 +95,15 @@ def master_address(opts: K8sJobOptions) -> str:
     return f"{opts.name}-0.{opts.name}"
 
 
+def literal(text: str) -> str:
+    """``text`` as Kubernetes must pass it on: it expands ``$(VAR)`` and turns ``$$`` into ``$`` in a
+    container's args and env values, so every ``$`` of the user's own is doubled."""
+    return text.replace("$", "$$")
+
+
 def pod_args(opts: K8sJobOptions) -> list[str]:
-    """The args of ``distlaunch`` in every pod; Kubernetes fills in the ``$(VAR)`` references."""
+    """The args of ``distlaunch`` in every pod; Kubernetes fills in the ``$(VAR)`` references (ours only:
+    the program's own words are ``literal``)."""
     return [
         "run",
         "--nnodes", str(opts.nodes),
@@ -92,7 +113,7 @@ def pod_args(opts: K8sJobOptions) -> list[str]:
         "--rdzv-endpoint", f"$({MASTER_ADDR_VAR}):{opts.rdzv_port}",
         "-n", str(opts.nproc_per_node),
         "--",
-        *opts.program,
+        *map(literal, opts.program),
     ]  # fmt: skip
 
 
@@ -124,7 +145,7 @@ def service(opts: K8sJobOptions) -> dict:
 
 def container(opts: K8sJobOptions) -> dict:
     env = [{"name": MASTER_ADDR_VAR, "value": master_address(opts)}]
-    env += [{"name": k, "value": v} for k, v in parse_env(opts.env).items()]
+    env += [{"name": k, "value": literal(v)} for k, v in parse_env(opts.env).items()]
     env += secret_refs(opts.secret_env)
     spec = {
         "name": "trainer",
@@ -172,5 +193,7 @@ def manifest(opts: K8sJobOptions) -> list[dict]:
 
 
 def expand(args: list[str], env: dict[str, str]) -> list[str]:
-    """``$(VAR)`` references as Kubernetes expands them in a container's args (unknown ones stay as written)."""
-    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg) for arg in args]
+    """``$(VAR)`` references and ``$$`` as Kubernetes expands them in a container's args (unknown references
+    stay as written)."""
+    pattern = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+    return [pattern.sub(lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), arg) for arg in args]

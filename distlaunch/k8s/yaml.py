@@ -10,6 +10,8 @@ import json
 import re
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+# what YAML does not take raw in a double-quoted string (besides what JSON already escapes)
+_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
 
 
 def _scalar(value) -> str:
@@ -19,11 +21,17 @@ def _scalar(value) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return json.dumps(value)
-    return json.dumps(str(value), ensure_ascii=False)
+    return _escape_unprintable(json.dumps(str(value), ensure_ascii=False))
+
+
+def _escape_unprintable(quoted: str) -> str:
+    """JSON leaves DEL and the C1 controls (NEL, U+0085 …) raw, which YAML refuses or reads as a break:
+    escape them as YAML reads them back."""
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", quoted)
 
 
 def _key(key: str) -> str:
-    return key if _PLAIN_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+    return key if _PLAIN_KEY.match(key) else _escape_unprintable(json.dumps(key, ensure_ascii=False))
 
 
 def _lines(value, indent: int) -> list[str]:

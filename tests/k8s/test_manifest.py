@@ -69,6 +69,23 @@ def test_yaml_writer_keeps_types_of_tricky_values():
         "d": [[1, 2], {"e": []}],
     }
     assert list(yaml.safe_load_all(dump_all([doc, {"k": "v"}]))) == [doc, {"k": "v"}]
+    # DEL and the C1 controls: raw, YAML refused the one (unacceptable character) and read NEL as a space
+    odd = {"e": ["a\x7fb", "x\x85y", "line\u2028sep", "é ✓"]}
+    assert list(yaml.safe_load_all(dump_all([odd]))) == [odd]
+
+
+def test_dollars_of_the_users_own_reach_the_pod_as_written():
+    # Kubernetes expands $(VAR) and turns $$ into $ in args and env values: the user's own are doubled
+    words = ["$$", "$(JOB_COMPLETION_INDEX)", "cost: $5"]
+    r = invoke([*BASE, "--json", "--env", "C=$$x $(DISTLAUNCH_MASTER_ADDR)", "--", "train.py", *words])
+    assert r.exit_code == 0, r.stderr
+    (c,) = json.loads(r.stdout)[1]["spec"]["template"]["spec"]["containers"]
+    pod = {"JOB_COMPLETION_INDEX": "1", "DISTLAUNCH_MASTER_ADDR": "distlaunch-0.distlaunch"}
+    args = expand(c["args"], pod)
+    assert args[args.index("--") + 1 :] == ["train.py", *words]
+    assert args[args.index("--node-rank") + 1] == "1"  # ours still expanded
+    (value,) = [e["value"] for e in c["env"] if e["name"] == "C"]
+    assert expand([value], pod) == ["$$x $(DISTLAUNCH_MASTER_ADDR)"]
 
 
 def test_bad_k8s_options_are_one_line_and_exit_2():
@@ -77,6 +94,11 @@ def test_bad_k8s_options_are_one_line_and_exit_2():
         ("--name", "My_Job"): "--name 'My_Job' is not a Kubernetes name",
         ("--nodes", "0"): "--nodes 0 must be at least 1",
         ("--env", "=x"): "--env '=x' is not KEY=VALUE",
+        ("--name", "1abc"): "--name '1abc' is not a Kubernetes name",  # a Service name starts with a letter
+        # run's --env NAME forwards this machine's value: into a manifest, in plain text
+        ("--env", "HOME"): "--env HOME would copy this machine's value of HOME into the manifest, in plain text",
+        ("--env", "DISTLAUNCH_MASTER_ADDR=x"): "DISTLAUNCH_MASTER_ADDR is set twice in the pods' environment",
+        ("--env", "A=1", "--secret-env", "A=s:k"): "A is set twice in the pods' environment",
     }
     for args, message in cases.items():
         r = invoke([*BASE, *args, "--", "train.py"])
