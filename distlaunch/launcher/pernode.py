@@ -131,11 +131,22 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
     ) as store:
         node_rank = store.arrive(node.node_rank)
         sink.notice(f"node {node_rank} of {node.nnodes}: waiting for the other nodes at {host_port(host, port)}")
-        store.wait_all()
-        if node_rank == 0:
-            addr, mport = master_for_first_node(opts, host)
-            store.publish_job(make_spec(opts).job_id, addr, mport)
-        job_id, addr, mport = store.job()
+        try:
+            store.wait_all()
+        except BaseException as exc:  # a timeout, Ctrl-C: while not every node has come, none has started
+            if store.all_arrived():  # they came meanwhile: the others start, and must not wait for this one
+                _tell_others(store, node_rank, exc)
+            else:
+                store.withdraw(node_rank)
+            raise
+        try:
+            if node_rank == 0:
+                addr, mport = master_for_first_node(opts, host)
+                store.publish_job(make_spec(opts).job_id, addr, mport)
+            job_id, addr, mport = store.job()
+        except BaseException as exc:  # every node arrived: the others start, and must not wait for this one
+            _tell_others(store, node_rank, exc)
+            raise
         opts = opts.model_copy(update={"master_addr": addr, "master_port": str(mport)})
         plan = node_plan(opts, node.nnodes, node_rank, job_id, exec_opts.workdir)
         watcher = FailureWatcher(store)
@@ -145,14 +156,20 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
         except BaseException as exc:
             # This node cannot run its part (its script is missing here, say): the other nodes' ranks must not
             # wait for its ranks until their collectives time out.
-            code = exc.exit_code if isinstance(exc, DistlaunchError) else ExitCode.CHECK_FAILED
-            code = ExitCode.SIGINT if isinstance(exc, KeyboardInterrupt) else code
-            code = exc.exit_code if isinstance(exc, Interrupted) else code
-            store.publish_failure({"node_rank": node_rank, "rank": None, "exit_code": int(code), "at": time.time()})
+            _tell_others(store, node_rank, exc)
             raise
         finally:
             watcher.stop()
         return settle(store, watcher, report, node_rank, sink, exec_opts.grace_period)
+
+
+def _tell_others(store: NodeStore, node_rank: int, exc: BaseException) -> None:
+    """This node stops before its ranks ran (``exc``): the other nodes' ranks must not wait for them."""
+    if isinstance(exc, DistlaunchError | Interrupted):
+        code = int(exc.exit_code)
+    else:
+        code = int(ExitCode.SIGINT if isinstance(exc, KeyboardInterrupt) else ExitCode.CHECK_FAILED)
+    store.publish_failure({"node_rank": node_rank, "rank": None, "exit_code": code, "at": time.time()})
 
 
 def settle(

@@ -97,6 +97,7 @@ class NodeStore:
         self.store, self.endpoint, self.nnodes, self.timeout, self.host = store, endpoint, nnodes, timeout, host
         self._lock = threading.Lock()  # the watcher thread and the launcher share one client
         self._finished = False
+        self._counted = False  # this node's arrival counts: it finishes and leaves as one of the nodes
 
     @classmethod
     @contextlib.contextmanager
@@ -140,18 +141,41 @@ class NodeStore:
             return getattr(self.store, name)(*args)
 
     def arrive(self, node_rank: int | None) -> int:
-        """Check in; returns this node's rank (the given one, or the arrival order)."""
+        """Check in; returns this node's rank (the given one, or the arrival order). A node refused here takes
+        its arrival back: counted, it would let the others start without the node they still lack."""
         order = self._call("add", "arrived", 1)
         if node_rank is None:
             if order > self.nnodes:
+                self._call("add", "arrived", -1)
                 raise UsageError(
                     f"more than --nnodes {self.nnodes} nodes arrived at {self.endpoint}",
                     "start exactly N nodes, or raise --nnodes",
                 )
+            self._counted = True
             return order - 1
         if self._call("add", f"node/{node_rank}", 1) > 1:
+            self._call("add", f"node/{node_rank}", -1)
+            self._call("add", "arrived", -1)
             raise UsageError(f"--node-rank {node_rank} was given to two nodes", "give every node its own rank")
+        self._counted = True
         return node_rank
+
+    def all_arrived(self) -> bool:
+        """Whether every node has arrived (so the others go on); True when the store cannot say."""
+        try:
+            return self._call("add", "arrived", 0) >= self.nnodes
+        except Exception:
+            return True
+
+    def withdraw(self, node_rank: int) -> None:
+        """Take this node's arrival back (it stops before every node arrived: Ctrl-C, a timeout), so the others
+        keep waiting for it, and it may come again with its node rank."""
+        if not self._counted:
+            return
+        self._counted = False
+        with contextlib.suppress(Exception):
+            self._call("add", f"node/{node_rank}", -1)
+            self._call("add", "arrived", -1)
 
     def wait_all(self) -> None:
         """Block until every node has arrived, or fail naming how many did."""
@@ -194,7 +218,7 @@ class NodeStore:
         return json.loads(self._call("get", "failed"))
 
     def finish(self) -> None:
-        if self._finished:
+        if self._finished or not self._counted:
             return
         self._finished = True
         with contextlib.suppress(Exception):
@@ -210,6 +234,8 @@ class NodeStore:
     def leave(self) -> None:
         """A node that does not serve the store makes its last call: it has finished and will not come back."""
         self.finish()  # also when it leaves early with an error
+        if not self._counted:  # refused or withdrawn: it was never one of the nodes
+            return
         with contextlib.suppress(Exception):
             self._call("add", "left", 1)
 

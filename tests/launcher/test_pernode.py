@@ -277,3 +277,27 @@ def test_stopping_one_node_stops_the_others():
     assert "finished" not in results[1][2]
     assert_quiet(results)
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
+
+
+def test_a_refused_or_withdrawn_node_does_not_count_and_the_job_forms_when_the_right_ones_come():
+    """nnodes 3: a second --node-rank 1 is refused and takes its arrival back (counted, nodes 0 and 1 started
+    without node 2 and hung); node 1 interrupted while it waits withdraws, and comes again with its rank."""
+
+    def job():
+        port, store = free_port(), free_port()
+        first = [start_node(*static_args(3, r, port, store, n=1), *ALLREDUCE) for r in (0, 1)]
+        dup = start_node(*static_args(3, 1, port, store, n=1), *ALLREDUCE)
+        code, _, err = finish([dup])[0]
+        assert code == 2 and "--node-rank 1 was given to two nodes" in err, err
+        assert wait_until(lambda: "waiting for the other nodes" in first[1].stderr.readline(), timeout=60)
+        first[1].send_signal(signal.SIGINT)  # node 1 leaves while it waits: withdrawn, it may come back
+        again = [start_node(*static_args(3, r, port, store, n=1), *ALLREDUCE) for r in (1, 2)]
+        results = finish([*first, *again], port_race=True)
+        return results
+
+    results = on_fresh_ports(job)
+    assert results[1][0] == 130, results[1][2]
+    for code, _, err in (results[0], *results[2:]):
+        assert code == 0, err
+    out = "".join(o for _, o, _ in results)
+    assert sum("all_reduce(sum of rank+1) = 6 (ok)" in line for line in out.splitlines()) == 3, out
