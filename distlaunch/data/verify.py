@@ -13,7 +13,7 @@ import sys
 from array import array
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from distlaunch.data.index import INDEX_FILE, DatasetIndex, Shard, dataset_problems, read_index
 
@@ -30,7 +30,11 @@ class DatasetCheck(BaseModel):
     bytes: int  # the bytes hashed
     verified: int  # shards compared with their own SHA-256 (the others only through the folder's fingerprint)
     problems: list[str]
-    ok: bool
+
+    @computed_field
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
 
 def file_sha256(path: Path) -> str:
@@ -109,5 +113,4 @@ def verify_dataset(folder: str | Path) -> DatasetCheck:
         bytes=hashed,
         verified=sum(shard.sha256 is not None for shard in index.shards),
         problems=problems,
-        ok=not problems,
     )
