@@ -286,10 +286,11 @@ def test_a_refused_or_withdrawn_node_does_not_count_and_the_job_forms_when_the_r
     def job():
         port, store = free_port(), free_port()
         first = [start_node(*static_args(3, r, port, store, n=1), *ALLREDUCE) for r in (0, 1)]
+        # the duplicate comes once node 1 has arrived: whichever of the two arrives second is the one refused
+        assert wait_until(lambda: "waiting for the other nodes" in first[1].stderr.readline(), timeout=60)
         dup = start_node(*static_args(3, 1, port, store, n=1), *ALLREDUCE)
         code, _, err = finish([dup])[0]
         assert code == 2 and "--node-rank 1 was given to two nodes" in err, err
-        assert wait_until(lambda: "waiting for the other nodes" in first[1].stderr.readline(), timeout=60)
         first[1].send_signal(signal.SIGINT)  # node 1 leaves while it waits: withdrawn, it may come back
         again = [start_node(*static_args(3, r, port, store, n=1), *ALLREDUCE) for r in (1, 2)]
         results = finish([*first, *again], port_race=True)
