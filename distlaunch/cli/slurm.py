@@ -13,8 +13,8 @@ import typer
 
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
+from distlaunch.contract.env import parse_env
 from distlaunch.jobs.journal import record_batch_job
-from distlaunch.launcher.spec import parse_env
 from distlaunch.slurm.job import SlurmJobOptions, resolve_job
 from distlaunch.slurm.sbatch import default_job_name, render_script, submit
 from distlaunch.slurm.srun import SrunResult, run_srun

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from distlaunch.contract.layout import Layout
+from distlaunch.errors import UsageError
 
 
 def error_file(job_id: str, rank: int) -> str:
@@ -62,6 +64,33 @@ def contract_env(
 def is_contract_key(name: str) -> bool:
     """A variable distlaunch writes for every rank (``contract_env``): a user's value would be replaced."""
     return name in _CONTRACT_KEYS
+
+
+_CONTRACT_FIX = {"MASTER_ADDR": "use --master-addr ADDR", "MASTER_PORT": "use --master-port PORT"}
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    """``--env KEY=VALUE`` options into a dict, values kept byte for byte."""
+    env = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not key or not key.isascii() or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UsageError(
+                f"--env {pair!r} is not KEY=VALUE or NAME", "write --env NAME=value (NAME: letters, digits, _)"
+            )
+        if is_contract_key(key):
+            raise UsageError(
+                f"--env {key}: distlaunch sets {key} for every rank itself, so this value would be replaced",
+                _CONTRACT_FIX.get(key, "leave it out: the hostfile, -n and --parallel set the ranks' layout"),
+            )
+        if not eq:  # mpirun's -x NAME: forward this launcher's value
+            if key not in os.environ:
+                raise UsageError(
+                    f"--env {key}: {key} is not set here, so there is nothing to forward", f"write --env {key}=value"
+                )
+            value = os.environ[key]
+        env[key] = value
+    return env
 
 
 def launcher_defaults(backend: str, ranks_per_host: int, environ: Mapping[str, str]) -> dict[str, str]:

@@ -7,6 +7,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 from distlaunch.contract.endpoint import auto_port_text
+from distlaunch.contract.env import parse_env
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.doctor.bench import bench_check, run_bench
 from distlaunch.doctor.checks_cluster import (
@@ -40,7 +41,7 @@ from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_l
 from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check
 from distlaunch.errors import UsageError
 from distlaunch.launcher.launch import spec_for
-from distlaunch.launcher.spec import is_local_host, parse_env, resolve_hosts
+from distlaunch.launcher.spec import is_local_host, resolve_hosts
 from distlaunch.remote.sshconfig import resolve_targets
 
 PROBED = ("python", "torch-version", "nccl", "gpus", "loopback-hostname", "master-reachable", "nic", "shm", "memlock")

@@ -12,8 +12,8 @@ import re
 
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.env import parse_env
 from distlaunch.errors import UsageError
-from distlaunch.launcher.spec import parse_env
 
 MASTER_ADDR_VAR = "DISTLAUNCH_MASTER_ADDR"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1035 label: the Service's name is one

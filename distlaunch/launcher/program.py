@@ -16,6 +16,7 @@ import re
 import sys
 from pathlib import Path
 
+from distlaunch.contract.env import parse_env
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.startcheck import executable_problem, module_found, program_index, script_problem
@@ -128,8 +129,6 @@ def check_local_program(opts: LaunchOptions, workdir: str) -> None:
 
 def rank_search_path(opts: LaunchOptions) -> list[str]:
     """The PATH a local rank's exec searches: the launcher's (local ranks inherit it), or --env PATH=..."""
-    from distlaunch.launcher.spec import parse_env  # spec imports this module
-
     return os.get_exec_path({**os.environ, **parse_env(opts.env)})
 
 

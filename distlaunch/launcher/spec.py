@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from distlaunch.contract.endpoint import choose_port
-from distlaunch.contract.env import is_contract_key, launcher_defaults
+from distlaunch.contract.env import launcher_defaults, parse_env
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
@@ -127,33 +127,6 @@ def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
         check_rank_count(n * len(hosts), f"the world size ({len(hosts)} hosts × -n {n})")
         hosts = [h.model_copy(update={"slots": h.slots[:n] if h.explicit else list(range(n))}) for h in hosts]
     return apply_filters(hosts, opts.include, opts.exclude)
-
-
-_CONTRACT_FIX = {"MASTER_ADDR": "use --master-addr ADDR", "MASTER_PORT": "use --master-port PORT"}
-
-
-def parse_env(pairs: list[str]) -> dict[str, str]:
-    """``--env KEY=VALUE`` options into a dict, values kept byte for byte."""
-    env = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not key or not key.isascii() or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise UsageError(
-                f"--env {pair!r} is not KEY=VALUE or NAME", "write --env NAME=value (NAME: letters, digits, _)"
-            )
-        if is_contract_key(key):
-            raise UsageError(
-                f"--env {key}: distlaunch sets {key} for every rank itself, so this value would be replaced",
-                _CONTRACT_FIX.get(key, "leave it out: the hostfile, -n and --parallel set the ranks' layout"),
-            )
-        if not eq:  # mpirun's -x NAME: forward this launcher's value
-            if key not in os.environ:
-                raise UsageError(
-                    f"--env {key}: {key} is not set here, so there is nothing to forward", f"write --env {key}=value"
-                )
-            value = os.environ[key]
-        env[key] = value
-    return env
 
 
 def is_loopback(addr: str) -> bool:

@@ -14,11 +14,11 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from distlaunch.contract.endpoint import parse_port
+from distlaunch.contract.env import parse_env
 from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.program import build_command, check_script
-from distlaunch.launcher.spec import parse_env
 
 
 class SlurmJobOptions(BaseModel):

@@ -21,8 +21,8 @@ from typing import TextIO
 
 from pydantic import BaseModel
 
+from distlaunch.contract.env import parse_env
 from distlaunch.errors import HostError, UsageError
-from distlaunch.launcher.spec import parse_env
 from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, export_option, forwarded_options
 from distlaunch.slurm.jobstate import wait_for_job
 

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from distlaunch.contract.endpoint import parse_port
-from distlaunch.contract.env import launcher_defaults
+from distlaunch.contract.env import launcher_defaults, parse_env
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.program import build_command, check_script
-from distlaunch.launcher.spec import local_gpu_count, parse_env
+from distlaunch.launcher.spec import local_gpu_count
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
 from distlaunch.slurm.step import read_step
