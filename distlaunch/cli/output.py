@@ -3,7 +3,9 @@
 The launcher's supervision must never wait on the terminal: a stdout that nobody reads (a full pipe, a
 suspended pager) would otherwise stop fail-fast, signals and exit codes. So lines go into a bounded
 buffer per stream that a writer thread empties; when the buffer is full, rank lines are dropped and
-counted, and the count is printed as soon as the stream moves again. ``--log-dir`` keeps every line.
+counted, and the count is printed as soon as the stream moves again. A stream that fails (a file on a full
+disk, a closed pipe) takes nothing more; what it lost is counted and said at the end, with why, and the job
+goes on. ``--log-dir`` keeps every line.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class StreamWriter:
         self.pending_bytes = 0
         self.dropped_lines = 0
         self.dropped_bytes = 0
+        self.failed: str | None = None  # why the stream took nothing more (its write failed), once it did
         self.written_at = time.monotonic()  # last time the stream accepted something
         self.cond = threading.Condition()
         self.closed = False
@@ -49,8 +52,10 @@ class StreamWriter:
 
     def put(self, text: str, droppable: bool = True) -> None:
         with self.cond:
-            if droppable and self.pending_bytes + len(text) > self.limit:
-                self.dropped_lines += 1
+            if self.failed is not None and not droppable:
+                return  # a notice: the end says what the stream lost, and why
+            if self.failed is not None or (droppable and self.pending_bytes + len(text) > self.limit):
+                self.dropped_lines += text.count("\n")
                 self.dropped_bytes += len(text)
                 return
             self.pending.append(text)
@@ -76,25 +81,36 @@ class StreamWriter:
 
     def _run(self) -> None:
         while (text := self._take()) is not None:
-            try:
-                self._write(text)
-            except (OSError, ValueError):
-                with self.cond:  # the stream is gone (closed pipe): nothing more will ever be shown
-                    self.closed = True
+            unwritten = self._write(text)
+            if unwritten is not None:  # the stream failed: nothing more will ever be shown there
+                why, rest = unwritten
+                with self.cond:
+                    self.failed, self.closed = why, True
+                    self.dropped_lines += rest.count("\n") + sum(t.count("\n") for t in self.pending)
+                    self.dropped_bytes += len(rest) + self.pending_bytes
                     self.pending.clear()
+                    self.pending_bytes = 0
                 return
             self.written_at = time.monotonic()
 
-    def _write(self, text: str) -> None:
+    def _write(self, text: str) -> tuple[str, str] | None:
+        """Write ``text`` whole; when the stream fails, why and what of ``text`` it did not take."""
         if self.fd is None:
-            self.stream.write(text)
-            self.stream.flush()
-            return
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except (OSError, ValueError) as exc:
+                return _why(exc), text
+            return None
         data = text.encode("utf-8", "replace")
         while data:
-            n = os.write(self.fd, data)
+            try:
+                n = os.write(self.fd, data)
+            except OSError as exc:
+                return _why(exc), data.decode("utf-8", "replace")
             data = data[n:]
             self.written_at = time.monotonic()
+        return None
 
     def unsent(self) -> tuple[int, int]:
         """Lines and bytes of rank output this stream never took: dropped, or still waiting when it stalled."""
@@ -113,6 +129,12 @@ class StreamWriter:
             if time.monotonic() - self.written_at > stall_s:
                 return False
         return True
+
+
+def _why(exc: Exception) -> str:
+    """A failed write in a few words: ``no space left on device``, ``broken pipe``."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+    return text[:1].lower() + text[1:]
 
 
 def _fileno(stream: TextIO) -> int | None:
@@ -153,10 +175,15 @@ class RankPrinter:
         self.out.close()
         if self.err is self.out:
             return
-        lines, size = self.out.unsent()
-        if lines:
-            self.notice(
-                f"{lines} lines ({size} bytes) of rank output never reached stdout: it did not keep up "
-                "(--log-dir keeps every line)"
-            )
+        lost = self.unsent_note()
+        if lost:
+            self.notice(lost)
         self.err.close()
+
+    def unsent_note(self) -> str | None:
+        """What of the rank output stdout never took, and why, in one line (None: it took everything)."""
+        lines, size = self.out.unsent()
+        if not lines:
+            return None
+        why = f", as writing it failed: {self.out.failed}" if self.out.failed else ": it did not keep up"
+        return f"{lines} lines ({size} bytes) of rank output never reached stdout{why} (--log-dir keeps every line)"

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 
-from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, jobs_dir, write_record
+from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, free_space, hold_space, jobs_dir, write_record
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.report import RunReport
 
@@ -15,6 +15,9 @@ log = logging.getLogger("distlaunch")
 
 # How a finished job's exit code reads as a state.
 _INTERRUPTED = (129, 130, 143)  # SIGHUP (terminal closed), SIGINT, SIGTERM
+# Set aside while the job runs, for its last record: that one adds the report (a failure's last lines per
+# failed rank) to the first, so it gets room for the first one twice over.
+RESERVE_BYTES = 1 << 20
 
 
 class Journal:
@@ -41,6 +44,8 @@ class Journal:
         )
         journal = cls(record, warn)
         journal._save()
+        if not journal.broken:
+            hold_space(record.job_id, RESERVE_BYTES + 2 * len(record.model_dump_json()))
         return journal
 
     def end(self, report: RunReport | None = None, exit_code: int | None = None, error: str | None = None) -> None:
@@ -49,6 +54,7 @@ class Journal:
         state = "succeeded" if code == 0 else "interrupted" if code in _INTERRUPTED else "failed"
         if state == "interrupted" and (jobs_dir() / self.record.job_id / STOP_FILE).exists():
             state = "stopped"
+        free_space(self.record.job_id)  # the room set aside at the start: this record lands on a full disk
         self.record = self.record.model_copy(
             update={
                 "state": state,

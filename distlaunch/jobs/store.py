@@ -30,6 +30,7 @@ from distlaunch.launcher.report import RunReport
 
 STATE_VAR = "DISTLAUNCH_STATE_DIR"
 RECORD = "job.json"
+RESERVE = ".reserve"  # space a running job holds in its folder, so that its last record lands on a disk it filled
 STOP_FILE = "stop-requested"  # written by 'distlaunch stop' before it signals the job: the end reads "stopped"
 JobState = Literal["pending", "running", "succeeded", "failed", "interrupted", "stopped", "lost"]
 FINAL_STATES = ("succeeded", "failed", "interrupted", "stopped")
@@ -161,6 +162,32 @@ def write_record(record: JobRecord) -> Path:
             os.unlink(tmp)
         raise
     return folder / RECORD
+
+
+def hold_space(job_id: str, nbytes: int) -> bool:
+    """Set ``nbytes`` aside in the job's folder while it runs (False when the disk has no room even now).
+
+    A job often fills the disk its state directory is on (checkpoints, logs in the home folder): its end must
+    still be recorded, or a finished job reads as lost. ``free_space`` gives the bytes back just before."""
+    path = jobs_dir() / job_id / RESERVE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return False
+    try:
+        os.posix_fallocate(fd, 0, nbytes)  # real blocks (not a sparse file), on every file system
+        return True
+    except OSError:
+        free_space(job_id)
+        return False
+    finally:
+        os.close(fd)
+
+
+def free_space(job_id: str) -> None:
+    """Give back what ``hold_space`` set aside."""
+    with contextlib.suppress(OSError):
+        (jobs_dir() / job_id / RESERVE).unlink()
 
 
 def read_record(folder: Path) -> JobRecord | Unreadable:

@@ -155,7 +155,11 @@ def supervise(folder: Path) -> int:
             return exc.exit_code
         finally:
             sink.close()
-    render_report(report, Console(file=sys.stdout, width=120, no_color=True))
+    console = Console(file=sys.stdout, width=120, no_color=True)
+    lost = sink.unsent_note()
+    if lost and sink.err.failed:  # output.log's disk filled up: its notice was lost too; the job's end freed room
+        console.print(f"distlaunch: {lost}", soft_wrap=True)
+    render_report(report, console)
     return report.exit_code
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import collections
 import queue
-import shlex
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +17,8 @@ from pydantic import BaseModel
 from distlaunch import protocol as p
 from distlaunch.errors import UsageError
 from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
-from distlaunch.launcher.plan import LaunchPlan, NodePlan, RankPlan
+from distlaunch.launcher.plan import LaunchPlan, NodePlan
+from distlaunch.launcher.ranklogs import RankLogs, job_folder
 from distlaunch.launcher.report import (
     HANG_CODE,
     HOST_SILENT_CODE,
@@ -83,10 +82,11 @@ class _Attempt:
         connect: Connect,
         restart_count: int,
         interrupts: SignalTrap,
+        logs: RankLogs,
         requests: StackRequests | None = None,
         stop_request: StopRequest | None = None,
     ):
-        self.plan, self.options, self.sink, self.connect = plan, options, sink, connect
+        self.plan, self.options, self.sink, self.connect, self.logs = plan, options, sink, connect, logs
         self.restart_count, self.interrupts, self.requests = restart_count, interrupts, requests
         self.stop_request = stop_request
         self.events: queue.Queue[tuple[int, dict]] = queue.Queue(EVENT_QUEUE_SIZE)
@@ -103,9 +103,6 @@ class _Attempt:
         # Wall clock, as agents stamp exits with theirs: failures are ordered by when they happened, not by
         # which host's report arrived first.
         self.started_at = time.time()
-        self.logs: dict[int, object] = {}  # rank -> its open log, once it has printed (--log-dir)
-        self.logged: set[int] = set()  # ranks whose log has this attempt's header or restart mark
-        self.log_folder: Path | None = None  # <log-dir>/<job id>, once made
         self.silent: list[SilentHost] = []
         self.unconfirmed: list[str] = []  # hosts whose ranks we could not confirm stopped
         self.kill_deadline: float | None = None
@@ -159,8 +156,7 @@ class _Attempt:
             given_up = {s.host for s in self.silent} | set(self.unconfirmed)
             for conn in conns:
                 conn.close(wait_s=0.5 if conn.host in given_up else None)
-            for f in self.logs.values():
-                f.close()
+            self.logs.close()
         return self.failures
 
     def loop(self, conns: list[AgentConnection]) -> None:
@@ -241,7 +237,8 @@ class _Attempt:
         """Where this attempt's stacks and NCCL flight recorder dumps go (one folder, made once)."""
         if self.folder is None:
             restart = self.restart_count
-            self.folder = job_folder(self.plan, self.options) / (f"stacks-restart{restart}" if restart else "stacks")
+            folder = job_folder(self.plan, self.options.log_dir)
+            self.folder = folder / (f"stacks-restart{restart}" if restart else "stacks")
         return self.folder
 
     def on_nccl_trace(self, event: dict) -> None:
@@ -332,32 +329,14 @@ class _Attempt:
             conn.send(p.command(p.STOP if self.problems else p.GO))
 
     def on_started(self, rank: int) -> None:
-        """A rank is running: with --log-dir its log gets its header (or this restart's mark) now, with the
-        time it started, whether or not it ever prints."""
-        if self.options.log_dir is not None and rank not in self.logged:
-            self.logged.add(rank)
-            start_rank_log(self.rank_log(rank), self.plan, *self.placed[rank], self.restart_count)
-
-    def rank_log(self, rank: int) -> Path:
-        if self.log_folder is None:
-            self.log_folder = job_folder(self.plan, self.options)
-        return self.log_folder / f"rank{rank}.log"
+        self.logs.started(rank, *self.placed[rank])
 
     def on_output(self, rank: int, fd: int, line: str) -> None:
         self.tails[rank].append(line)
         shown = self.options.local_ranks_filter
         if shown is None or self.local_rank_of[rank] in shown:
             self.sink.rank_line(self.host_of[rank], rank, fd, line)
-        if self.options.log_dir is not None:
-            log = self.logs.get(rank)
-            if log is None:
-                self.on_started(rank)  # a rank its agent could not start has no 'started', only its reason
-                # Opened at the first line, not at the start: a rank that never prints holds no descriptor (a
-                # job may have thousands). Kept open across lines (closed with the attempt): reopening per
-                # line would cost a syscall storm.
-                log = self.logs[rank] = open(self.rank_log(rank), "a", encoding="utf-8")  # noqa: SIM115
-            log.write(f"{_stamp()} {'err' if fd == 2 else 'out'}| {line}\n")
-            log.flush()
+        self.logs.line(rank, fd, line, *self.placed[rank])
 
     def since_start(self, at: float) -> float:
         return round(at - self.started_at, 3)
@@ -464,38 +443,6 @@ class _Attempt:
                 conn.send(p.command(p.KILL))
 
 
-def job_folder(plan: LaunchPlan, options: ExecOptions) -> Path:
-    """The job's own folder: <log-dir>/<job id>, or a private temporary one without --log-dir."""
-    if options.log_dir is not None:
-        folder = Path(options.log_dir) / plan.job_id
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-    return Path(tempfile.mkdtemp(prefix=f"distlaunch-{plan.job_id}-"))
-
-
-def _stamp() -> str:
-    """UTC time to the millisecond, as every log line starts."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-
-
-def start_rank_log(path: Path, plan: LaunchPlan, node: NodePlan, spec: RankPlan, restart_count: int) -> None:
-    """When a rank starts, in its <log-dir>/<job id>/rank<N>.log: the header if the file is new, this restart's
-    mark if it is a restart. The file is closed again at once; the rank's first line reopens it."""
-    new = not path.exists()
-    with open(path, "a", encoding="utf-8") as log:
-        if new:
-            log.write(
-                f"# distlaunch job {plan.job_id}: rank {spec.rank} (local rank {spec.local_rank}) on {node.host}, "
-                f"started {_stamp()}\n# command: {shlex.join(spec.argv)}\n"
-                f"# plan: world_size={plan.world_size} nnodes={plan.nnodes} backend={plan.backend} "
-                f"parallel={plan.parallel} master={plan.master_addr}:{plan.master_port}\n"
-                "# each line: UTC time, stream (out|err), the rank's line\n"
-            )
-        if restart_count:
-            log.write(f"# --- restart {restart_count}, {_stamp()} ---\n")
-
-
 def write_hang_report(
     folder: Path, options: ExecOptions, stacks: dict[int, dict], host_of: dict[int, str]
 ) -> HangReport:
@@ -533,10 +480,12 @@ def execute(
     restarts = 0
     attempt = None
     stragglers = 0
+    logs = RankLogs(plan, options.log_dir, sink.notice)
     with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
         for restart_count in range(options.max_restarts + 1):
             restarts = restart_count
-            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, requests, stop_request)
+            logs.begin(restart_count)
+            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, logs, requests, stop_request)
             failures = attempt.run()
             stragglers += attempt.stragglers
             if attempt.hang is not None and restart_count < options.max_restarts:

@@ -3,27 +3,19 @@ small filesystem (a tmpfs this test mounts and unmounts)."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from distlaunch.engine.checkpoint.folder import list_checkpoints
 from tests.checkpoint.conftest import REPO, cli_env, engine_args
-from tests.fixtures import require
+from tests.fixtures.tmpfs import small_disk as mounted
 from tests.helpers import run_cli
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 12 MiB filesystem: room for the first checkpoint of the tiny model (~10.5 MiB), not a second."""
-    where = tmp_path / "small"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(where)], capture_output=True)
-    require(None if mounted.returncode == 0 else f"cannot mount a tmpfs (root needed): {mounted.stderr.decode()}")
-    try:
+    with mounted(tmp_path / "small", "12m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_save_on_a_full_disk_is_one_line_and_keeps_the_checkpoint_before_it(tmp_path, small_disk):
