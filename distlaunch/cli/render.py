@@ -142,7 +142,8 @@ def render_report(report: RunReport, console: Console) -> None:
         console.print(
             f"[red]job {report.job_id} hung[/red] (no progress for {report.hang.timeout_s:g}s): {report.hang.summary}"
         )
-        console.print(f"every rank's stack: {report.hang.folder}")
+        if report.hang.folder:
+            console.print(f"every rank's stack: {report.hang.folder}")
     if report.stragglers:
         console.print(f"ended {report.stragglers} stray process(es) the ranks left behind (DISTLAUNCH_JOB_ID)")
     for silent in report.silent_hosts:

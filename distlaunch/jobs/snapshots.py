@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, jobs_dir
 from distlaunch.launcher.signals import STACKS_REQUEST_SIGNAL
-from distlaunch.launcher.stacks import StackGroup, write_rank_stacks
+from distlaunch.launcher.stacks import StackGroup, summarise_stacks, write_rank_stacks
 
 POLL_S = 0.1
 _NUMBERED = re.compile(r"^stacks-(\d+)$")
@@ -56,7 +56,8 @@ def write_snapshot(folder: Path, job_id: str, stacks: dict[int, dict], host_of: 
             break
         except FileExistsError:
             number += 1
-    groups, text = write_rank_stacks(target, stacks, host_of)
+    write_rank_stacks(target, stacks, host_of)
+    groups, text = summarise_stacks(stacks, host_of)
     snapshot = StacksSnapshot(job_id=job_id, number=number, summary=text, groups=groups, folder=str(target))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".stacks-", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -29,7 +29,7 @@ from distlaunch.launcher.report import (
     exit_code_of,
 )
 from distlaunch.launcher.signals import SignalTrap, StackRequests, StopRequest
-from distlaunch.launcher.stacks import ranges, write_rank_stacks
+from distlaunch.launcher.stacks import ranges, summarise_stacks, write_rank_stacks
 from distlaunch.protocol import AgentConnection
 
 TAIL_LINES = 10
@@ -228,10 +228,27 @@ class _Attempt:
             return
         if self.waiting_ranks(pending) - set(self.stacks) and now < self.stacks_deadline:
             return
-        self.hang = write_hang_report(self.stacks_folder(), self.options, self.stacks, self.host_of)
+        self.hang = self.hang_report()
         self.sink.notice(f"hang: {self.hang.summary}")
-        self.sink.notice(f"full stacks: {self.hang.folder}")
+        if self.hang.folder:
+            self.sink.notice(f"full stacks: {self.hang.folder}")
         self.stop(conns, f"the job hung (no progress for {timeout:g}s, --hang-timeout)")
+
+    def hang_report(self) -> HangReport:
+        """Where the ranks wait, and every rank's full stack written in this attempt's folder (a full disk costs
+        the files, never the report)."""
+        groups, text = summarise_stacks(self.stacks or {}, self.host_of)
+        folder = None
+        try:
+            folder = self.stacks_folder()
+            write_rank_stacks(folder, self.stacks or {}, self.host_of)
+        except OSError as exc:
+            where = f" in {folder}" if folder else ""
+            self.sink.notice(f"cannot write every rank's full stack{where}: {exc.strerror or exc}")
+            folder = None
+        return HangReport(
+            timeout_s=self.options.hang_timeout, summary=text, folder=str(folder) if folder else None, groups=groups
+        )
 
     def stacks_folder(self) -> Path:
         """Where this attempt's stacks and NCCL flight recorder dumps go (one folder, made once)."""
@@ -441,14 +458,6 @@ class _Attempt:
             self.sink.notice("second interrupt: killing all ranks now")
             for conn in conns:
                 conn.send(p.command(p.KILL))
-
-
-def write_hang_report(
-    folder: Path, options: ExecOptions, stacks: dict[int, dict], host_of: dict[int, str]
-) -> HangReport:
-    """Write every rank's full stack into ``folder`` (in the job's) and summarise where the ranks wait."""
-    groups, text = write_rank_stacks(folder, stacks, host_of)
-    return HangReport(timeout_s=options.hang_timeout, summary=text, folder=str(folder), groups=groups)
 
 
 def _discard(events: queue.Queue) -> None:

@@ -52,7 +52,7 @@ class HangReport(BaseModel):
 
     timeout_s: float
     summary: str  # "ranks 0-2 wait in all_reduce (x.py:42); rank 3 in <module> (x.py:40) on node2"
-    folder: str  # every rank's full stack, one file per rank
+    folder: str | None  # every rank's full stack, one file per rank; None when it could not be written
     groups: list[StackGroup] = Field(default_factory=list)
 
 

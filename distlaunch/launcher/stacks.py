@@ -91,15 +91,19 @@ def summary(groups: list[StackGroup]) -> str:
     return "; ".join(parts)
 
 
-def write_rank_stacks(folder: Path, stacks: dict[int, dict], host_of: dict[int, str]) -> tuple[list[StackGroup], str]:
-    """Write each rank's full stack (an agent's stacks event) to ``folder/rank<N>.txt``; return the groups and
-    the one-line summary, which names the ranks that sent none."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for rank, event in sorted(stacks.items()):
-        head = f"# rank {rank} on {host_of[rank]} ({event.get('tool', 'none')})\n"
-        (folder / f"rank{rank}.txt").write_text(head + event.get("text", ""), encoding="utf-8")
+def summarise_stacks(stacks: dict[int, dict], host_of: dict[int, str]) -> tuple[list[StackGroup], str]:
+    """The groups of ranks by where they wait (from agents' stacks events), and the one-line summary, which
+    names the ranks that sent none."""
     missing = sorted(set(host_of) - set(stacks))
     groups = group_stacks({rank: event.get("text", "") for rank, event in stacks.items()}, host_of)
     parts = [summary(groups)] if groups else []
     parts += [f"no stack from ranks {ranges(missing)}"] if missing else []
     return groups, "; ".join(parts) or "no rank is running"
+
+
+def write_rank_stacks(folder: Path, stacks: dict[int, dict], host_of: dict[int, str]) -> None:
+    """Write each rank's full stack (an agent's stacks event) to ``folder/rank<N>.txt``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, event in sorted(stacks.items()):
+        head = f"# rank {rank} on {host_of[rank]} ({event.get('tool', 'none')})\n"
+        (folder / f"rank{rank}.txt").write_text(head + event.get("text", ""), encoding="utf-8")

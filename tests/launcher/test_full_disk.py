@@ -4,8 +4,10 @@ job's own rank 0 fills, as checkpoints in a home folder do."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -86,3 +88,25 @@ def test_stdout_on_a_full_disk_is_counted_with_why_and_the_exit_code_stays(tmp_p
     assert len(lost) == 1, r.stderr[-3000:]
     assert "as writing it failed: no space left on device" in lost[0]
     assert "rank 0 on localhost exited with code 3" in r.stderr
+
+
+NAPPER = "import time\nprint('in place', flush=True)\ndef nap():\n    while True:\n        time.sleep(0.2)\nnap()\n"
+
+
+def test_a_hang_on_a_full_disk_is_still_named_and_exits_124(tmp_path):
+    """The stacks cannot be written where --log-dir keeps them: the one-line summary still says where the ranks
+    wait, and the job ends as hung (it was an internal error, exit 1)."""
+    napper = tmp_path / "napper.py"
+    napper.write_text(NAPPER)
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        logs = disk / "logs"
+        logs.mkdir()
+        with open(disk / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        r = cli("run", "-n", "2", "--hang-timeout", "3", "--log-dir", str(logs), str(napper), state=tmp_path / "state")
+    assert r.returncode == 124, r.stderr[-3000:]
+    assert "internal error" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"distlaunch: hang: ranks 0-1 wait in (sleep|nap) \(napper\.py:\d\)", r.stderr), r.stderr[-3000:]
+    assert "cannot write every rank's full stack" in r.stderr and "no space left on device" in r.stderr.lower()
+    assert "every rank's stack:" not in r.stdout + r.stderr  # no folder is named that does not hold them
