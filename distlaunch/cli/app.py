@@ -107,14 +107,23 @@ def write_debug_log(text: str) -> str:
     name = f"debug-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}.log"
     path = os.path.join(_private_dir(), name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        os.unlink(path)  # no empty log to puzzle over: the caller says it could not be written
+        raise
     return path
 
 
 def _internal_error(exc: BaseException) -> int:
-    path = write_debug_log("".join(traceback.format_exception(exc)))
-    _error(f"internal error: {type(exc).__name__}: {exc} (hint: this is a distlaunch bug; the traceback is in {path})")
+    try:
+        where = f"the traceback is in {write_debug_log(''.join(traceback.format_exception(exc)))}"
+    except OSError as err:  # a full or read-only temporary folder: the error is still one line, and says where
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f"it was raised at {frames[-1].filename}:{frames[-1].lineno}; " if frames else ""
+        where = f"{at}its traceback could not be written in {tempfile.gettempdir()}: {err.strerror or err}"
+    _error(f"internal error: {type(exc).__name__}: {exc} (hint: this is a distlaunch bug; {where})")
     return ExitCode.CHECK_FAILED
 
 

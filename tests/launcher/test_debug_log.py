@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from distlaunch.cli import app
+from tests.fixtures.tmpfs import small_disk
 
 
 @pytest.fixture
@@ -53,3 +55,24 @@ def test_a_planted_symlink_or_an_open_folder_is_not_used(tmpdir_here):
 def test_each_error_gets_its_own_file(tmpdir_here):
     first, second = app.write_debug_log("one"), app.write_debug_log("two")
     assert first != second and Path(first).read_text() == "one" and Path(second).read_text() == "two"
+
+
+def test_a_full_temporary_folder_still_gets_one_line_that_says_where_it_was_raised(tmp_path, monkeypatch, capsys):
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        with open(disk / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        monkeypatch.setattr(tempfile, "tempdir", str(disk))
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError as exc:
+            assert app._internal_error(exc) == 1
+        assert not os.listdir(disk / f"distlaunch-{os.getuid()}")  # no empty log left behind
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(
+        "error: internal error: RuntimeError: boom (hint: this is a distlaunch bug; it was raised at "
+    )
+    assert (
+        "test_debug_log.py:" in err and f"its traceback could not be written in {disk}: No space left on device" in err
+    )
