@@ -126,9 +126,15 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
     if node.nnodes == 1 and node.rdzv_endpoint is None:  # a job of one node: nobody to meet
         return launch(node_plan(opts, 1, 0, workdir=exec_opts.workdir), opts, exec_opts, sink)
     host, port = store_endpoint(opts, node)
-    with NodeStore.open(
-        host, port, node.nnodes, node.rdzv_timeout, first=None if node.node_rank is None else node.node_rank == 0
-    ) as store:
+    # this node's part as the job will have it (the master is not known yet: no name is looked up for it)
+    draft = node_plan(
+        opts.model_copy(update={"master_addr": opts.master_addr or host}), node.nnodes, node.node_rank or 0
+    )
+    shape = job_shape(draft, node.nnodes)
+    first = None if node.node_rank is None else node.node_rank == 0
+    with NodeStore.open(host, port, node.nnodes, node.rdzv_timeout, first, shape) as store:
+        if not store.host:
+            check_shape(shape, store.served_shape(), store.endpoint)
         node_rank = store.arrive(node.node_rank)
         sink.notice(f"node {node_rank} of {node.nnodes}: waiting for the other nodes at {host_port(host, port)}")
         try:
@@ -161,6 +167,28 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
         finally:
             watcher.stop()
         return settle(store, watcher, report, node_rank, sink, exec_opts.grace_period)
+
+
+def job_shape(plan: LaunchPlan, nnodes: int) -> dict[str, str | int]:
+    """What every node must start alike (option -> value): the ranks' numbers and groups follow from these."""
+    return {
+        "--nnodes": nnodes,
+        "-n": len(plan.nodes[0].ranks),
+        "--parallel": str(plan.parallel),
+        "--backend": plan.backend,
+    }
+
+
+def check_shape(mine: dict, theirs: dict | None, endpoint: str) -> None:
+    """Refuse this node before it counts when its job differs from the serving node's (another -n, layout,
+    backend): its ranks would take numbers and groups the others do not expect, and every rank would hang."""
+    differ = [f"{k} {v} here, {theirs[k]} there" for k, v in mine.items() if theirs and k in theirs and theirs[k] != v]
+    if differ:
+        raise UsageError(
+            f"this node starts another job than the node serving the rendezvous at {endpoint}: {'; '.join(differ)}",
+            f"start every node with the same {', '.join(mine)} (--backend auto picks nccl on a node with GPUs, "
+            "gloo on one without)",
+        )
 
 
 def _tell_others(store: NodeStore, node_rank: int, exc: BaseException) -> None:

@@ -6,7 +6,8 @@ its own. torch is imported inside ``NodeStore.open`` only, so the launcher still
 only per-node launches pay for the import. It listens on its own port (``--rdzv-endpoint``, by default
 the master port + 1), never on MASTER_PORT, where rank 0's init_process_group hosts the ranks' store.
 
-Keys: ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1), ``node/<i>`` (a node rank
+Keys: ``shape`` (the job as the serving node starts it: a node whose own differs is refused before it
+counts), ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1), ``node/<i>`` (a node rank
 given twice is an error), ``job`` (job id and master address from node 0), ``failed`` (the earliest failure
 any node reported), ``finished`` (counter; the hosting node keeps the store up until every node is done),
 ``left`` (counter: a node that will not call the store again; the hosting node waits for them, so no node's
@@ -54,6 +55,8 @@ def is_own_address(host: str) -> bool:
 
 POLL_S = 0.5  # between tries to reach the store
 LEAVE_S = 5.0  # once every node has finished: how long the hosting node waits for the others to leave
+SHAPE_WAIT_S = 5.0  # how long a node looks for the serving node's shape (set as it starts the store; an older
+# distlaunch sets none, and then nothing is compared)
 
 
 def tcp_store_class():
@@ -93,16 +96,20 @@ def wait_until_served(host: str, port: int, deadline: float) -> bool:
 class NodeStore:
     """One node's view of the nodes' store; ``host`` is True on the node that serves it."""
 
-    def __init__(self, store, endpoint: str, nnodes: int, timeout: float, host: bool):
+    def __init__(self, store, endpoint: str, nnodes: int, timeout: float, host: bool, shape: dict | None = None):
         self.store, self.endpoint, self.nnodes, self.timeout, self.host = store, endpoint, nnodes, timeout, host
+        self.shape = shape or {}  # option -> value: what every node of the job must start alike
         self._lock = threading.Lock()  # the watcher thread and the launcher share one client
         self._finished = False
         self._counted = False  # this node's arrival counts: it finishes and leaves as one of the nodes
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, host: str, port: int, nnodes: int, timeout: float, first: bool | None) -> Iterator[NodeStore]:
-        """Serve the store (node 0; ``first=None``: the first node on the endpoint's machine), else reach it."""
+    def open(
+        cls, host: str, port: int, nnodes: int, timeout: float, first: bool | None, shape: dict | None = None
+    ) -> Iterator[NodeStore]:
+        """Serve the store (node 0; ``first=None``: the first node on the endpoint's machine), else reach it.
+        ``shape``: this node's job (option -> value), which the serving node sets for the others to match."""
         TCPStore = tcp_store_class()
         endpoint = host_port(host, port)
         wait = timedelta(seconds=timeout)
@@ -130,8 +137,10 @@ class NodeStore:
                     ) from None
                 time.sleep(POLL_S)
         store.set_timeout(wait)  # blocking gets wait the whole --rdzv-timeout, whatever connecting took
-        node = cls(store, endpoint, nnodes, timeout, serving)
+        node = cls(store, endpoint, nnodes, timeout, serving, shape)
         try:
+            if serving:
+                node._call("set", "shape", json.dumps(node.shape))
             yield node
         finally:
             node.linger() if serving else node.leave()
@@ -139,6 +148,15 @@ class NodeStore:
     def _call(self, name: str, *args):
         with self._lock:
             return getattr(self.store, name)(*args)
+
+    def served_shape(self) -> dict | None:
+        """The job as the serving node starts it (``shape``); None when it set none (an older distlaunch)."""
+        deadline = time.monotonic() + SHAPE_WAIT_S
+        while not self._call("check", ["shape"]):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        return json.loads(self._call("get", "shape"))
 
     def arrive(self, node_rank: int | None) -> int:
         """Check in; returns this node's rank (the given one, or the arrival order). A node refused here takes

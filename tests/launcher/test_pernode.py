@@ -302,3 +302,28 @@ def test_a_refused_or_withdrawn_node_does_not_count_and_the_job_forms_when_the_r
         assert code == 0, err
     out = "".join(o for _, o, _ in results)
     assert sum("all_reduce(sum of rank+1) = 6 (ok)" in line for line in out.splitlines()) == 3, out
+
+
+def test_a_node_that_starts_another_job_is_refused_before_it_counts():
+    """-n 1 where node 0 has -n 2: its ranks would take numbers and groups node 0's do not expect, and every rank
+    would hang in its first collective. It is refused in one line, uncounted, and the right node 1 completes
+    the job."""
+
+    def job():
+        port, store = free_port(), free_port()
+        first = start_node(*static_args(2, 0, port, store, n=2), *ALLREDUCE)
+        assert wait_until(lambda: "waiting for the other nodes" in first.stderr.readline(), timeout=60)
+        odd = start_node(*static_args(2, 1, port, store, n=1), *ALLREDUCE)
+        code, _, err = finish([odd])[0]
+        assert code == 2, err
+        assert "this node starts another job than the node serving the rendezvous at 127.0.0.1:" in err, err
+        assert "-n 1 here, 2 there; --parallel dp=2,tp=1,pp=1,zero=0 here, dp=4,tp=1,pp=1,zero=0 there" in err, err
+        assert "start every node with the same --nnodes, -n, --parallel, --backend" in err, err
+        right = start_node(*static_args(2, 1, port, store, n=2), *ALLREDUCE)
+        return finish([first, right], port_race=True)
+
+    results = on_fresh_ports(job)
+    for code, _, err in results:
+        assert code == 0, err
+    out = "".join(o for _, o, _ in results)
+    assert sum("/4 (gloo): all_reduce(sum of rank+1) = 10 (ok)" in line for line in out.splitlines()) == 4, out
