@@ -766,7 +766,8 @@ def main() -> int:
     # "hello" tells a launcher that this host can run the agent before it sends any node its plan,
     # so a host without distlaunch fails the launch before a single rank has started anywhere.
     try:
-        print(json.dumps(p.event(p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL)), flush=True)
+        hello = p.event(p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL, now=time.time())
+        print(json.dumps(hello), flush=True)
     except OSError:
         return 2
     commands = _Lines(sys.stdin.fileno())

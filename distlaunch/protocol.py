@@ -3,7 +3,8 @@
 One JSON object per line. The launcher writes the node plan as the first line of the agent's stdin, then
 commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its stdout:
 
-    {"ev": "hello", "python": "3.11.7"}                      at once, before the node plan is read
+    {"ev": "hello", "python": "3.11.7", "protocol": 2,        at once, before the node plan is read; now: the
+     "now": 1795552340.02}                                     agent's wall clock (see clock_offset)
     {"ev": "ready", "problems": [...]}                         a plan with "gate": true: what keeps its ranks
                                                                from starting here (distlaunch/startcheck.py),
                                                                checked before any; then "go", or "stop"
@@ -64,6 +65,20 @@ NCCL_TRACE_CHUNK_BYTES = 48 << 10
 GRACE_PERIOD_S = 10.0  # SIGTERM to SIGKILL, unless --grace-period says otherwise
 
 
+def clock_offset(agent_now: object, sent: float, heard: float) -> float:
+    """How far an agent's wall clock is ahead of ours (negative: behind), as far as it is sure.
+
+    The agent read its clock (``agent_now``) for its hello between our start of it (``sent``) and our
+    reading of the hello (``heard``), both on our clock. So the offset lies in [agent_now - heard,
+    agent_now - sent]; this returns the point of that interval nearest 0: 0 for clocks that agree within the
+    start-up time, else never more than the true offset. Subtracting it from the agent's times (a rank's
+    exit) can only bring them nearer ours: a root cause is never misordered by the correction itself."""
+    if not isinstance(agent_now, int | float) or isinstance(agent_now, bool):
+        return 0.0  # an agent that does not say
+    low, high = agent_now - heard, agent_now - sent
+    return low if low > 0 else high if high < 0 else 0.0
+
+
 def event(kind: str, **fields) -> dict:
     return {"ev": kind, **fields}
 
@@ -85,6 +100,7 @@ class AgentConnection(ABC):
         self.events = events
         self.last_seen = time.monotonic()  # when the agent last said anything (its heartbeat included)
         self.done = False
+        self.clock_offset = 0.0  # the agent's wall clock minus ours (clock_offset): its exit times are read by it
 
     @abstractmethod
     def start(self, payload: dict) -> None:

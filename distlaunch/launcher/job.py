@@ -119,6 +119,7 @@ class _Attempt:
         self.gated = any(not node.local for node in plan.nodes)
         self.unready = {n.node_rank for n in plan.nodes} if self.gated else set()
         self.problems: dict[str, list[dict]] = {}  # host -> what keeps its ranks from starting
+        self.conn_of: dict[int, AgentConnection] = {}  # node rank -> its agent's connection, once started
 
     def payload(self, node: NodePlan) -> dict:
         return {
@@ -160,7 +161,8 @@ class _Attempt:
         return self.failures
 
     def loop(self, conns: list[AgentConnection]) -> None:
-        pending = {c.node_rank: c for c in conns}
+        self.conn_of = {c.node_rank: c for c in conns}
+        pending = dict(self.conn_of)
         heartbeat_at = turn_at = time.monotonic()
         while pending:
             now = time.monotonic()
@@ -200,7 +202,7 @@ class _Attempt:
             elif kind == p.AGENT_OUT:
                 self.sink.notice(f"{self.node_of[node_rank].host}: {event['line']}")
             elif kind == p.EXIT:
-                self.on_exit(event, conns)
+                self.on_exit(event, self.conn_of[node_rank], conns)
             elif kind == p.STRAGGLERS:
                 self.stragglers += event["count"]
                 host = self.node_of[node_rank].host
@@ -358,12 +360,13 @@ class _Attempt:
     def since_start(self, at: float) -> float:
         return round(at - self.started_at, 3)
 
-    def on_exit(self, event: dict, conns: list[AgentConnection]) -> None:
+    def on_exit(self, event: dict, conn: AgentConnection, conns: list[AgentConnection]) -> None:
         """A rank ended. A failure on its own (before its agent was told to stop) is kept even while stopping:
         a crash makes its peers fail milliseconds later, and their host's report may arrive first."""
         rank = event["rank"]
         self.exited.add(rank)
-        at = event.get("at") or time.time()
+        # on our clock: hosts' clocks may disagree by seconds, and the root cause is the earliest failure
+        at = event["at"] - conn.clock_offset if event.get("at") else time.time()
         if event.get("stopped") and not self.stopping:
             self.on_stopped_by_agent(rank, at, conns)
             return

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import paramiko
 
-from distlaunch.protocol import HELLO, AgentConnection
+from distlaunch.protocol import HELLO, AgentConnection, clock_offset
 from distlaunch.remote.command import SHELL_READY, after_login_shell
 from distlaunch.remote.ssh import SshError
 
@@ -27,10 +27,12 @@ HELLO_TIMEOUT_S = 30.0  # an agent that has not said hello by then cannot start 
 class StartedAgent:
     """An agent process running on a host that said hello and now waits for its node plan on stdin."""
 
-    def __init__(self, channel: paramiko.Channel, stream):
+    def __init__(self, channel: paramiko.Channel, stream, sent: float):
         self.channel, self.stream = channel, stream
         self.started_at = time.monotonic()
+        self.sent = sent  # wall clock just before the agent's command went out: its hello came after
         self.hello: dict = {}  # what the agent said in its hello
+        self.clock_offset = 0.0  # the host's wall clock minus ours, as far as its hello tells (clock_offset)
         self.silent_for: float | None = None  # set when the agent did not say hello in time: since its start
 
     @classmethod
@@ -42,6 +44,7 @@ class StartedAgent:
                 raise paramiko.SSHException("the connection is closed")
             channel = transport.open_session(timeout=CLOSE_WAIT_S)
             channel.set_combine_stderr(True)  # a shell or interpreter error shows as agent output
+            sent = time.time()
             channel.exec_command(after_login_shell(agent_command(python, workdir, job_id)))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SshError(
@@ -50,7 +53,7 @@ class StartedAgent:
                 f"cannot start the agent over SSH: {exc}",
                 f"check that {host} is still up (ssh {host} true)",
             ) from None
-        return cls(channel, channel.makefile("rb"))
+        return cls(channel, channel.makefile("rb"), sent)
 
     def wait_hello(self, timeout: float = HELLO_TIMEOUT_S) -> list[str] | None:
         """None once the agent said hello; else everything it printed before it ended (why it failed),
@@ -63,6 +66,7 @@ class StartedAgent:
                 hello = _hello(line)
                 if hello is not None:
                     self.hello = hello
+                    self.clock_offset = clock_offset(hello.get("now"), self.sent, time.time())
                     return None
                 output.append(line)
         except (OSError, EOFError, paramiko.SSHException):  # socket.timeout is an OSError
@@ -121,8 +125,10 @@ class SshAgent(AgentConnection):
         python: str,
         workdir: str,
         started: StartedAgent | None = None,
+        clock_offset: float = 0.0,
     ):
         super().__init__(node_rank, host, events)
+        self.clock_offset = clock_offset  # measured once, by the preflight's agent on that host
         self.client, self.python, self.workdir = client, python, workdir
         self.started = started  # the preflight's agent, already running; else one is started here
         self.channel: paramiko.Channel | None = None

@@ -41,6 +41,7 @@ class RemoteHosts:
     def __init__(self, clients: dict[str, SshClient], python: str, workdir: str):
         self.clients, self.python, self.workdir = clients, python, workdir
         self.started: dict[str, StartedAgent] = {}
+        self.clock_offsets: dict[str, float] = {}  # host -> its wall clock minus ours, from its agent's hello
 
     @classmethod
     def open(
@@ -80,6 +81,8 @@ class RemoteHosts:
                 errors.append(self._why(alias, output, agent))
             elif agent.hello.get("protocol", 1) != PROTOCOL:
                 errors.append(other_version(alias, agent.hello.get("protocol", 1)))
+            else:
+                self.clock_offsets[alias] = agent.clock_offset
         if errors:
             raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
 
@@ -121,9 +124,8 @@ class RemoteHosts:
 
     def agent(self, node_rank: int, host: str, events) -> SshAgent:
         """The agent connection for the node on ``host`` (the preflight's agent on first use)."""
-        return SshAgent(
-            node_rank, host, events, self.clients[host], self.python, self.workdir, self.started.pop(host, None)
-        )
+        started, offset = self.started.pop(host, None), self.clock_offsets.get(host, 0.0)
+        return SshAgent(node_rank, host, events, self.clients[host], self.python, self.workdir, started, offset)
 
     def close(self) -> None:
         """Stop agents that never got a plan (their stdin closes) and disconnect from every host."""
