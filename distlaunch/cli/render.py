@@ -16,14 +16,27 @@ from distlaunch.launcher.report import RankExit, RunReport
 from distlaunch.launcher.stacks import ranges
 from distlaunch.slurm.env import SlurmRank
 
+HOST_ROWS = 32  # the dry run's table shows this many hosts at most: the first ones and the last HOST_ROWS_LAST
+HOST_ROWS_LAST = 4
+
 
 def print_json(model: BaseModel) -> None:
     """Plain JSON on stdout (no rich markup or wrapping)."""
     print(model.model_dump_json(indent=2))
 
 
+def _fmt_group(group: list[int], limit: int = 8) -> str:
+    """One process group: every rank while few, else its first ranks and last (a dp group of 16,000 ranks is
+    ``[0-15999]`` or ``[0,4,8,…,63996] (16000 ranks)``, not a screenful of numbers)."""
+    if len(group) <= limit:
+        return "[" + ",".join(map(str, group)) + "]"
+    if group == list(range(group[0], group[-1] + 1)):
+        return f"[{group[0]}-{group[-1]}]"
+    return "[" + ",".join(map(str, group[:3])) + f",…,{group[-1]}] ({len(group)} ranks)"
+
+
 def _fmt_groups(groups: list[list[int]], limit: int = 8) -> str:
-    shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:limit])
+    shown = " ".join(_fmt_group(g) for g in groups[:limit])
     return shown + (f" … ({len(groups)} groups)" if len(groups) > limit else "")
 
 
@@ -64,7 +77,13 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
     table = Table(show_lines=False)
     for col in ("host", "node", "ranks", "devices", "command"):
         table.add_column(col, overflow="fold")
-    for node in plan.nodes:
+    for i, node in enumerate(plan.nodes):
+        if len(plan.nodes) > HOST_ROWS and i == HOST_ROWS - HOST_ROWS_LAST:  # a big cluster: its start and its end
+            hidden = plan.nodes[i : len(plan.nodes) - HOST_ROWS_LAST]
+            first, last = hidden[0].ranks[0].rank, hidden[-1].ranks[-1].rank
+            table.add_row("…", "…", f"{first}-{last}", "", f"{len(hidden)} more hosts (--json lists every one)")
+        if len(plan.nodes) > HOST_ROWS and HOST_ROWS - HOST_ROWS_LAST <= i < len(plan.nodes) - HOST_ROWS_LAST:
+            continue
         ranks = [r.rank for r in node.ranks]
         devices = sorted({r.device for r in node.ranks})
         cvd = node.ranks[0].env.get("CUDA_VISIBLE_DEVICES")

@@ -197,3 +197,18 @@ def test_a_terminal_that_cannot_show_a_character_gets_it_escaped_not_an_internal
         )  # fmt: skip
         assert r.returncode == 0, r.stderr  # before: internal error: UnicodeEncodeError
         assert b"\\u2192" in r.stdout and b"internal error" not in r.stderr
+
+
+def test_the_dry_run_of_a_big_cluster_shows_its_start_and_end_and_folds_long_groups(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"gpu{i:03d} slots=8\n" for i in range(100)))
+    r = invoke(["run", "-H", str(hostfile), "--parallel", "tp=4", "--dry-run", "train.py"])
+    assert r.exit_code == 0, r.stderr
+    out = r.stdout
+    assert "gpu027" in out and "gpu096" in out and "gpu099" in out  # the first 28 hosts and the last 4
+    assert "gpu028 " not in out and "gpu095" not in out
+    assert "224-767" in out and "68 more hosts (--json lists every one)" in out
+    assert "dp groups: [0,4,8,…,796] (200 ranks) [1,5,9,…,797] (200 ranks)" in out
+    assert len(out.splitlines()) < 60, out  # 100 hosts x 8 ranks: one screen, not 800 rank numbers per group
+    plan = json.loads(invoke(["run", "-H", str(hostfile), "--parallel", "tp=4", "--dry-run", "--json", "x.py"]).stdout)
+    assert len(plan["nodes"]) == 100 and len(plan["groups"]["dp"][0]) == 200  # --json keeps everything
