@@ -23,6 +23,32 @@ DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 MAX_JUMPS = 8  # a ProxyJump chain longer than this is a loop in the config
+MATCH_EXEC_TIMEOUT_S = 10.0  # a config's `Match exec` command that runs longer is an error, not a silent hang
+
+
+class _BoundedMatchExec:
+    """What paramiko runs a config's ``Match exec`` command with (its module's ``invoke``), with a time limit.
+
+    paramiko sets none, as OpenSSH: a command that hangs (a probe of a gateway that is down, say) would leave
+    every launch and doctor run waiting in silence. Past the limit the command is killed and the launch
+    stops with one line that names it."""
+
+    def __init__(self, invoke):
+        self.invoke = invoke
+
+    def run(self, command: str, **kwargs):
+        try:
+            # in_stream=False: the command never reads this process's stdin (a pipe, a closed one, a terminal)
+            return self.invoke.run(command, timeout=MATCH_EXEC_TIMEOUT_S, in_stream=False, **kwargs)
+        except self.invoke.exceptions.CommandTimedOut:
+            raise UsageError(
+                f"ssh config: Match exec {command!r} did not finish within {MATCH_EXEC_TIMEOUT_S:g}s",
+                "fix or remove that Match exec (OpenSSH runs it too, before every connection)",
+            ) from None
+
+
+if paramiko.config.invoke is not None:  # without invoke, paramiko refuses Match exec itself
+    paramiko.config.invoke = _BoundedMatchExec(paramiko.config.invoke)
 
 
 class SshTarget(BaseModel):
