@@ -197,6 +197,13 @@ def _handshake_error(target: SshTarget, exc: Exception, timeout: float) -> SshEr
         )
     if isinstance(exc, paramiko.AuthenticationException):
         return _auth_error(target, exc)
+    if _caused_by(exc, (socket.timeout, TimeoutError)) and target.proxy_command:
+        return SshError(
+            host,
+            "timeout",
+            f"no SSH handshake came through ProxyCommand {target.proxy_command!r} within {timeout:g}s",
+            f"run the ProxyCommand by hand to see where it waits, or check it in {target.config_file or 'ssh_config'}",
+        )
     if _caused_by(exc, (socket.timeout, TimeoutError)):
         return SshError(
             host,

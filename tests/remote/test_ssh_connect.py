@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 
 import paramiko
 import pytest
@@ -17,7 +18,7 @@ from distlaunch.errors import ExitCode
 from distlaunch.remote.command import run_command
 from distlaunch.remote.ssh import HostsFailed, SshError, connect, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
-from tests.helpers import distlaunch_cmd
+from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
 
 UNUSED_ADDRESS = "127.0.0.99"  # on loopback, nothing listens here: connections are refused at once
 
@@ -136,6 +137,16 @@ def test_handshake_timeout(sshd_cluster, tmp_path):
         started = time.monotonic()
         err = connect_error(config, "mute", timeout=0.5)
     assert err.kind == "timeout" and time.monotonic() - started < 5
+
+
+def test_a_proxy_command_that_never_connects_is_named_and_ended(sshd_cluster, tmp_path):
+    mark = uuid.uuid4().hex
+    config = write_config(tmp_path, sshd_cluster, "tunnelled", ProxyCommand=f"env DLTEST_MARK={mark} sleep 300")
+    err = connect_error(config, "tunnelled", timeout=0.5)
+    assert err.kind == "timeout", err
+    assert f"no SSH handshake came through ProxyCommand 'env DLTEST_MARK={mark} sleep 300' within 0.5s" in str(err)
+    assert "run the ProxyCommand by hand" in str(err)
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10), "the ProxyCommand still runs"
 
 
 def test_proxy_jump(sshd_cluster, tmp_path):
