@@ -23,7 +23,7 @@ from distlaunch.launcher.job import ExecOptions, Sink
 from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
-from distlaunch.launcher.report import RankExit, RunReport
+from distlaunch.launcher.report import HOST_SILENT_CODE, RankExit, RunReport
 from distlaunch.launcher.signals import StopRequest
 from distlaunch.launcher.spec import address_for_peer, make_spec
 
@@ -132,7 +132,8 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
     )
     shape = job_shape(draft, node.nnodes)
     first = None if node.node_rank is None else node.node_rank == 0
-    with NodeStore.open(host, port, node.nnodes, node.rdzv_timeout, first, shape) as store:
+    silent_after = exec_opts.heartbeat_timeout
+    with NodeStore.open(host, port, node.nnodes, node.rdzv_timeout, first, shape, silent_after) as store:
         if not store.host:
             check_shape(shape, store.served_shape(), store.endpoint)
         node_rank = store.arrive(node.node_rank)
@@ -155,7 +156,7 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
             raise
         opts = opts.model_copy(update={"master_addr": addr, "master_port": str(mport)})
         plan = node_plan(opts, node.nnodes, node_rank, job_id, exec_opts.workdir)
-        watcher = FailureWatcher(store)
+        watcher = FailureWatcher(store, silent_after)
         watcher.start()
         try:
             report = launch(plan, opts, exec_opts, sink, stop_request=watcher.stop_request)
@@ -266,10 +267,13 @@ def _failure(store: NodeStore) -> dict | None:
 
 class FailureWatcher:
     """Polls the store for another node's failure; on one, asks this node's job to stop (``stop_request``):
-    every rank stops in order, as on a Ctrl-C, and the job ends with that failure's exit code."""
+    every rank stops in order, as on a Ctrl-C, and the job ends with that failure's exit code. It also beats
+    this node's heartbeat and watches the others': a node silent for ``silent_after`` seconds (its launcher
+    killed outright, its host down), or a store that no longer answers (the serving node gone), stops the job
+    as a host gone silent does in a hostfile launch: exit 3."""
 
-    def __init__(self, store: NodeStore):
-        self.store = store
+    def __init__(self, store: NodeStore, silent_after: float = 0.0):
+        self.store, self.silent_after = store, silent_after
         self.failure: dict | None = None
         self.stop_request = StopRequest()
         self._done = threading.Event()
@@ -285,8 +289,23 @@ class FailureWatcher:
     def _run(self) -> None:
         while not self._done.wait(POLL_S):
             try:
+                self.store.beat()
                 failure = self.store.failure()
-            except Exception:  # the hosting node is gone: nothing more to learn from it
+                silent = self.store.silent_nodes(self.silent_after) if self.silent_after and not failure else []
+            except Exception:  # the store is gone with the node that served it
+                self.stop_request.ask(
+                    f"the node serving the rendezvous at {self.store.endpoint} is gone (its launcher ended, or its "
+                    "host went down)",
+                    HOST_SILENT_CODE,
+                )
+                return
+            if silent:
+                nodes = ", ".join(map(str, silent))
+                self.stop_request.ask(
+                    f"node {nodes} went silent: no heartbeat at the rendezvous for {self.silent_after:g}s "
+                    "(--heartbeat-timeout); its launcher was killed outright, or its host is down",
+                    HOST_SILENT_CODE,
+                )
                 return
             if failure is None:
                 continue

@@ -11,7 +11,8 @@ counts), ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1)
 given twice is an error), ``job`` (job id and master address from node 0), ``failed`` (the earliest failure
 any node reported), ``finished`` (counter; the hosting node keeps the store up until every node is done),
 ``left`` (counter: a node that will not call the store again; the hosting node waits for them, so no node's
-last call meets a closed store).
+last call meets a closed store), ``alive/<i>`` (counter: node i's heartbeat while its ranks run; one that
+stops moving for the heartbeat timeout is a node gone silent) and ``done/<i>`` (node i has finished).
 """
 
 from __future__ import annotations
@@ -102,14 +103,24 @@ class NodeStore:
         self._lock = threading.Lock()  # the watcher thread and the launcher share one client
         self._finished = False
         self._counted = False  # this node's arrival counts: it finishes and leaves as one of the nodes
+        self.node_rank: int | None = None  # once arrived
+        self._beats: dict[int, tuple[int, float]] = {}  # node -> its last heartbeat count, and since when (ours)
 
     @classmethod
     @contextlib.contextmanager
     def open(
-        cls, host: str, port: int, nnodes: int, timeout: float, first: bool | None, shape: dict | None = None
+        cls,
+        host: str,
+        port: int,
+        nnodes: int,
+        timeout: float,
+        first: bool | None,
+        shape: dict | None = None,
+        silent_after: float = 0.0,
     ) -> Iterator[NodeStore]:
         """Serve the store (node 0; ``first=None``: the first node on the endpoint's machine), else reach it.
-        ``shape``: this node's job (option -> value), which the serving node sets for the others to match."""
+        ``shape``: this node's job (option -> value), which the serving node sets for the others to match;
+        ``silent_after``: the heartbeat timeout after which the serving node stops waiting for a node (0: never)."""
         TCPStore = tcp_store_class()
         endpoint = host_port(host, port)
         wait = timedelta(seconds=timeout)
@@ -143,7 +154,7 @@ class NodeStore:
                 node._call("set", "shape", json.dumps(node.shape))
             yield node
         finally:
-            node.linger() if serving else node.leave()
+            node.linger(silent_after) if serving else node.leave()
 
     def _call(self, name: str, *args):
         with self._lock:
@@ -170,13 +181,34 @@ class NodeStore:
                     "start exactly N nodes, or raise --nnodes",
                 )
             self._counted = True
+            self.node_rank = order - 1
             return order - 1
         if self._call("add", f"node/{node_rank}", 1) > 1:
             self._call("add", f"node/{node_rank}", -1)
             self._call("add", "arrived", -1)
             raise UsageError(f"--node-rank {node_rank} was given to two nodes", "give every node its own rank")
         self._counted = True
+        self.node_rank = node_rank
         return node_rank
+
+    def beat(self) -> None:
+        """This node is alive (its launcher runs): a heartbeat the other nodes watch."""
+        self._call("add", f"alive/{self.node_rank}", 1)
+
+    def silent_nodes(self, timeout: float) -> list[int]:
+        """The other nodes not finished whose heartbeat has not moved for ``timeout`` seconds (by our clock,
+        from our first look): their launcher died with its host, or was killed outright."""
+        now, silent = time.monotonic(), []
+        for node in range(self.nnodes):
+            if node == self.node_rank or self._call("check", [f"done/{node}"]):
+                continue
+            count = self._call("add", f"alive/{node}", 0)
+            seen, since = self._beats.get(node, (None, now))
+            if count != seen:
+                self._beats[node] = (count, now)
+            elif now - since > timeout:
+                silent.append(node)
+        return silent
 
     def all_arrived(self) -> bool:
         """Whether every node has arrived (so the others go on); True when the store cannot say."""
@@ -240,6 +272,7 @@ class NodeStore:
             return
         self._finished = True
         with contextlib.suppress(Exception):
+            self._call("set", f"done/{self.node_rank}", "1")
             self._call("add", "finished", 1)
 
     def wait_finished(self, timeout: float) -> None:
@@ -247,6 +280,15 @@ class NodeStore:
         deadline = time.monotonic() + timeout
         with contextlib.suppress(Exception):
             while self._call("add", "finished", 0) < self._call("add", "arrived", 0) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    def wait_finished_or_silent(self, silent_after: float) -> None:
+        """Until every node that arrived has finished or gone silent (the store answering nothing ends it too)."""
+        with contextlib.suppress(Exception):
+            while self._call("add", "finished", 0) < self._call("add", "arrived", 0):
+                unfinished = {n for n in range(self.nnodes) if not self._call("check", [f"done/{n}"])}
+                if unfinished <= set(self.silent_nodes(silent_after)) | {self.node_rank}:
+                    return
                 time.sleep(0.1)
 
     def leave(self) -> None:
@@ -257,11 +299,15 @@ class NodeStore:
         with contextlib.suppress(Exception):
             self._call("add", "left", 1)
 
-    def linger(self) -> None:
-        """The serving node keeps the store up until every node has finished (or the timeout), then until the
-        others have left: a node reads the root cause after the last one finished."""
+    def linger(self, silent_after: float = 0.0) -> None:
+        """The serving node keeps the store up until every node has finished, then until the others have left:
+        a node reads the root cause after the last one finished. A node whose heartbeat stopped for
+        ``silent_after`` seconds (its launcher died) is not waited for; without heartbeats (0), the timeout."""
         self.finish()  # this node too, also when it leaves early with an error
-        self.wait_finished(self.timeout)
+        if silent_after:
+            self.wait_finished_or_silent(silent_after)
+        else:
+            self.wait_finished(self.timeout)
         deadline = time.monotonic() + LEAVE_S
         with contextlib.suppress(Exception):
             while self._call("add", "left", 0) < self._call("add", "arrived", 0) - 1 and time.monotonic() < deadline:

@@ -9,6 +9,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from distlaunch.contract.endpoint import free_port
 from tests.helpers import children, distlaunch_cmd, finish, invoke, on_fresh_ports, pids_with_env, wait_until
 
@@ -276,6 +278,30 @@ def test_stopping_one_node_stops_the_others():
     assert "stopped because node 0 ended with code 143, with no rank failing there" in results[1][2]
     assert "finished" not in results[1][2]
     assert_quiet(results)
+    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
+
+
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_node_whose_launcher_is_killed_outright_stops_the_others_as_gone_silent(killed):
+    """SIGKILL: the launcher says nothing to anyone (its agent takes its ranks with it). The other node stops its
+    ranks within --heartbeat-timeout and exits 3, as for a silent host; when the killed one served the
+    rendezvous, at once. The serving node does not wait --rdzv-timeout (300 s) for the dead one to finish."""
+    mark = uuid.uuid4().hex
+    sleeper = ["--grace-period", "1", "--heartbeat-timeout", "3", "--env", f"DLTEST_MARK={mark}"]
+
+    def job():
+        procs = sleepers_up(*sleeper, str(SCRIPTS / "fail_one.py"))
+        procs[killed].kill()
+        return finish(procs, timeout=60)
+
+    results = on_fresh_ports(job)
+    code, _, err = results[1 - killed]
+    assert code == 3, err
+    if killed == 1:
+        assert "node 1 went silent: no heartbeat at the rendezvous for 3s (--heartbeat-timeout)" in err, err
+    else:
+        assert re.search(r"the node serving the rendezvous at 127\.0\.0\.1:\d+ is gone", err), err
+    assert_quiet([(0, "", ""), (code, "", err)])
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
 
 
