@@ -77,6 +77,8 @@ class RankLogs:
         if not self.on:
             return
         self.started(rank, node, spec)  # a rank its agent could not start has no 'started', only its reason
+        if not self.on:  # its header could not be written
+            return
         with self._guard():
             log = self.open.get(rank)
             if log is None:
@@ -98,6 +100,8 @@ class RankLogs:
         try:
             yield
         except OSError as exc:
+            if self.failed is not None:
+                return  # said once already
             self.failed = exc.strerror or str(exc)
             where = self.folder or Path(self.log_dir or "")
             self.notice(

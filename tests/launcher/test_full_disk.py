@@ -110,3 +110,4 @@ def test_a_hang_on_a_full_disk_is_still_named_and_exits_124(tmp_path):
     assert re.search(r"distlaunch: hang: ranks 0-1 wait in (sleep|nap) \(napper\.py:\d\)", r.stderr), r.stderr[-3000:]
     assert "cannot write every rank's full stack" in r.stderr and "no space left on device" in r.stderr.lower()
     assert "every rank's stack:" not in r.stdout + r.stderr  # no folder is named that does not hold them
+    assert sum("rank logs in" in line for line in r.stderr.splitlines()) == 1, r.stderr  # full from the start: once
