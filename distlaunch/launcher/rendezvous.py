@@ -12,7 +12,7 @@ given twice is an error), ``job`` (job id and master address from node 0), ``fai
 any node reported), ``finished`` (counter; the hosting node keeps the store up until every node is done),
 ``left`` (counter: a node that will not call the store again; the hosting node waits for them, so no node's
 last call meets a closed store), ``alive/<i>`` (counter: node i's heartbeat while its ranks run; one that
-stops moving for the heartbeat timeout is a node gone silent) and ``done/<i>`` (node i has finished).
+stops moving for the heartbeat timeout is a node gone silent; ``done`` once node i has finished).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def is_own_address(host: str) -> bool:
 
 POLL_S = 0.5  # between tries to reach the store
 LEAVE_S = 5.0  # once every node has finished: how long the hosting node waits for the others to leave
+DONE = b"done"  # a finished node's heartbeat
 SHAPE_WAIT_S = 5.0  # how long a node looks for the serving node's shape (set as it starts the store; an older
 # distlaunch sets none, and then nothing is compared)
 
@@ -182,6 +183,7 @@ class NodeStore:
                 )
             self._counted = True
             self.node_rank = order - 1
+            self._call("add", f"alive/{self.node_rank}", 0)
             return order - 1
         if self._call("add", f"node/{node_rank}", 1) > 1:
             self._call("add", f"node/{node_rank}", -1)
@@ -189,20 +191,28 @@ class NodeStore:
             raise UsageError(f"--node-rank {node_rank} was given to two nodes", "give every node its own rank")
         self._counted = True
         self.node_rank = node_rank
+        self._call("add", f"alive/{node_rank}", 0)
         return node_rank
 
     def beat(self) -> None:
         """This node is alive (its launcher runs): a heartbeat the other nodes watch."""
         self._call("add", f"alive/{self.node_rank}", 1)
 
+    def heartbeats(self) -> list[bytes]:
+        """Every node's heartbeat, in one call (the serving node answers every node, every half second):
+        a count, or ``done`` once that node finished, or ``done`` too for a node that never arrived."""
+        keys = [f"alive/{node}" for node in range(self.nnodes)]
+        if self._call("check", keys):
+            return self._call("multi_get", keys)
+        return [self._call("get", key) if self._call("check", [key]) else DONE for key in keys]
+
     def silent_nodes(self, timeout: float) -> list[int]:
         """The other nodes not finished whose heartbeat has not moved for ``timeout`` seconds (by our clock,
         from our first look): their launcher died with its host, or was killed outright."""
         now, silent = time.monotonic(), []
-        for node in range(self.nnodes):
-            if node == self.node_rank or self._call("check", [f"done/{node}"]):
+        for node, count in enumerate(self.heartbeats()):
+            if node == self.node_rank or count == DONE:
                 continue
-            count = self._call("add", f"alive/{node}", 0)
             seen, since = self._beats.get(node, (None, now))
             if count != seen:
                 self._beats[node] = (count, now)
@@ -272,7 +282,7 @@ class NodeStore:
             return
         self._finished = True
         with contextlib.suppress(Exception):
-            self._call("set", f"done/{self.node_rank}", "1")
+            self._call("set", f"alive/{self.node_rank}", DONE)  # its heartbeat ends here: nobody waits for it
             self._call("add", "finished", 1)
 
     def wait_finished(self, timeout: float) -> None:
@@ -286,10 +296,10 @@ class NodeStore:
         """Until every node that arrived has finished or gone silent (the store answering nothing ends it too)."""
         with contextlib.suppress(Exception):
             while self._call("add", "finished", 0) < self._call("add", "arrived", 0):
-                unfinished = {n for n in range(self.nnodes) if not self._call("check", [f"done/{n}"])}
-                if unfinished <= set(self.silent_nodes(silent_after)) | {self.node_rank}:
+                running = {node for node, count in enumerate(self.heartbeats()) if count != DONE}
+                if running - {self.node_rank} <= set(self.silent_nodes(silent_after)):
                     return
-                time.sleep(0.1)
+                time.sleep(POLL_S)
 
     def leave(self) -> None:
         """A node that does not serve the store makes its last call: it has finished and will not come back."""
