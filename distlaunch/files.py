@@ -15,6 +15,12 @@ import stat
 from pathlib import Path
 
 
+def os_error_words(err: BaseException) -> str:
+    """A failed file operation in a few words, as distlaunch's messages say it: ``no space left on device``."""
+    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
+    return text.lower()
+
+
 def open_regular(path: str | Path) -> int:
     """``path`` opened for reading (a descriptor to hand to ``open``), or an OSError that says what it is
     instead: IsADirectoryError for a folder, EINVAL "not a regular file" for a pipe or a device. Opened

@@ -17,6 +17,8 @@ import time
 from collections import deque
 from typing import TextIO
 
+from distlaunch.files import os_error_words
+
 _PALETTE = (36, 32, 33, 35, 34, 96, 92, 93, 95, 94)  # ANSI foreground colours, cycled by rank
 PENDING_BYTES = 4 << 20  # per stream: what may wait for a slow terminal before lines are dropped
 DRAIN_STALL_S = 2.0  # at the end, stop waiting for a terminal that has accepted nothing for this long
@@ -100,14 +102,14 @@ class StreamWriter:
                 self.stream.write(text)
                 self.stream.flush()
             except (OSError, ValueError) as exc:
-                return _why(exc), text
+                return os_error_words(exc), text
             return None
         data = text.encode("utf-8", "replace")
         while data:
             try:
                 n = os.write(self.fd, data)
             except OSError as exc:
-                return _why(exc), data.decode("utf-8", "replace")
+                return os_error_words(exc), data.decode("utf-8", "replace")
             data = data[n:]
             self.written_at = time.monotonic()
         return None
@@ -129,12 +131,6 @@ class StreamWriter:
             if time.monotonic() - self.written_at > stall_s:
                 return False
         return True
-
-
-def _why(exc: Exception) -> str:
-    """A failed write in a few words: ``no space left on device``, ``broken pipe``."""
-    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-    return text[:1].lower() + text[1:]
 
 
 def _fileno(stream: TextIO) -> int | None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from distlaunch import protocol as p
 from distlaunch.errors import UsageError
+from distlaunch.files import os_error_words
 from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.ranklogs import RankLogs, job_folder
@@ -246,7 +247,7 @@ class _Attempt:
             write_rank_stacks(folder, self.stacks or {}, self.host_of)
         except OSError as exc:
             where = f" in {folder}" if folder else ""
-            self.sink.notice(f"cannot write every rank's full stack{where}: {exc.strerror or exc}")
+            self.sink.notice(f"cannot write every rank's full stack{where}: {os_error_words(exc)}")
             folder = None
         return HangReport(
             timeout_s=self.options.hang_timeout, summary=text, folder=str(folder) if folder else None, groups=groups

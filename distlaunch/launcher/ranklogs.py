@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from distlaunch.files import os_error_words
 from distlaunch.launcher.plan import LaunchPlan, NodePlan, RankPlan
 
 
@@ -102,10 +103,10 @@ class RankLogs:
         except OSError as exc:
             if self.failed is not None:
                 return  # said once already
-            self.failed = exc.strerror or str(exc)
+            self.failed = os_error_words(exc)
             where = self.folder or Path(self.log_dir or "")
             self.notice(
-                f"warning: rank logs in {where} cannot be written ({self.failed.lower()}): no more rank logs are "
+                f"warning: rank logs in {where} cannot be written ({self.failed}): no more rank logs are "
                 "written; the job goes on, its output still shown here"
             )
             self.close()

@@ -26,7 +26,7 @@ import stat
 from pathlib import Path
 
 from distlaunch.errors import UsageError
-from distlaunch.files import open_regular
+from distlaunch.files import open_regular, os_error_words
 
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
@@ -127,7 +127,7 @@ def os_reason(path: Path, err: OSError) -> str:
         return "a symlink loop"
     if err.errno == errno.ENOENT and os.path.islink(path):
         return f"a symlink to {os.readlink(path)}, which does not exist"
-    return (err.strerror or err.__class__.__name__).lower()
+    return os_error_words(err)
 
 
 def regular_file(path: Path) -> tuple[os.stat_result | None, str | None]:
