@@ -238,7 +238,8 @@ HeartbeatTimeout = Annotated[
         min=0,
         help="Seconds without a message from a host's agent before the host counts as lost: the job stops, exit 3."
         " Agents likewise stop their ranks when the launcher is silent this long, and in per-node mode (--nnodes)"
-        " a node whose heartbeat at the rendezvous stops this long is given up. 0 turns heartbeats off.",
+        " a node whose heartbeat at the rendezvous stops this long, or a rendezvous store that does not answer this"
+        " long, is given up. 0 turns heartbeats off.",
         rich_help_panel=LAUNCH,
     ),
 ]

@@ -22,7 +22,7 @@ from distlaunch.launcher.hostname import host_port
 from distlaunch.launcher.job import ExecOptions, Sink
 from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
-from distlaunch.launcher.rendezvous import NodeStore, parse_endpoint
+from distlaunch.launcher.rendezvous import NodeStore, StoreSilent, parse_endpoint
 from distlaunch.launcher.report import HOST_SILENT_CODE, RankExit, RunReport
 from distlaunch.launcher.signals import StopRequest
 from distlaunch.launcher.spec import address_for_peer, make_spec
@@ -287,11 +287,25 @@ class FailureWatcher:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._done.wait(POLL_S):
+        while True:
+            slept_at = time.monotonic()
+            if self._done.wait(POLL_S):
+                return
+            away = time.monotonic() - slept_at - POLL_S
+            if self.silent_after and away > self.silent_after:  # no other node saw a heartbeat from us meanwhile
+                self.stop_request.ask(
+                    f"this node's launcher did not run for {away:.0f}s, longer than --heartbeat-timeout "
+                    f"{self.silent_after:g}s (it was stopped, or its host froze): the other nodes have given it up",
+                    HOST_SILENT_CODE,
+                )
+                return
             try:
                 self.store.beat()
                 failure = self.store.failure()
                 silent = self.store.silent_nodes(self.silent_after) if self.silent_after and not failure else []
+            except StoreSilent as exc:  # its node hangs, or is cut off with its connections open
+                self.stop_request.ask(f"{exc.message} ({exc.hint.split(';')[0]})", HOST_SILENT_CODE)
+                return
             except Exception:  # the store is gone with the node that served it
                 self.stop_request.ask(
                     f"the node serving the rendezvous at {self.store.endpoint} is gone (its launcher ended, or its "

@@ -95,12 +95,63 @@ def wait_until_served(host: str, port: int, deadline: float) -> bool:
             time.sleep(min(POLL_S, left))
 
 
-class NodeStore:
-    """One node's view of the nodes' store; ``host`` is True on the node that serves it."""
+class Unanswered(TimeoutError):
+    def __init__(self, seconds: float):
+        super().__init__(f"no answer within {seconds:g}s")
+        self.seconds = seconds
 
-    def __init__(self, store, endpoint: str, nnodes: int, timeout: float, host: bool, shape: dict | None = None):
+
+def answered_within(seconds: float, call, *args):
+    """``call(*args)``'s result (or error), or Unanswered after ``seconds``. torch's store client waits for a
+    reply for good, whatever its timeout says: a peer that hangs, or whose host is cut off with the connection
+    open, would hold the caller with it. So the call runs on a thread of its own, which such a peer keeps."""
+    reply: list = []
+    answered = threading.Event()
+
+    def run():
+        try:
+            reply.append(call(*args))
+        except BaseException as exc:  # handed to the caller as is
+            reply.append(exc)
+        finally:
+            answered.set()
+
+    threading.Thread(target=run, name="rendezvous-call", daemon=True).start()
+    if not answered.wait(seconds):
+        raise Unanswered(seconds)
+    if isinstance(reply[0], BaseException):
+        raise reply[0]
+    return reply[0]
+
+
+class StoreSilent(HostError):
+    """The store did not answer a call within its time: the node serving it hangs, or cannot be reached."""
+
+    def __init__(self, endpoint: str, seconds: float):
+        super().__init__(
+            f"the node serving the rendezvous at {endpoint} has not answered for {seconds:g}s",
+            "its launcher hangs or was stopped, or its host cannot be reached; check that node",
+        )
+
+
+class NodeStore:
+    """One node's view of the nodes' store; ``host`` is True on the node that serves it. A call not answered
+    within ``answer_within`` seconds (the heartbeat timeout; else the rendezvous timeout) makes it silent."""
+
+    def __init__(
+        self,
+        store,
+        endpoint: str,
+        nnodes: int,
+        timeout: float,
+        host: bool,
+        shape: dict | None = None,
+        answer_within: float = 0.0,
+    ):
         self.store, self.endpoint, self.nnodes, self.timeout, self.host = store, endpoint, nnodes, timeout, host
         self.shape = shape or {}  # option -> value: what every node of the job must start alike
+        self.answer_within = answer_within or timeout
+        self.silent_for: float | None = None  # once a call went unanswered: how long it waited
         self._lock = threading.Lock()  # the watcher thread and the launcher share one client
         self._finished = False
         self._counted = False  # this node's arrival counts: it finishes and leaves as one of the nodes
@@ -140,7 +191,19 @@ class NodeStore:
             try:
                 if not wait_until_served(host, port, deadline):
                     raise TimeoutError
-                store = TCPStore(host, port, None, False, timedelta(seconds=max(1.0, deadline - time.monotonic())))
+                left = max(1.0, deadline - time.monotonic())
+                store = answered_within(
+                    left + max(silent_after, 1.0), TCPStore, host, port, None, False, timedelta(seconds=left)
+                )
+            except TimeoutError as exc:  # it listens (the kernel accepts), but its process answers nothing
+                if isinstance(exc, Unanswered):
+                    raise StoreSilent(endpoint, round(exc.seconds)) from None
+                if time.monotonic() >= deadline:
+                    raise HostError(
+                        f"node rendezvous at {endpoint} not reachable within {timeout:g}s: no node serves it",
+                        "start node 0 (or the first node on that host) and check the address and port",
+                    ) from None
+                time.sleep(POLL_S)
             except Exception:  # also a name not resolvable yet (a pod's DNS record appears when it starts)
                 if time.monotonic() >= deadline:
                     raise HostError(
@@ -149,7 +212,7 @@ class NodeStore:
                     ) from None
                 time.sleep(POLL_S)
         store.set_timeout(wait)  # blocking gets wait the whole --rdzv-timeout, whatever connecting took
-        node = cls(store, endpoint, nnodes, timeout, serving, shape)
+        node = cls(store, endpoint, nnodes, timeout, serving, shape, answer_within=silent_after)
         try:
             if serving:
                 node._call("set", "shape", json.dumps(node.shape))
@@ -157,9 +220,19 @@ class NodeStore:
         finally:
             node.linger(silent_after) if serving else node.leave()
 
-    def _call(self, name: str, *args):
+    def _call(self, name: str, *args, wait: float = 0.0):
+        """One call to the store, answered within ``answer_within`` seconds (plus ``wait`` for a blocking get), or
+        the store is taken as silent: torch's client waits for a reply for good, so a serving node that hangs, or
+        whose host is cut off with its connections open, would hold this node (and its ranks) with it. Once
+        silent, every later call fails at once: the node ends without another wait."""
         with self._lock:
-            return getattr(self.store, name)(*args)
+            if self.silent_for is not None:
+                raise StoreSilent(self.endpoint, self.silent_for)
+            try:
+                return answered_within(wait + self.answer_within, getattr(self.store, name), *args)
+            except Unanswered:
+                self.silent_for = self.answer_within
+                raise StoreSilent(self.endpoint, self.silent_for) from None
 
     def served_shape(self) -> dict | None:
         """The job as the serving node starts it (``shape``); None when it set none (an older distlaunch)."""
@@ -255,7 +328,9 @@ class NodeStore:
     def job(self) -> tuple[str, str, int]:
         """Node 0's job id, master address and port (waits for node 0 to publish them)."""
         try:
-            job_id, addr, port = json.loads(self._call("get", "job"))
+            job_id, addr, port = json.loads(self._call("get", "job", wait=self.timeout))
+        except StoreSilent:
+            raise
         except Exception:
             raise HostError(
                 f"node 0 did not publish the job at {self.endpoint} within {self.timeout:g}s", "check node 0's output"
