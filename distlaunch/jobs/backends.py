@@ -27,6 +27,7 @@ from distlaunch.jobs.store import (
     JobRecord,
     Unreadable,
     find_record,
+    free_space,
     jobs_dir,
     list_records,
     read_record,
@@ -88,6 +89,7 @@ class LauncherJobs(_FileOutput):
     def current(self, record: JobRecord) -> JobRecord:
         # "lost": the record says running but its launcher is gone (SIGKILL, reboot); its agents took the ranks.
         if record.state == "running" and record.owner is not None and not record.owner.alive():
+            free_space(record.job_id)  # the room its last record would have taken: nobody writes that now
             return record.model_copy(update={"state": "lost"})
         return record
 

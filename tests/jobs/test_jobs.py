@@ -115,9 +115,12 @@ def test_a_killed_supervisor_takes_its_ranks_and_the_job_shows_as_lost(state, tm
     job_id = cli("run", "-n", "2", "--detach", "ticker.py", "100000", "0", cwd=tmp_path).stdout.strip()
     assert wait_until(lambda: len(pids_with_env("DISTLAUNCH_JOB_ID", job_id)) >= 2, 30)
     owner = status_json(job_id, tmp_path)["owner"]["pid"]
+    reserve = state / "jobs" / job_id / ".reserve"  # the room its last record would have taken
+    assert reserve.stat().st_blocks * 512 >= 1 << 20
     os.kill(owner, signal.SIGKILL)
     assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job_id), 10)
     assert status_json(job_id, tmp_path)["state"] == "lost"
+    assert not reserve.exists()  # of no use to anyone now: given back once the job is seen lost
     assert "lost" in cli("jobs", cwd=tmp_path).stdout
     stop = cli("stop", job_id, cwd=tmp_path)
     assert stop.returncode == 2 and "is lost, not running" in stop.stderr
