@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from distlaunch.cli.render import print_json, render_report
-from distlaunch.jobs.backends import LastKnown, find_job, list_jobs, read_lines, stop_job
+from distlaunch.jobs.backends import LastKnown, Note, find_job, list_jobs, read_lines, stop_job
 from distlaunch.jobs.snapshots import request_stacks
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
 from distlaunch.launcher.report import RunReport
@@ -95,6 +95,10 @@ def logs(
     record = find_job(job, last_known_ok=True)  # a Slurm job's output file is here even when slurmctld is not
     lines = read_lines(record, follow, set(rank or []), tail, stderr, on_end=_say_if_lost)
     for line in lines:
+        if isinstance(line, Note):
+            sys.stdout.flush()
+            sys.stderr.write(f"distlaunch: {line}\n")
+            continue
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
     return 0

@@ -422,6 +422,10 @@ def _reread(record: JobRecord) -> JobRecord:
         return last_known(raw, exc)
 
 
+class Note(str):
+    """A line for the reader about the output itself (it was truncated), not a line of the job's output."""
+
+
 def rank_of(line: str) -> int | None:
     """The rank a printed output line belongs to ('[rank 3] …', '[host rank 3] …' or srun's '3: …')."""
     if line.startswith("["):
@@ -514,6 +518,13 @@ def _file_lines(
         yield from last or ()
         while follow:
             chunk = f.read()
+            if not chunk and os.fstat(f.fileno()).st_size < f.buffer.tell():
+                # emptied under us (to free its disk, as logrotate's copytruncate does): the writer appends from
+                # the new end, so read again from the start, as tail -F does; what was not yet read is gone
+                yield Note(f"{path} was truncated; following it from its new start")
+                pending = ""
+                f.seek(0)
+                continue
             if not chunk:
                 if not ended():
                     time.sleep(POLL_S)

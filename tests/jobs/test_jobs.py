@@ -102,6 +102,34 @@ def test_logs_follow_prints_until_the_job_ends(state, tmp_path):
     assert sorted(errors) == ["[rank 0] rank 0 says goodbye on stderr", "[rank 1] rank 1 says goodbye on stderr"]
 
 
+def test_logs_follow_goes_on_when_the_output_file_is_truncated_under_it(state, tmp_path):
+    """A long job's output.log emptied to free its disk (by hand, or logrotate's copytruncate): the job appends
+    from the new start, and a follower waiting at its old end printed nothing more until the file grew past it,
+    then from the middle of a line. It says so in one line and follows from the new start."""
+    job_id = cli("run", "-n", "1", "--detach", "ticker.py", "100000", "0", cwd=tmp_path).stdout.strip()
+    output = state / "jobs" / job_id / "output.log"
+    follower = subprocess.Popen(
+        distlaunch_cmd("logs", job_id, "--follow"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "NO_COLOR": "1"},
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: "tick 40 of rank 0" in output.read_text(), 30)
+        before = output.stat().st_size
+        os.truncate(output, 0)
+        assert wait_until(lambda: output.stat().st_size > before // 2, 30)  # ticks written since, not yet past
+        assert cli("stop", job_id, cwd=tmp_path).returncode == 0
+        out, err = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert follower.returncode == 0, err
+    assert err == f"distlaunch: {output} was truncated; following it from its new start\n", err
+    since = [line for line in output.read_text().splitlines() if "] tick " in line]
+    assert since and set(since) <= set(out.splitlines()), out[-500:]  # every tick written after the truncation
+
+
 def test_a_failed_detached_job_shows_the_failing_rank_in_status(state, tmp_path):
     job_id = cli("run", "-n", "2", "--detach", "ticker.py", "5", "7", cwd=tmp_path).stdout.strip()
     record = wait_state(job_id, tmp_path, ("failed",))
