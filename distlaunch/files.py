@@ -17,8 +17,28 @@ from pathlib import Path
 
 def os_error_words(err: BaseException) -> str:
     """A failed file operation in a few words, as distlaunch's messages say it: ``no space left on device``."""
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {err.start})"
     text = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
-    return text.lower()
+    return text[:1].lower() + text[1:]  # "No space left on device" as part of a sentence
+
+
+TEXT_LIMIT = 64 << 20  # a hostfile, config or template over this is not one: a dataset, a device given by mistake
+
+
+def read_settings(path: str | Path, encoding: str = "utf-8") -> str:
+    """The text of a file of settings the user names (a hostfile, a config, a template): a regular file or a
+    pipe (bash's ``<(...)``), of at most TEXT_LIMIT bytes. A device such as /dev/zero, or a file of many GB
+    named by mistake, would otherwise be read until memory runs out. OSError says what it is instead (its
+    strerror is the few words for a message); UnicodeDecodeError when it is not text."""
+    with open(path, "rb") as f:
+        kind = os.fstat(f.fileno()).st_mode
+        if stat.S_ISCHR(kind) or stat.S_ISBLK(kind):
+            raise OSError(errno.EINVAL, "is a device, not a file", str(path))
+        data = f.read(TEXT_LIMIT + 1)
+    if len(data) > TEXT_LIMIT:
+        raise OSError(errno.EFBIG, f"is over {TEXT_LIMIT >> 20} MiB, too large for a file of settings", str(path))
+    return data.decode(encoding)
 
 
 def open_regular(path: str | Path) -> int:

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from distlaunch.contract.layout import Schedule, ZeroStage, parse_layout
 from distlaunch.errors import UsageError
+from distlaunch.files import os_error_words, read_settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -266,14 +267,15 @@ def load_config(
         apply_override({}, assignment)
     if path is not None:
         try:
-            raw = tomllib.loads(Path(path).read_text())
+            raw = tomllib.loads(read_settings(path))
         except FileNotFoundError:
             raise UsageError(f"config file not found: {path}", "check the path") from None
         except tomllib.TOMLDecodeError as err:
             raise UsageError(f"config file {path} is not valid TOML: {err}", "fix the line named") from None
-        except (OSError, UnicodeDecodeError) as err:
-            reason = "is a directory" if Path(path).is_dir() else f"cannot be read as UTF-8 text ({type(err).__name__})"
-            raise UsageError(f"config file {path} {reason}", "pass the path of a TOML file") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"config file {path} is not UTF-8 text", "pass the path of a TOML file") from None
+        except OSError as err:
+            raise UsageError(f"config file {path} {os_error_words(err)}", "pass the path of a TOML file") from None
     for assignment in overrides:
         apply_override(raw, assignment)
     if parallel_env:

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from distlaunch.errors import UsageError
+from distlaunch.files import os_error_words, read_settings
 from distlaunch.launcher.hostname import host_key, host_problem, ip_address, split_host
 
 DEFAULT_MAX_RANKS = 65536
@@ -177,14 +178,16 @@ def read_hostfile(path: str | Path) -> list[HostSlots]:
     p = Path(path)
     try:
         # utf-8-sig: a byte-order mark that Windows editors put first is not part of the first host name.
-        text = p.read_text(encoding="utf-8-sig")
+        text = read_settings(p, encoding="utf-8-sig")
     except FileNotFoundError:
         hint = "check the path given to -H/--hostfile"
         if re.fullmatch(r"[\w\-]+", str(p)):  # a bare host name, as Horovod's -H takes one: say how ours reads
             hint += f"; to list hosts in its place, give each its process count: -H {p}:1 (or -H {p}:2,other:2)"
         raise UsageError(f"hostfile {str(p)!r} does not exist", hint) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"hostfile {str(p)!r} cannot be read: {exc}", "pass a readable UTF-8 text file") from None
+        raise UsageError(
+            f"hostfile {str(p)!r} cannot be read: {os_error_words(exc)}", "pass a readable UTF-8 text file"
+        ) from None
     return parse_hostfile_text(text, str(p))
 
 

@@ -5,8 +5,11 @@ engine's pydantic config, its layout checks and the planner are imported.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -58,6 +61,12 @@ def train_config(
     layout = parse_layout(parallel)
     layout_sets = [f"parallel.{key}={'auto' if value is None else value}" for key, value in layout.items()]
     if config is not None:
+        with contextlib.suppress(OSError):  # a path that is not there: load_config says so
+            if stat.S_ISFIFO(os.stat(config).st_mode):  # bash's <(...): read here, it would be empty for the ranks
+                raise UsageError(
+                    f"config file {config} is a pipe: every rank reads the config itself, and a pipe is read once",
+                    "save it to a file (where every host sees it) and pass that",
+                )
         return load_config(config, sets, parallel), [*sets, *layout_sets]
     check_parallel_conflict(sets, parallel)
     written = {assignment.partition("=")[0].strip() for assignment in sets} | {f"parallel.{k}" for k in layout}

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from distlaunch.errors import UsageError
+from distlaunch.files import os_error_words, read_settings
 
 ENV_FILE = ".distlaunch_env"
 # Tuning knobs of the communication libraries and of torch itself, which users set once and expect on every rank.
@@ -38,10 +39,10 @@ def forwarded_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
 def parse_env_file(path: Path) -> dict[str, str]:
     """``KEY=VALUE`` lines (``export`` allowed, one pair of surrounding quotes removed), ``#`` comments, blank lines."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_settings(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(
-            f"env file {str(path)!r} cannot be read: {exc}", "make it a readable UTF-8 text file"
+            f"env file {str(path)!r} cannot be read: {os_error_words(exc)}", "make it a readable UTF-8 text file"
         ) from None
     env = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from distlaunch.contract.env import parse_env
 from distlaunch.errors import HostError, UsageError
+from distlaunch.files import os_error_words, read_settings
 from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, export_option, forwarded_options
 from distlaunch.slurm.jobstate import wait_for_job
 
@@ -108,10 +109,10 @@ def render_script(job: SlurmJob, opts: SlurmJobOptions, output: str | None, temp
     if template is None:
         return render(packaged_template(), script_values(job, opts, output))
     try:
-        text = template.read_text(encoding="utf-8")
-    except OSError as exc:
+        text = read_settings(template)
+    except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(
-            f"cannot read --template {template}: {exc.strerror}", "give the path of your sbatch template"
+            f"cannot read --template {template}: {os_error_words(exc)}", "give the path of your sbatch template"
         ) from None
     return render(text, script_values(job, opts, output), name=f"template {template}")
 
