@@ -27,14 +27,12 @@ TEXT_LIMIT = 64 << 20  # a hostfile, config or template over this is not one: a 
 
 
 def read_settings(path: str | Path, encoding: str = "utf-8") -> str:
-    """The text of a file of settings the user names (a hostfile, a config, a template): a regular file or a
-    pipe (bash's ``<(...)``), of at most TEXT_LIMIT bytes. A device such as /dev/zero, or a file of many GB
-    named by mistake, would otherwise be read until memory runs out. OSError says what it is instead (its
-    strerror is the few words for a message); UnicodeDecodeError when it is not text."""
+    """The text of a file of settings the user names (a hostfile, a config, a template), of at most TEXT_LIMIT
+    bytes: /dev/zero, or a file of many GB named by mistake, would otherwise be read until memory runs out.
+    A pipe (bash's ``<(...)``) and /dev/null (``--ssh-config /dev/null``, as ``ssh -F /dev/null``) are read
+    as files. OSError says what is wrong (its strerror is the few words for a message); UnicodeDecodeError
+    when it is not text."""
     with open(path, "rb") as f:
-        kind = os.fstat(f.fileno()).st_mode
-        if stat.S_ISCHR(kind) or stat.S_ISBLK(kind):
-            raise OSError(errno.EINVAL, "is a device, not a file", str(path))
         data = f.read(TEXT_LIMIT + 1)
     if len(data) > TEXT_LIMIT:
         raise OSError(errno.EFBIG, f"is over {TEXT_LIMIT >> 20} MiB, too large for a file of settings", str(path))

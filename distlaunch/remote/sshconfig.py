@@ -15,6 +15,7 @@ import paramiko
 from pydantic import BaseModel, Field
 
 from distlaunch.errors import UsageError
+from distlaunch.files import os_error_words, read_settings
 from distlaunch.launcher.hostname import host_port
 
 DEFAULT_CONFIG = "~/.ssh/config"
@@ -84,7 +85,7 @@ class SshTarget(BaseModel):
 @functools.lru_cache(maxsize=8)
 def _parse(file: str, mtime_ns: int, size: int) -> paramiko.SSHConfig:
     """One parse per file version and process: planning and connecting read the same config."""
-    return paramiko.SSHConfig.from_path(file)
+    return paramiko.SSHConfig.from_text(read_settings(file))  # bounded: a device in its place is refused
 
 
 def load_ssh_config(path: Path | str | None = None) -> tuple[paramiko.SSHConfig, str | None]:
@@ -100,7 +101,7 @@ def load_ssh_config(path: Path | str | None = None) -> tuple[paramiko.SSHConfig,
         return _parse(str(file), stat.st_mtime_ns, stat.st_size), str(file)
     except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
         raise UsageError(
-            f"ssh config {str(file)!r} cannot be read: {exc}",
+            f"ssh config {str(file)!r} cannot be read: {os_error_words(exc)}",
             "fix the file (ssh -G HOST -F FILE shows how OpenSSH reads it)",
         ) from None
 

@@ -1,5 +1,6 @@
-"""Files of settings the user names (a hostfile, a training config, an sbatch template, a .distlaunch_env): a
-device or a file of many GB in their place is one line, not read until memory runs out; a pipe is read."""
+"""Files of settings the user names (a hostfile, a training config, an sbatch template, a .distlaunch_env, an
+ssh config): a device or a file of many GB in their place is one line, not read until memory runs out; a
+hostfile from a pipe is read."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ COMMANDS = {
     "config": ["train", "{f}", "--dry-run"],
     "template": ["slurm", "sbatch", "--template", "{f}", "-N", "1", "--dry-run", "x.py"],
     "env file": ["run", "-n", "1", "--dry-run", "x.py"],  # the working directory's .distlaunch_env
+    "ssh config": ["run", "-H", "hosts", "--ssh-config", "{f}", "--dry-run", "x.py"],
 }
 
 
@@ -35,17 +37,18 @@ def run(args: list[str], cwd, path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("what", COMMANDS)
 def test_a_device_or_a_huge_file_in_place_of_settings_is_one_line(tmp_path, what):
     (tmp_path / "x.py").write_text("print('hi')\n")
+    (tmp_path / "hosts").write_text("node1 slots=1\n")
     huge = tmp_path / "huge.toml"
     with open(huge, "wb") as f:
         f.truncate(TEXT_LIMIT + 1)  # sparse: no disk, but every byte of it to read
-    cases = [("/dev/zero", "is a device, not a file"), (huge, "is over 64 MiB")]
-    for path, words in cases[1:] if what == "env file" else cases:  # an env file must be a file: others are not read
+    for path in [huge] if what == "env file" else ["/dev/zero", huge]:  # an env file is read only if a file
         if what == "env file":
             (tmp_path / ".distlaunch_env").unlink(missing_ok=True)
             (tmp_path / ".distlaunch_env").symlink_to(path)
         r = run(COMMANDS[what], tmp_path, path)
         lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and words in lines[0], (r.returncode, r.stderr[-2000:])
+        assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
+        assert "is over 64 MiB, too large for a file of settings" in lines[0], r.stderr
 
 
 def test_a_hostfile_from_a_pipe_is_read_and_a_config_from_one_is_refused(tmp_path):
