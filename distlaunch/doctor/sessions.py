@@ -21,7 +21,7 @@ from typing import IO
 
 import paramiko
 
-from distlaunch.remote.command import CommandResult, finish_command, open_command, run_command
+from distlaunch.remote.command import CommandResult, finish_command, open_command, run_command, stop_marked_command
 from distlaunch.remote.ssh import SshError
 
 
@@ -78,8 +78,6 @@ class LineStream:
 
 
 MARK = "DISTLAUNCH_DOCTOR_RUN"  # in the environment of every process the doctor starts: its run's nonce
-SWEEP_ROUNDS = 20  # the most rounds one sweep makes on a host
-SWEEP_PAUSE_S = 0.05  # between two rounds
 
 
 class StartGate:
@@ -115,26 +113,6 @@ class StartGate:
         with self._cond:
             self._closed = True
             return self._cond.wait_for(lambda: self._starting == 0, timeout)
-
-
-def stop_marked_command(nonce: str) -> str:
-    """The shell command that kills every process on a host that carries this run's mark: in its environment
-    (probes and the listener, with whatever children a hung interpreter started), or in its command line
-    (the login shell that is about to run one, e.g. a slow ~/.bashrc). It sweeps in rounds until two in a row
-    find nothing, so a process that appears while it kills (a fork, a start still on its way) goes too.
-    The pattern is written ``..._RU[N]=nonce``: it matches the mark but not itself, so the killer (whose
-    command line holds the pattern) is never marked. One grep per round over /proc, no process per candidate."""
-    mark = f"{MARK[:-1]}[{MARK[-1]}]={nonce}"
-    word = shlex.quote(f"(^|[^A-Za-z0-9_]){mark}([^A-Za-z0-9_]|$)")  # in a command line: the whole word only
-    find = (
-        f"{{ grep -lsxzE -e {shlex.quote(mark)} /proc/[0-9]*/environ; grep -lszE -e {word} /proc/[0-9]*/cmdline; }}"
-        " | sed -n 's#^/proc/\\([0-9]*\\)/.*#\\1#p' | sort -u"
-    )
-    return (
-        f"quiet=0; n=0; while [ $quiet -lt 2 ] && [ $n -lt {SWEEP_ROUNDS} ]; do pids=$({find}); "
-        'if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null; quiet=0; else quiet=$((quiet+1)); fi; '
-        f"n=$((n+1)); sleep {SWEEP_PAUSE_S}; done; true"
-    )
 
 
 class HostSession(ABC):
@@ -217,7 +195,7 @@ class LocalSession(HostSession):
         # and by the mark, as on a remote host: a child that left its process group (setsid) goes too
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(
-                ["sh", "-c", stop_marked_command(self.nonce)],
+                ["sh", "-c", stop_marked_command(MARK, self.nonce)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -268,7 +246,7 @@ class SshSession(HostSession):
 
     def stop_all(self, timeout: float) -> None:
         with contextlib.suppress(SshError):  # the connection is gone: sshd hangs up its commands' sessions itself
-            run_command(self.client, ["sh", "-c", stop_marked_command(self.nonce)], timeout=timeout)
+            run_command(self.client, ["sh", "-c", stop_marked_command(MARK, self.nonce)], timeout=timeout)
 
     def close(self) -> None:
         self.client.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import shlex
 import threading
 import time
@@ -16,12 +18,33 @@ from collections.abc import Iterator
 
 import paramiko
 
+from distlaunch.errors import UsageError
 from distlaunch.protocol import HELLO, AgentConnection, clock_offset
 from distlaunch.remote.command import SHELL_READY, after_login_shell
 from distlaunch.remote.ssh import SshError
 
 CLOSE_WAIT_S = 10.0  # how long close() waits for the agent to finish (it has usually sent "done" already)
 HELLO_TIMEOUT_S = 30.0  # an agent that has not said hello by then cannot start on that host
+START_TIMEOUT_VAR = "DISTLAUNCH_AGENT_START_TIMEOUT"  # seconds, in place of HELLO_TIMEOUT_S
+JOB_ID_VAR = "DISTLAUNCH_JOB_ID"  # marks the agent (and so whatever its command starts) with the job's id
+
+
+def hello_timeout() -> float:
+    """How long every host's agent has to say hello (a login shell, then Python's start-up): 30 s, or
+    $DISTLAUNCH_AGENT_START_TIMEOUT. A Python on a slow network file system, cold, may need more."""
+    text = os.environ.get(START_TIMEOUT_VAR)
+    if text is None:
+        return HELLO_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise UsageError(
+            f"{START_TIMEOUT_VAR}={text!r} is not a number of seconds",
+            f"set it to e.g. 120, or unset it ({HELLO_TIMEOUT_S:g} s)",
+        )
+    return seconds
 
 
 class StartedAgent:
@@ -55,7 +78,7 @@ class StartedAgent:
             ) from None
         return cls(channel, channel.makefile("rb"), sent)
 
-    def wait_hello(self, timeout: float = HELLO_TIMEOUT_S) -> list[str] | None:
+    def wait_hello(self, timeout: float) -> list[str] | None:
         """None once the agent said hello; else everything it printed before it ended (why it failed),
         ``SHELL_READY`` included once the login shell got as far as running the agent's command."""
         self.channel.settimeout(timeout)
@@ -87,14 +110,14 @@ class StartedAgent:
 
 def agent_command(python: str, workdir: str, job_id: str = "") -> str:
     """The remote shell command that starts the agent in ``workdir``, marked with the job id."""
-    mark = f"env DISTLAUNCH_JOB_ID={shlex.quote(job_id)} " if job_id else ""
+    mark = f"env {JOB_ID_VAR}={shlex.quote(job_id)} " if job_id else ""
     # -X utf8: the agent's JSON lines are UTF-8 whatever locale the SSH login has.
     return f"cd -- {shlex.quote(workdir)} && exec {mark}{shlex.quote(python)} -X utf8 -m distlaunch.agent"
 
 
 def _job_id(payload: dict) -> str:
     ranks = payload.get("ranks") or [{}]
-    return ranks[0].get("env", {}).get("DISTLAUNCH_JOB_ID", "")
+    return ranks[0].get("env", {}).get(JOB_ID_VAR, "")
 
 
 def _hello(line: str) -> dict | None:

@@ -40,6 +40,31 @@ def without_shell_ready(lines: list[str]) -> tuple[list[str], bool]:
     return kept, len(kept) < len(lines)
 
 
+SWEEP_ROUNDS = 20  # the most rounds one sweep makes on a host
+SWEEP_PAUSE_S = 0.05  # between two rounds
+
+
+def stop_marked_command(var: str, nonce: str) -> str:
+    """The shell command that kills every process on a host that carries the mark ``var=nonce``: in its
+    environment (a doctor's probes, a job's agent, with whatever children a hung interpreter started), or in its
+    command line (the login shell that is about to run one, e.g. a slow ~/.bashrc). The nonce is the run's own
+    (a doctor run's, a job id), so only processes this run started can match: never any other by name. It sweeps
+    in rounds until two in a row find nothing, so a process that appears while it kills (a fork, a start still
+    on its way) goes too. The pattern is written ``VA[R]=nonce``: it matches the mark but not itself, so the
+    killer (whose command line holds the pattern) is never marked. One grep per round over /proc."""
+    mark = f"{var[:-1]}[{var[-1]}]={nonce}"
+    word = shlex.quote(f"(^|[^A-Za-z0-9_]){mark}([^A-Za-z0-9_]|$)")  # in a command line: the whole word only
+    find = (
+        f"{{ grep -lsxzE -e {shlex.quote(mark)} /proc/[0-9]*/environ; grep -lszE -e {word} /proc/[0-9]*/cmdline; }}"
+        " | sed -n 's#^/proc/\\([0-9]*\\)/.*#\\1#p' | sort -u"
+    )
+    return (
+        f"quiet=0; n=0; while [ $quiet -lt 2 ] && [ $n -lt {SWEEP_ROUNDS} ]; do pids=$({find}); "
+        'if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null; quiet=0; else quiet=$((quiet+1)); fi; '
+        f"n=$((n+1)); sleep {SWEEP_PAUSE_S}; done; true"
+    )
+
+
 def shell_hang(host: str, what: str, timeout: float) -> tuple[str, str]:
     """Detail and hint for a login shell that never got to run ``what`` within ``timeout`` seconds."""
     return (

@@ -5,16 +5,19 @@ node's agent gets its plan; connections are closed in finally."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from distlaunch.errors import HostError
 from distlaunch.protocol import PROTOCOL
-from distlaunch.remote.agent_conn import HELLO_TIMEOUT_S, SshAgent, StartedAgent
-from distlaunch.remote.command import shell_hang, without_shell_ready
+from distlaunch.remote.agent_conn import JOB_ID_VAR, START_TIMEOUT_VAR, SshAgent, StartedAgent, hello_timeout
+from distlaunch.remote.command import run_command, shell_hang, stop_marked_command, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
+
+SWEEP_S = 10.0  # how long ending what a hung agent start left on its host may take
 
 
 def other_version(alias: str, protocol) -> HostError:
@@ -69,22 +72,35 @@ class RemoteHosts:
     def start_agents(self, job_id: str) -> None:
         """Start every host's agent (all at once) and wait for each hello, or raise HostsFailed."""
         errors: list[HostError] = []
+        timeout = hello_timeout()
         for alias, client in self.clients.items():
             try:
                 self.started[alias] = StartedAgent.start(client, alias, self.python, self.workdir, job_id)
             except SshError as exc:
                 errors.append(exc)
-        deadline = time.monotonic() + HELLO_TIMEOUT_S  # one deadline for all: they started together
+        deadline = time.monotonic() + timeout  # one deadline for all: they started together
         for alias, agent in self.started.items():
             output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
             if output is not None:
                 errors.append(self._why(alias, output, agent))
+                if agent.silent_for is not None and without_shell_ready(output)[1]:
+                    self._end_hung_start(alias, agent, job_id)
             elif agent.hello.get("protocol", 1) != PROTOCOL:
                 errors.append(other_version(alias, agent.hello.get("protocol", 1)))
             else:
                 self.clock_offsets[alias] = agent.clock_offset
         if errors:
             raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
+
+    def _end_hung_start(self, alias: str, agent: StartedAgent, job_id: str) -> None:
+        """An interpreter that hangs at startup never runs the agent's code, which would end it with the SSH
+        channel: closing the channel leaves it, and whatever it started, on the host. Its login shell worked, so
+        a second command ends every process there that carries the job's id (none of the job's ranks runs there:
+        its agent never started)."""
+        agent.close()
+        if job_id:
+            with contextlib.suppress(SshError):  # the connection is gone: sshd hangs up its sessions itself
+                run_command(self.clients[alias], ["sh", "-c", stop_marked_command(JOB_ID_VAR, job_id)], SWEEP_S)
 
     def _why(self, alias: str, output: list[str], agent: StartedAgent) -> HostError:
         """Why the agent did not start, from what the remote shell or Python printed."""
@@ -97,7 +113,8 @@ class RemoteHosts:
                 f"{alias}: {self.python} -m distlaunch.agent started but did not say hello within "
                 f"{agent.silent_for:g}s: the interpreter hangs at startup",
                 f"run it by hand to see where it waits: ssh {alias} {self.python} -m distlaunch.agent (something "
-                "at its startup blocks: sitecustomize, a .pth file, a hung network file system)",
+                "at its startup blocks: sitecustomize, a .pth file, a hung network file system); if it is only "
+                f"slow, give it longer with {START_TIMEOUT_VAR}=SECONDS",
             )
         text = "\n".join(output)
         status = agent.exit_status()

@@ -100,10 +100,10 @@ def test_a_login_shell_that_hangs_is_named_not_the_interpreter_and_the_job_agree
         assert "the interpreter hangs" not in python["detail"]
     assert "login shell" in get(report, "master-port", "node1")["detail"]
     assert "Traceback" not in err, err
-    job = run_cli("run", *common, *ALLREDUCE, timeout=180)
+    job = run_cli("run", *common, *ALLREDUCE, timeout=180, env={"DISTLAUNCH_AGENT_START_TIMEOUT": "5"})
     assert job.returncode == 3, job.stderr
     for host in ("node1", "node2"):  # both waited as long as the launch did, not what was left of its wait
-        assert f"{host}: the login shell did not get to run the agent within 30s" in job.stderr, job.stderr
+        assert f"{host}: the login shell did not get to run the agent within 5s" in job.stderr, job.stderr
     assert "Traceback" not in job.stderr, job.stderr
 
 
@@ -193,6 +193,18 @@ def test_hung_interpreter_is_named_a_hang_and_nothing_is_left(sshd_cluster, tmp_
     assert "hangs" in get(report, "master-port", "node1")["detail"]
     assert "Traceback" not in err, err
     assert wait_until(lambda: not pids_with_env("DOCTOR_TEST_MARK", marker), timeout=10), "processes left behind"
+    # the job agrees, within the start time it is given (a cold Python on a network file system may need more)
+    job = run_cli("run", *args, *ALLREDUCE, timeout=180, env={"DISTLAUNCH_AGENT_START_TIMEOUT": "4"})
+    assert job.returncode == 3, job.stderr
+    assert "node2: " in job.stderr and "did not say hello within 4s: the interpreter hangs at startup" in job.stderr
+    assert "DISTLAUNCH_AGENT_START_TIMEOUT=SECONDS" in job.stderr, job.stderr
+    assert wait_until(lambda: not pids_with_env("DOCTOR_TEST_MARK", marker), timeout=10), "processes left behind"
+    bad = run_cli("run", *args, *ALLREDUCE, timeout=180, env={"DISTLAUNCH_AGENT_START_TIMEOUT": "soon"})
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip() == (
+        "error: DISTLAUNCH_AGENT_START_TIMEOUT='soon' is not a number of seconds (hint: set it to e.g. 120, or "
+        "unset it (30 s))"
+    ), bad.stderr
 
 
 def test_ctrl_c_during_connect_exits_at_once_and_cleanly(sshd_cluster, tmp_path, odd_ports):
