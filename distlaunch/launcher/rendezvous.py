@@ -96,6 +96,8 @@ def wait_until_served(host: str, port: int, deadline: float) -> bool:
 
 
 class Unanswered(TimeoutError):
+    """A call that got no answer in its time (``answered_within``)."""
+
     def __init__(self, seconds: float):
         super().__init__(f"no answer within {seconds:g}s")
         self.seconds = seconds
@@ -195,15 +197,8 @@ class NodeStore:
                 store = answered_within(
                     left + max(silent_after, 1.0), TCPStore, host, port, None, False, timedelta(seconds=left)
                 )
-            except TimeoutError as exc:  # it listens (the kernel accepts), but its process answers nothing
-                if isinstance(exc, Unanswered):
-                    raise StoreSilent(endpoint, round(exc.seconds)) from None
-                if time.monotonic() >= deadline:
-                    raise HostError(
-                        f"node rendezvous at {endpoint} not reachable within {timeout:g}s: no node serves it",
-                        "start node 0 (or the first node on that host) and check the address and port",
-                    ) from None
-                time.sleep(POLL_S)
+            except Unanswered as exc:  # it listens (the kernel accepts), but its process answers nothing
+                raise StoreSilent(endpoint, round(exc.seconds)) from None
             except Exception:  # also a name not resolvable yet (a pod's DNS record appears when it starts)
                 if time.monotonic() >= deadline:
                     raise HostError(
