@@ -308,8 +308,10 @@ def test_a_node_whose_launcher_is_killed_outright_stops_the_others_as_gone_silen
 def test_a_serving_node_whose_launcher_hangs_stops_the_others_and_ends_itself_once_it_wakes():
     """SIGSTOP on node 0's launcher (its ranks run on): a host that hangs, or one cut off while its connections
     stay open. torch's store client waits for an answer for good, whatever its timeout: node 1 hung until
-    killed. Now it stops its ranks within --heartbeat-timeout and exits 3. Woken, node 0 finds it was given up
-    and ends its own ranks. (A hung node 1 stops beating: the case of a node killed outright, above.)"""
+    killed. Now it stops its ranks within --heartbeat-timeout and exits 3. A node that arrives meanwhile (the
+    port still accepts: the kernel does that) waited for good too; it now gives up once --rdzv-timeout and
+    --heartbeat-timeout have passed. Woken, node 0 finds it was given up and ends its own ranks. (A hung node 1
+    stops beating: the case of a node killed outright, above.)"""
     mark = uuid.uuid4().hex
     sleeper = ["--grace-period", "1", "--heartbeat-timeout", "3", "--env", f"DLTEST_MARK={mark}"]
 
@@ -318,44 +320,29 @@ def test_a_serving_node_whose_launcher_hangs_stops_the_others_and_ends_itself_on
         os.kill(node0.pid, signal.SIGSTOP)
         try:
             (result1,) = finish([node1], timeout=60)
+            store = re.search(r"rendezvous at (127\.0\.0\.1:\d+)", result1[2])
+            assert store, result1[2]
+            late = start_node("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                              str(free_port()), "--rdzv-endpoint", store.group(1), "--rdzv-timeout", "2",
+                              "--heartbeat-timeout", "2", "-n", "1", *ALLREDUCE)  # fmt: skip
+            (arrived,) = finish([late], timeout=60)
         finally:
             os.kill(node0.pid, signal.SIGCONT)
-        return [*finish([node0], timeout=60), result1]
+        return [*finish([node0], timeout=60), result1, arrived]
 
     results = on_fresh_ports(job)
     code, _, err = results[1]
     assert code == 3, err
     assert re.search(r"the node serving the rendezvous at 127\.0\.0\.1:\d+ has not answered for 3s", err), err
+    late_code, _, late_err = results[2]
+    assert late_code == 3, late_err
+    assert re.search(r"the node serving the rendezvous at 127\.0\.0\.1:\d+ has not answered for \d+s", late_err)
+    assert "Traceback" not in late_err and "TCPStore" not in late_err, late_err
     woken_code, _, woken_err = results[0]
     assert woken_code == 3, woken_err  # its own watcher or its agent saw the launcher away, whichever came first
     assert "launcher did not run for" in woken_err or "heard nothing from this launcher" in woken_err, woken_err
     assert_quiet([(0, "", ""), (code, "", err)])
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=10)
-
-
-def test_a_node_that_arrives_at_a_hung_serving_node_is_told_so_within_its_timeouts():
-    """Node 0 stopped while it waits for node 1: its port still accepts connections (the kernel does that), but
-    nothing answers. torch's store client waited for good, whatever its timeout; node 1 now gives up in one line
-    once --rdzv-timeout and --heartbeat-timeout have passed."""
-
-    def job():
-        port, store = free_port(), free_port()
-        node0 = start_node(*static_args(2, 0, port, store, n=1), *ALLREDUCE)
-        try:
-            assert wait_until(lambda: "waiting for the other nodes" in node0.stderr.readline(), timeout=60)
-            os.kill(node0.pid, signal.SIGSTOP)
-            node1 = start_node(*static_args(2, 1, port, store, n=1), "--rdzv-timeout", "2", "--heartbeat-timeout",
-                               "2", *ALLREDUCE)  # fmt: skip
-            return finish([node1], timeout=60, port_race=True)[0]
-        finally:
-            os.kill(node0.pid, signal.SIGCONT)
-            node0.kill()
-            node0.communicate()
-
-    code, _, err = on_fresh_ports(job)
-    assert code == 3, err
-    assert re.search(r"the node serving the rendezvous at 127\.0\.0\.1:\d+ has not answered for \d+s", err), err
-    assert "Traceback" not in err and "TCPStore" not in err, err
 
 
 def test_a_refused_or_withdrawn_node_does_not_count_and_the_job_forms_when_the_right_ones_come():
