@@ -5,11 +5,13 @@ DISTLAUNCH_JOB_ID in /proc/*/environ, never by name."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,21 @@ def state(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTLAUNCH_STATE_DIR", str(d))
     (tmp_path / "ticker.py").write_text(TICKER)
     return d
+
+
+@contextlib.contextmanager
+def following(job_id: str, cwd) -> Iterator[subprocess.Popen]:
+    """``distlaunch logs JOB --follow`` running beside the test (killed if the test leaves it running)."""
+    follower = subprocess.Popen(
+        distlaunch_cmd("logs", job_id, "--follow"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env={**os.environ, "NO_COLOR": "1"},
+    )  # fmt: skip
+    try:
+        yield follower
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
 
 
 def cli(*args: str, cwd, timeout: float = 60):
@@ -108,22 +125,13 @@ def test_logs_follow_goes_on_when_the_output_file_is_truncated_under_it(state, t
     then from the middle of a line. It says so in one line and follows from the new start."""
     job_id = cli("run", "-n", "1", "--detach", "ticker.py", "100000", "0", cwd=tmp_path).stdout.strip()
     output = state / "jobs" / job_id / "output.log"
-    follower = subprocess.Popen(
-        distlaunch_cmd("logs", job_id, "--follow"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env={**os.environ, "NO_COLOR": "1"},
-    )  # fmt: skip
-    try:
+    with following(job_id, tmp_path) as follower:
         assert wait_until(lambda: "tick 40 of rank 0" in output.read_text(), 30)
         before = output.stat().st_size
         os.truncate(output, 0)
         assert wait_until(lambda: output.stat().st_size > before // 2, 30)  # ticks written since, not yet past
         assert cli("stop", job_id, cwd=tmp_path).returncode == 0
         out, err = follower.communicate(timeout=60)
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.communicate()
     assert follower.returncode == 0, err
     assert err == f"distlaunch: {output} was truncated; following it from its new start\n", err
     since = [line for line in output.read_text().splitlines() if "] tick " in line]
@@ -156,20 +164,11 @@ def test_a_killed_supervisor_takes_its_ranks_and_the_job_shows_as_lost(state, tm
 
 def test_logs_follow_of_a_job_that_is_lost_says_so(state, tmp_path):
     job_id = cli("run", "-n", "2", "--detach", "ticker.py", "100000", "0", cwd=tmp_path).stdout.strip()
-    follower = subprocess.Popen(
-        distlaunch_cmd("logs", job_id, "--follow"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env={**os.environ, "NO_COLOR": "1"},
-    )  # fmt: skip
-    try:
+    with following(job_id, tmp_path) as follower:
         assert wait_until(lambda: "tick 3 of rank 1" in cli("logs", job_id, cwd=tmp_path).stdout, 30)
         owner = status_json(job_id, tmp_path)["owner"]
         os.kill(owner["pid"], signal.SIGKILL)
         out, err = follower.communicate(timeout=60)
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.communicate()
     assert "tick 3 of rank 1" in out
     # one line, and exit 0 as for any job that has ended: logs says whether the output could be shown,
     # status how the job ended
@@ -421,16 +420,14 @@ def test_logs_follow_waits_for_the_supervisor_to_write_its_report_after_the_end(
         )  # fmt: skip
         output = jobs_dir() / job_id / "output.log"
         output.write_text("[rank 1] boom\n")
-        follow = subprocess.Popen(
-            distlaunch_cmd("logs", job_id, "--follow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        time.sleep(2)
-        assert follow.poll() is None, follow.communicate()  # the job has ended, its writer has not
-        with output.open("a") as f:
-            f.write("job dl-00000000beef failed (root cause first)\n")
-        writer.kill()
-        writer.wait()
-        out, err = follow.communicate(timeout=30)
+        with following(job_id, None) as follow:
+            time.sleep(2)
+            assert follow.poll() is None, follow.communicate()  # the job has ended, its writer has not
+            with output.open("a") as f:
+                f.write("job dl-00000000beef failed (root cause first)\n")
+            writer.kill()
+            writer.wait()
+            out, err = follow.communicate(timeout=30)
         assert follow.returncode == 0, err  # as for any end ('status' says how it ended)
         assert out.splitlines()[:2] == ["[rank 1] boom", "job dl-00000000beef failed (root cause first)"], out
     finally:
