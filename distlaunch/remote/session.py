@@ -59,20 +59,21 @@ class RemoteHosts:
         timeout: float | None = None,
     ) -> RemoteHosts:
         """Connect to every host and start its agent; raise HostsFailed (exit 3) naming every bad host."""
+        start_timeout = hello_timeout()  # a bad value is told before any host is reached
         targets = resolve_targets(aliases, ssh_config)
         results = connect_all(targets, timeout=timeout, accept_new_host_keys=accept_new_host_keys)
         hosts = cls(require_all(results, "could not be reached; no rank was started"), python, workdir)
         try:
-            hosts.start_agents(job_id)
+            hosts.start_agents(job_id, start_timeout)
         except BaseException:
             hosts.close()
             raise
         return hosts
 
-    def start_agents(self, job_id: str) -> None:
-        """Start every host's agent (all at once) and wait for each hello, or raise HostsFailed."""
+    def start_agents(self, job_id: str, timeout: float) -> None:
+        """Start every host's agent (all at once) and wait ``timeout`` seconds for their hellos, or raise
+        HostsFailed."""
         errors: list[HostError] = []
-        timeout = hello_timeout()
         for alias, client in self.clients.items():
             try:
                 self.started[alias] = StartedAgent.start(client, alias, self.python, self.workdir, job_id)
