@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from distlaunch.contract.layout import Layout
 from distlaunch.errors import UsageError
 
+JOB_ID_VAR = "DISTLAUNCH_JOB_ID"  # every process of a job carries it: ranks, agents, what they start
+
 
 def error_file(job_id: str, rank: int) -> str:
     """Where a rank's ``@record`` writes its exception (TORCHELASTIC_ERROR_FILE); read back when the rank fails."""
@@ -54,7 +56,7 @@ def contract_env(
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "TORCHELASTIC_ERROR_FILE": error_file(job_id, rank),
         "TORCHELASTIC_USE_AGENT_STORE": "False",  # ranks build their own store from MASTER_ADDR/MASTER_PORT
-        "DISTLAUNCH_JOB_ID": job_id,
+        JOB_ID_VAR: job_id,
         "DISTLAUNCH_PARALLEL": str(parallel),
         "DISTLAUNCH_BACKEND": backend,
         "DISTLAUNCH_RESTART_COUNT": str(restart_count),

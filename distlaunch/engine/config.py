@@ -272,10 +272,10 @@ def load_config(
             raise UsageError(f"config file not found: {path}", "check the path") from None
         except tomllib.TOMLDecodeError as err:
             raise UsageError(f"config file {path} is not valid TOML: {err}", "fix the line named") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"config file {path} is not UTF-8 text", "pass the path of a TOML file") from None
-        except OSError as err:
-            raise UsageError(f"config file {path} {os_error_words(err)}", "pass the path of a TOML file") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(
+                f"config file {path} cannot be read: {os_error_words(err)}", "pass the path of a TOML file"
+            ) from None
     for assignment in overrides:
         apply_override(raw, assignment)
     if parallel_env:

@@ -304,7 +304,7 @@ class FailureWatcher:
                 failure = self.store.failure()
                 silent = self.store.silent_nodes(self.silent_after) if self.silent_after and not failure else []
             except StoreSilent as exc:  # its node hangs, or is cut off with its connections open
-                self.stop_request.ask(f"{exc.message} ({exc.hint.split(';')[0]})", HOST_SILENT_CODE)
+                self.stop_request.ask(f"{exc.message} ({exc.cause})", HOST_SILENT_CODE)
                 return
             except Exception:  # the store is gone with the node that served it
                 self.stop_request.ask(

@@ -129,10 +129,12 @@ def answered_within(seconds: float, call, *args):
 class StoreSilent(HostError):
     """The store did not answer a call within its time: the node serving it hangs, or cannot be reached."""
 
+    cause = "its launcher hangs or was stopped, or its host cannot be reached"
+
     def __init__(self, endpoint: str, seconds: float):
         super().__init__(
             f"the node serving the rendezvous at {endpoint} has not answered for {seconds:g}s",
-            "its launcher hangs or was stopped, or its host cannot be reached; check that node",
+            f"{self.cause}; check that node",
         )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import paramiko
 
+from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import UsageError
 from distlaunch.protocol import HELLO, AgentConnection, clock_offset
 from distlaunch.remote.command import SHELL_READY, after_login_shell
@@ -26,7 +27,6 @@ from distlaunch.remote.ssh import SshError
 CLOSE_WAIT_S = 10.0  # how long close() waits for the agent to finish (it has usually sent "done" already)
 HELLO_TIMEOUT_S = 30.0  # an agent that has not said hello by then cannot start on that host
 START_TIMEOUT_VAR = "DISTLAUNCH_AGENT_START_TIMEOUT"  # seconds, in place of HELLO_TIMEOUT_S
-JOB_ID_VAR = "DISTLAUNCH_JOB_ID"  # marks the agent (and so whatever its command starts) with the job's id
 
 
 def hello_timeout() -> float:

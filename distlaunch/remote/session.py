@@ -10,9 +10,10 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import HostError
 from distlaunch.protocol import PROTOCOL
-from distlaunch.remote.agent_conn import JOB_ID_VAR, START_TIMEOUT_VAR, SshAgent, StartedAgent, hello_timeout
+from distlaunch.remote.agent_conn import START_TIMEOUT_VAR, SshAgent, StartedAgent, hello_timeout
 from distlaunch.remote.command import run_command, shell_hang, stop_marked_command, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
