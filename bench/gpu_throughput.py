@@ -176,6 +176,7 @@ def sync_audit(preset: str, seq_len: int, batch: int) -> dict:
         return {"host_syncs": 1, "first_sync": where}
     finally:
         torch.cuda.set_sync_debug_mode("default")
+        torch.distributed.destroy_process_group()
     return {"host_syncs": 0, "first_sync": None}
 
 

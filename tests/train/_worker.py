@@ -30,6 +30,7 @@ from distlaunch.engine.optim import build_scheduler, make_optimizer_factory
 from distlaunch.engine.parallel.data import full_tensor
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
+from distlaunch.engine.presets import model_config
 from distlaunch.engine.trainer import Engine
 from tests.live_memory import PeakLiveBytes, count_allocations
 
@@ -39,7 +40,7 @@ MEASURED_STEPS = (2, 3)  # after a warm-up step, so the optimizer state exists
 def run_config(overrides: list[str], world_size: int) -> dict:
     """Train one config; returns what the tests compare."""
     cfg = load_config(None, overrides)
-    dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
+    dims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), world_size)
     # earlier configs' garbage goes now, not inside a measured step (freezing the survivors keeps
     # the next collect short)
     gc.collect()
@@ -74,6 +75,7 @@ def run_config(overrides: list[str], world_size: int) -> dict:
         "step_peaks": peaks,
         "dims": dims.describe(),
         "rank": dist.get_rank(),
+        "overrides": overrides,  # the config as it ran, for the planner's estimate of it
     }
 
 

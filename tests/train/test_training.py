@@ -20,7 +20,9 @@ from distlaunch.engine.config import load_config
 from distlaunch.engine.model import GPT, PRESETS, init_weights
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.planner import rank_memory
+from distlaunch.engine.presets import model_config
 from tests.engine.harness import spawn_ok
+from tests.helpers import invoke
 from tests.live_memory import PeakLiveBytes, count_allocations
 from tests.train import _worker
 
@@ -92,6 +94,15 @@ ACTIVATION_HEAVY = {
     # holds the larger of the two (their sum was 10.5% over)
     "heavy-bf16-dp2-pp2-zero3": ["parallel.pp=2", "parallel.zero=3", "train.precision='bf16'", *HEAVY],
 }
+# a real vocabulary's logits make most of a step's peak (on a GPU: GPT-2's 50k tokens against
+# d_model 768 or 2048); a prepared BPE folder of ~1.2k tokens does that to the tiny GPT, so the
+# loss's backward is the peak: without tp, with checkpointing, and sharded over tp
+VOCAB_DATA = "data.path='{vocab_data}'"
+VOCAB_HEAVY = {
+    "vocab-bf16-dp4-zero1": ["parallel.zero=1", "train.precision='bf16'", VOCAB_DATA, *HEAVY],
+    "vocab-ac-dp4": ["train.activation_checkpointing=true", VOCAB_DATA, *HEAVY],
+    "vocab-dp2-tp2": ["parallel.tp=2", VOCAB_DATA, *HEAVY],
+}
 LOSS_RTOL = 1e-5
 # after 3 AdamW steps at lr 1e-3 (~1e-3 per element and step): measured <= 1.6e-5 (tp layouts, in
 # mlp.proj, whose small gradients Adam normalises, so summation order shows); 5% of one step
@@ -126,11 +137,21 @@ def single(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory, token_file):
+def vocab_data(tmp_path_factory):
+    """The bundled corpus prepared with a BPE vocabulary of ~1.2k tokens (1280 padded)."""
+    out = tmp_path_factory.mktemp("vocab") / "ds"
+    assert invoke(["data", "prepare", str(BUNDLED_CORPUS), "--out", str(out), "--tokenizer", "bpe:4096"]).exit_code == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory, token_file, vocab_data):
+    vocab_heavy = {name: [o.format(vocab_data=vocab_data) for o in config] for name, config in VOCAB_HEAVY.items()}
     configs = (
         PARITY
         | LOW_PRECISION
         | ACTIVATION_HEAVY
+        | vocab_heavy
         | {"dp4-zero3-tokens": ["parallel.zero=3", f"data.path='{token_file}'"]}
     )
     return _run(tmp_path_factory.mktemp("world4"), 4, configs)
@@ -198,16 +219,17 @@ def test_fp16_overflow_skips_the_step_on_every_rank(four_ranks, name):
         torch.testing.assert_close(tensor, dict(init.named_parameters())[name].detach(), rtol=0, atol=0)
 
 
-def _plan(name: str, rank: int):
-    cfg = load_config(None, BASE + (PARITY | LOW_PRECISION | ACTIVATION_HEAVY).get(name, ["parallel.zero=3"]))
-    model = PRESETS["tiny"]
-    return rank_memory(model, resolve_parallel_dims(cfg, model, 4), rank, cfg.train, "gloo", None)
+def _plan(measured: dict):
+    """The planner's estimate for the config and rank that ``measured`` ran."""
+    cfg = load_config(None, measured["overrides"])
+    model = model_config(cfg.model.preset, cfg.data.path)
+    return rank_memory(model, resolve_parallel_dims(cfg, model, 4), measured["rank"], cfg.train, "gloo", None)
 
 
 @pytest.mark.parametrize("name", [*PARITY, "dp4-zero3-tokens"])
 def test_planner_matches_measured_state_bytes(four_ranks, name):
     for measured in four_ranks[name]:
-        estimate = _plan(name, measured["rank"])
+        estimate = _plan(measured)
         for part in ("params", "grads", "optimizer"):
             got, want = getattr(estimate, part), measured["mem"][part]
             assert abs(got - want) <= STATE_RTOL * want, (name, measured["rank"], part, got, want)
@@ -237,12 +259,14 @@ def test_live_bytes_counts_a_known_allocation_and_a_free_on_another_thread():
         count_allocations(False)
 
 
-@pytest.mark.parametrize("name", [*PARITY, "dp4-zero3-tokens", "bf16-dp2-pp2", "fp16-dp2-tp2-zero2", *ACTIVATION_HEAVY])
+@pytest.mark.parametrize(
+    "name", [*PARITY, "dp4-zero3-tokens", "bf16-dp2-pp2", "fp16-dp2-tp2-zero2", *ACTIVATION_HEAVY, *VOCAB_HEAVY]
+)
 def test_planner_predicts_the_measured_step_peak(four_ranks, name):
     """Planned step peak against the live tensor bytes measured inside steps 2 and 3 on every rank.
     The smaller of the two counts: a gloo worker may release a collective's copy a moment late,
     which adds one buffer to one step now and then."""
     for measured in four_ranks[name]:
-        planned, got = _plan(name, measured["rank"]).peak, min(measured["step_peaks"])
+        planned, got = _plan(measured).peak, min(measured["step_peaks"])
         print(f"{name} rank {measured['rank']}: planned {planned / 2**20:.2f} MiB, measured {got / 2**20:.2f} MiB")
         assert abs(planned - got) <= PEAK_RTOL * got, (name, measured["rank"], planned, measured["step_peaks"])

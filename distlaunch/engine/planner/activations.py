@@ -72,11 +72,19 @@ def activation_bytes(
         vocab = b * s * model.vocab_size // t
         kept += in_flight * vocab * elem if last else (in_flight + 1) * sbh * hidden
     if last and not done:
-        # the final norm's input and output, and the fp32 log-probabilities of one micro-batch
-        # and their gradient: alive in the loss's backward, which is over before the blocks'
-        # starts, so without tp the larger of the two moments counts. Sharded over tp, the loss
-        # keeps more than these, and adding them to the blocks' working set covers it (measured
-        # in tests/train/test_training.py)
-        loss = 2 * sbh * hidden + 2 * FP32 * b * s * model.vocab_size // t
-        kept += max(0, loss - working) if t == 1 and not checkpointing else loss
+        # the loss's backward: the final norm's input and output, and, per fp32 (tokens x vocab)
+        # logits tensor of one micro-batch, the log-probabilities cross_entropy saved, the gradient
+        # its nll_loss hands back and the logits' gradient it computes, alive at once (under tp,
+        # each a vocabulary shard). Measured in tests/train/test_training.py, and within 1% on a
+        # GPU (docs/benchmarks.md), where the logits make most of the peak. Without tp that
+        # backward is over before the blocks' starts, so the larger of the two moments counts;
+        # under tp the vocab-parallel loss keeps more than these, and the sum covers it.
+        logits = FP32 * b * s * model.vocab_size // t
+        loss = 2 * sbh * hidden + 3 * logits
+        if t > 1:
+            kept += loss
+        elif checkpointing:
+            kept += max(0, loss - per_layer)  # the recomputed block comes after the loss's backward
+        else:
+            kept += max(0, loss - working)
     return int(kept)
