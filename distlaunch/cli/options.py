@@ -230,16 +230,32 @@ Detach = Annotated[
         rich_help_panel=LAUNCH,
     ),
 ]
+HEARTBEAT_FLOOR_S = 1.0
+
+
+def check_heartbeat_timeout(value: float) -> float:
+    """0 (off) or at least a second. Heartbeats go every third of the timeout: below a second one late
+    wake-up of a busy host's launcher or agent (measured: 0.01 s stopped a healthy job at 0.1 s, exit 3)
+    gives up a host that is alive."""
+    if 0 < value < HEARTBEAT_FLOOR_S:
+        raise UsageError(
+            f"--heartbeat-timeout {value:g} is too short: a busy but healthy host would be given up (exit 3)",
+            f"give at least {HEARTBEAT_FLOOR_S:g} second, or 0 to turn heartbeats off; the default is 30",
+        )
+    return value
+
+
 HeartbeatTimeout = Annotated[
     float,
     typer.Option(
         "--heartbeat-timeout",
         metavar="SECONDS",
         min=0,
+        callback=check_heartbeat_timeout,
         help="Seconds without a message from a host's agent before the host counts as lost: the job stops, exit 3."
         " Agents likewise stop their ranks when the launcher is silent this long, and in per-node mode (--nnodes)"
         " a node whose heartbeat at the rendezvous stops this long, or a rendezvous store that does not answer this"
-        " long, is given up. 0 turns heartbeats off.",
+        " long, is given up. At least 1; 0 turns heartbeats off.",
         rich_help_panel=LAUNCH,
     ),
 ]

@@ -80,6 +80,9 @@ def test_options_after_the_script_belong_to_the_script():
         (["run", "-n", "2", "--grace-period", "-1", "x.py"], 2, "--grace-period -1 is out of range"),
         (["run", "-n", "2", "--grace-period", "soon", "x.py"], 2, "--grace-period 'soon' is not a number of seconds"),
         (["run", "--nnodes", "1:2", "x.py"], 2, "--nnodes 1:2: an elastic range (torchrun's MIN:MAX) is not supported"),
+        # heartbeats every 3.3 ms: a healthy job was stopped at 0.1 s, exit 3
+        (["run", "-n", "2", "--heartbeat-timeout", "0.01", "x.py"], 2, "--heartbeat-timeout 0.01 is too short"),
+        (["train", "--heartbeat-timeout", "0.5", "--dry-run"], 2, "(hint: give at least 1 second, or 0 to turn"),
         (["run", "--frobnicate", "x.py"], 2, "No such option: --frobnicate"),
         (["run", "-n", "2", "missing_script.py"], 2, "script 'missing_script.py' does not exist"),
         (["run", "-H", HOSTFILE, "-n", "8", "--dry-run", "x.py"], 2, "more than the 4 slots of node1"),
@@ -99,6 +102,22 @@ def test_bad_input_is_one_line_and_exit_2(args, code, fragment, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert fragment in lines[0]
     assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("seconds", ["0", "1"])
+def test_heartbeat_timeout_of_zero_or_at_least_a_second_is_taken(seconds):
+    r = invoke(
+        [
+            "run",
+            "-n",
+            "1",
+            "--heartbeat-timeout",
+            seconds,
+            "--dry-run",
+            str(ROOT / "tests/launcher/scripts/env_dump.py"),
+        ]
+    )
+    assert r.exit_code == 0, r.stderr
 
 
 def test_help_lists_the_launch_options():
