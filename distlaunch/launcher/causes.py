@@ -15,6 +15,12 @@ _STORE_UNREACHABLE = re.compile(
     r"client socket has timed out after (\d+)ms while trying to connect to \(([^,)]+), (\d+)\)"
 )
 _HOST_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
+# torch's CUDA caching allocator (torch.OutOfMemoryError); older releases put the GPU in parentheses
+_GPU_MEMORY = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
+_GPU_CAPACITY = re.compile(r"GPU (\d+) has a total capacity of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ \w+) is free")
+_LESS_PER_RANK = (
+    "a smaller micro-batch, activation checkpointing, or more sharding (ZeRO, tp, pp) lowers what each rank holds"
+)
 
 
 def explain(text: str, host: str) -> str | None:
@@ -34,8 +40,12 @@ def explain(text: str, host: str) -> str | None:
         )
     if match := _HOST_MEMORY.search(text):
         gib = int(match[1]) / 2**30
+        return f"out of host memory on {host}: an allocation of {gib:,.1f} GiB failed; fewer ranks per host, or {_LESS_PER_RANK}"
+    if match := _GPU_MEMORY.search(text):
+        gpu = _GPU_CAPACITY.search(text)
+        where = f" (GPU {gpu[1]}: {gpu[3]} free of {gpu[2]})" if gpu else ""
         return (
-            f"out of host memory on {host}: an allocation of {gib:,.1f} GiB failed; fewer ranks per host, a "
-            "smaller micro-batch, or more sharding (ZeRO, tp, pp) lowers what each rank holds"
+            f"out of GPU memory on {host}{where}: an allocation of {match[1]} failed; {_LESS_PER_RANK} "
+            "('distlaunch train --dry-run' prints each rank's planned peak)"
         )
     return None

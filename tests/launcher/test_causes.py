@@ -30,11 +30,28 @@ SCRIPTS = {
         "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=2))\n"
     ),
     "host-memory": "import os, torch\nif os.environ['RANK'] == '1':\n    torch.empty(2**44, dtype=torch.uint8)\n",
+    # This suite has no GPU: the rank raises what torch's CUDA caching allocator raises, worded as it words it
+    # (torch 2.x; a 1.3b job at twice the batch that fits an 80 GB H100)
+    "gpu-memory": (
+        "import os, torch\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 3.07 GiB. GPU 1 has a total capacity"
+        " of 79.19 GiB of which 1.41 GiB is free. Including non-PyTorch memory, this process has 77.77 GiB memory in"
+        " use. Of the allocated memory 75.12 GiB is allocated by PyTorch, and 1.96 GiB is reserved by PyTorch but"
+        " unallocated. If reserved but unallocated memory is large try setting"
+        " PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.')\n"
+    ),
 }
 CAUSES = {
     "port-taken": (0, "the rendezvous store could not start: port {port} is already in use on localhost"),
     "store-unreachable": (1, "could not reach the rendezvous store at 127.0.0.1:{port} in 2s from localhost"),
     "host-memory": (1, "out of host memory on localhost: an allocation of 16,384.0 GiB failed"),
+    "gpu-memory": (
+        1,
+        "out of GPU memory on localhost (GPU 1: 1.41 GiB free of 79.19 GiB): an allocation of 3.07 GiB failed; a "
+        "smaller micro-batch, activation checkpointing, or more sharding (ZeRO, tp, pp) lowers what each rank holds "
+        "('distlaunch train --dry-run' prints each rank's planned peak)",
+    ),
 }
 
 
