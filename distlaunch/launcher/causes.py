@@ -18,6 +18,11 @@ _HOST_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory: you trie
 # torch's CUDA caching allocator (torch.OutOfMemoryError); older releases put the GPU in parentheses
 _GPU_MEMORY = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
 _GPU_CAPACITY = re.compile(r"GPU (\d+) has a total capacity of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ \w+) is free")
+# a collective whose peers never came: NCCL's watchdog (it then aborts the process) and gloo's transport
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\)"
+)
+_GLOO_TIMEOUT = re.compile(r"gloo/transport/\S+\] Timed out waiting (\d+)ms for (?:send|recv) operation to complete")
 _LESS_PER_RANK = (
     "a smaller micro-batch, activation checkpointing, or more sharding (ZeRO, tp, pp) lowers what each rank holds"
 )
@@ -41,6 +46,13 @@ def explain(text: str, host: str) -> str | None:
     if match := _HOST_MEMORY.search(text):
         gib = int(match[1]) / 2**30
         return f"out of host memory on {host}: an allocation of {gib:,.1f} GiB failed; fewer ranks per host, or {_LESS_PER_RANK}"
+    if (nccl := _NCCL_TIMEOUT.search(text)) or (gloo := _GLOO_TIMEOUT.search(text)):
+        seconds, what = (int(nccl[3]), f"{nccl[2]} #{nccl[1]}, NCCL") if nccl else (int(gloo[1]), "gloo")
+        return (
+            f"a collective timed out after {seconds / 1000:g}s on {host} ({what}), waiting for a rank that never "
+            "reached it: that rank (it hangs, is stuck in other code, or died) is the root cause, not this one; "
+            "a --hang-timeout shorter than the collective timeout gathers every rank's stack before it fires"
+        )
     if match := _GPU_MEMORY.search(text):
         gpu = _GPU_CAPACITY.search(text)
         where = f" (GPU {gpu[1]}: {gpu[3]} free of {gpu[2]})" if gpu else ""

@@ -30,6 +30,24 @@ SCRIPTS = {
         "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=2))\n"
     ),
     "host-memory": "import os, torch\nif os.environ['RANK'] == '1':\n    torch.empty(2**44, dtype=torch.uint8)\n",
+    # rank 0 is late for the all-reduce (slow data, a hang): rank 1's gloo gives up after 2 s and fails first
+    "collective-timeout": (
+        "import datetime, os, time\n"
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=2))\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    time.sleep(60)\n"
+        "dist.all_reduce(torch.ones(1))\n"
+    ),
+    # NCCL's watchdog logs this, then aborts the process; no GPU here, so the rank does the same by hand
+    "nccl-watchdog": (
+        "import os, sys\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    print('[rank1]:[E1127 03:04:11.061727749 ProcessGroupNCCL.cpp:683] [Rank 1] Watchdog caught collective"
+        " operation timeout: WorkNCCL(SeqNum=78, OpType=ALLREDUCE, NumelIn=80, NumelOut=80, Timeout(ms)=600000)"
+        " ran for 600096 milliseconds before timing out.', file=sys.stderr, flush=True)\n"
+        "    os.abort()\n"
+    ),
     # This suite has no GPU: the rank raises what torch's CUDA caching allocator raises, worded as it words it
     # (torch 2.x; a 1.3b job at twice the batch that fits an 80 GB H100)
     "gpu-memory": (
@@ -46,6 +64,13 @@ CAUSES = {
     "port-taken": (0, "the rendezvous store could not start: port {port} is already in use on localhost"),
     "store-unreachable": (1, "could not reach the rendezvous store at 127.0.0.1:{port} in 2s from localhost"),
     "host-memory": (1, "out of host memory on localhost: an allocation of 16,384.0 GiB failed"),
+    "collective-timeout": (
+        1,
+        "a collective timed out after 2s on localhost (gloo), waiting for a rank that never reached it: that rank "
+        "(it hangs, is stuck in other code, or died) is the root cause, not this one; a --hang-timeout shorter than "
+        "the collective timeout gathers every rank's stack before it fires",
+    ),
+    "nccl-watchdog": (1, "a collective timed out after 600s on localhost (ALLREDUCE #78, NCCL), waiting for a rank"),
     "gpu-memory": (
         1,
         "out of GPU memory on localhost (GPU 1: 1.41 GiB free of 79.19 GiB): an allocation of 3.07 GiB failed; a "
@@ -60,7 +85,7 @@ def test_a_known_failure_is_named_in_plain_words(case, tmp_path):
     script = tmp_path / f"{case}.py"
     script.write_text(SCRIPTS[case])
     r = run_cli("run", "-n", "2", "--json", str(script), timeout=120)
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == (134 if case == "nccl-watchdog" else 1), r.stdout + r.stderr  # 128 + SIGABRT
     report = json.loads(r.stdout)
     rank, words = CAUSES[case]
     (failure,) = [f for f in report["failures"] if f["rank"] == rank]
