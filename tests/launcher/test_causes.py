@@ -51,8 +51,9 @@ SCRIPTS = {
     # This suite has no GPU: the rank raises what torch's CUDA caching allocator raises, worded as it words it
     # (torch 2.x; a 1.3b job at twice the batch that fits an 80 GB H100)
     "gpu-memory": (
-        "import os, torch\n"
+        "import os\n"
         "if os.environ['RANK'] == '1':\n"
+        "    import torch\n"
         "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 3.07 GiB. GPU 1 has a total capacity"
         " of 79.19 GiB of which 1.41 GiB is free. Including non-PyTorch memory, this process has 77.77 GiB memory in"
         " use. Of the allocated memory 75.12 GiB is allocated by PyTorch, and 1.96 GiB is reserved by PyTorch but"
