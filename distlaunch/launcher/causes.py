@@ -23,6 +23,13 @@ _NCCL_TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\)"
 )
 _GLOO_TIMEOUT = re.compile(r"gloo/transport/\S+\] Timed out waiting (\d+)ms for (?:send|recv) operation to complete")
+# two ranks on one GPU (NCCL refuses them), or a rank past the host's last GPU (CUDA's own words)
+_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
+_NO_SUCH_GPU = re.compile(r"CUDA error: invalid device ordinal")
+_ONE_GPU_PER_RANK = (
+    "each rank should use GPU LOCAL_RANK (torch.cuda.set_device(int(os.environ['LOCAL_RANK']))), and a host should "
+    "start at most as many ranks as it shows GPUs (-n, the hostfile's slots; CUDA_VISIBLE_DEVICES)"
+)
 _LESS_PER_RANK = (
     "a smaller micro-batch, activation checkpointing, or more sharding (ZeRO, tp, pp) lowers what each rank holds"
 )
@@ -53,6 +60,11 @@ def explain(text: str, host: str) -> str | None:
             "reached it: that rank (it hangs, is stuck in other code, or died) is the root cause, not this one; "
             "a --hang-timeout shorter than the collective timeout gathers every rank's stack before it fires"
         )
+    if match := _DUPLICATE_GPU.search(text):
+        first, second = sorted(int(rank) for rank in match.groups()[:2])
+        return f"ranks {first} and {second} use the same GPU on {host}, which NCCL refuses; {_ONE_GPU_PER_RANK}"
+    if _NO_SUCH_GPU.search(text):
+        return f"a rank asked for a GPU that {host} does not show (invalid device ordinal); {_ONE_GPU_PER_RANK}"
     if match := _GPU_MEMORY.search(text):
         gpu = _GPU_CAPACITY.search(text)
         where = f" (GPU {gpu[1]}: {gpu[3]} free of {gpu[2]})" if gpu else ""

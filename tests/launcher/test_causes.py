@@ -48,6 +48,24 @@ SCRIPTS = {
         " ran for 600096 milliseconds before timing out.', file=sys.stderr, flush=True)\n"
         "    os.abort()\n"
     ),
+    # torchrun's classic mistakes on a host with fewer GPUs than ranks, as torch words them (no GPU in this suite):
+    # every rank on cuda:0 (NCCL's init refuses the duplicate), or rank 1 asking for a GPU the host lacks
+    "duplicate-gpu": (
+        "import os\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise RuntimeError('NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage"
+        " (run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\\nncclInvalidUsage: This usually reflects"
+        " invalid usage of NCCL library.\\nLast error:\\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA"
+        " device 18000')\n"
+    ),
+    "no-such-gpu": (
+        "import os\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    import torch\n"
+        "    raise torch.AcceleratorError('CUDA error: invalid device ordinal\\nGPU device may be out of range, do"
+        " you have enough GPUs?\\nCUDA kernel errors might be asynchronously reported at some other API call, so"
+        " the stacktrace below might be incorrect.\\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1')\n"
+    ),
     # This suite has no GPU: the rank raises what torch's CUDA caching allocator raises, worded as it words it
     # (torch 2.x; a 1.3b job at twice the batch that fits an 80 GB H100)
     "gpu-memory": (
@@ -72,6 +90,13 @@ CAUSES = {
         "the collective timeout gathers every rank's stack before it fires",
     ),
     "nccl-watchdog": (1, "a collective timed out after 600s on localhost (ALLREDUCE #78, NCCL), waiting for a rank"),
+    "duplicate-gpu": (
+        1,
+        "ranks 0 and 1 use the same GPU on localhost, which NCCL refuses; each rank should use GPU LOCAL_RANK "
+        "(torch.cuda.set_device(int(os.environ['LOCAL_RANK']))), and a host should start at most as many ranks as it "
+        "shows GPUs (-n, the hostfile's slots; CUDA_VISIBLE_DEVICES)",
+    ),
+    "no-such-gpu": (1, "a rank asked for a GPU that localhost does not show (invalid device ordinal); each rank"),
     "gpu-memory": (
         1,
         "out of GPU memory on localhost (GPU 1: 1.41 GiB free of 79.19 GiB): an allocation of 3.07 GiB failed; a "
