@@ -24,7 +24,7 @@ _NCCL_TIMEOUT = re.compile(
 )
 _GLOO_TIMEOUT = re.compile(r"gloo/transport/\S+\] Timed out waiting (\d+)ms for (?:send|recv) operation to complete")
 # two ranks on one GPU (NCCL refuses them), or a rank past the host's last GPU (CUDA's own words)
-_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
+_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device")
 _NO_SUCH_GPU = re.compile(r"CUDA error: invalid device ordinal")
 _ONE_GPU_PER_RANK = (
     "each rank should use GPU LOCAL_RANK (torch.cuda.set_device(int(os.environ['LOCAL_RANK']))), and a host should "
@@ -52,7 +52,10 @@ def explain(text: str, host: str) -> str | None:
         )
     if match := _HOST_MEMORY.search(text):
         gib = int(match[1]) / 2**30
-        return f"out of host memory on {host}: an allocation of {gib:,.1f} GiB failed; fewer ranks per host, or {_LESS_PER_RANK}"
+        return (
+            f"out of host memory on {host}: an allocation of {gib:,.1f} GiB failed; fewer ranks per host, or "
+            f"{_LESS_PER_RANK}"
+        )
     if (nccl := _NCCL_TIMEOUT.search(text)) or (gloo := _GLOO_TIMEOUT.search(text)):
         seconds, what = (int(nccl[3]), f"{nccl[2]} #{nccl[1]}, NCCL") if nccl else (int(gloo[1]), "gloo")
         return (
@@ -61,7 +64,7 @@ def explain(text: str, host: str) -> str | None:
             "a --hang-timeout shorter than the collective timeout gathers every rank's stack before it fires"
         )
     if match := _DUPLICATE_GPU.search(text):
-        first, second = sorted(int(rank) for rank in match.groups()[:2])
+        first, second = sorted(int(rank) for rank in match.groups())
         return f"ranks {first} and {second} use the same GPU on {host}, which NCCL refuses; {_ONE_GPU_PER_RANK}"
     if _NO_SUCH_GPU.search(text):
         return f"a rank asked for a GPU that {host} does not show (invalid device ordinal); {_ONE_GPU_PER_RANK}"
