@@ -195,6 +195,13 @@ def pct(x: float | None) -> str:
     return f"{x:6.1%}" if x is not None else "   n/a"
 
 
+def planned_ratio(engine: dict) -> str:
+    """The planner's peak over the allocator's (docs/train.md holds the planner within 10% on CPU)."""
+    if not engine["peak_bytes"]:
+        return "n/a"
+    return f"{engine['planned_peak_bytes'] / engine['peak_bytes']:.3f}"
+
+
 def main() -> None:
     args = parse_args()
     if args.reference:
@@ -221,7 +228,7 @@ def main() -> None:
             head = f"{preset:>5} bf16, batch {batch} x {seq_len}"
             print(
                 f"{head}, distlaunch train : {engine['tokens_per_s']:10.0f} tok/s  MFU {pct(engine['mfu'])}  peak {gib(engine['peak_bytes'])}"
-                f"  (planned {gib(engine['planned_peak_bytes'])})"
+                f"  (planned {gib(engine['planned_peak_bytes'])}, {planned_ratio(engine)} of it)"
             )
             print(
                 f"{head}, reference loop   : {reference['tokens_per_s']:10.0f} tok/s  MFU {pct(reference['mfu'])}  peak {gib(reference['peak_bytes'])}"
