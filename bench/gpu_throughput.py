@@ -228,7 +228,7 @@ def main() -> None:
             head = f"{preset:>5} bf16, batch {batch} x {seq_len}"
             print(
                 f"{head}, distlaunch train : {engine['tokens_per_s']:10.0f} tok/s  MFU {pct(engine['mfu'])}  peak {gib(engine['peak_bytes'])}"
-                f"  (planned {gib(engine['planned_peak_bytes'])}, {planned_ratio(engine)} of it)"
+                f"  (planned {gib(engine['planned_peak_bytes'])}: {planned_ratio(engine)} x measured)"
             )
             print(
                 f"{head}, reference loop   : {reference['tokens_per_s']:10.0f} tok/s  MFU {pct(reference['mfu'])}  peak {gib(reference['peak_bytes'])}"
