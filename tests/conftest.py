@@ -32,5 +32,28 @@ def pytest_configure(config):
         compileall.compile_dir(folder, quiet=2)
 
 
+# The longest files (real training, multi-node and Slurm faults: up to two minutes each) are scheduled first, so
+# that none is left running on one pytest-xdist worker at the end while the other has nothing to do.
+LONGEST_FIRST = (
+    "tests/engine/",
+    "tests/train/",
+    "tests/checkpoint/",
+    "tests/launcher/test_pernode",
+    "tests/slurm/",
+    "tests/doctor/test_ground_truth",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files whose path starts with one of ``LONGEST_FIRST`` first, in that order; each file's tests together."""
+    root = Path(__file__).resolve().parents[1]
+
+    def rank(item) -> int:
+        path = Path(str(item.path)).resolve().relative_to(root).as_posix()
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file and among the rest stays as collected
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_STATE_DIR, ignore_errors=True)
