@@ -16,19 +16,19 @@ from fixtures.sshd import sshd_cluster  # noqa: F401
 # (and two suites running at once never see each other's jobs). Set before any test starts a process.
 _STATE_DIR = tempfile.mkdtemp(prefix="distlaunch-test-state-")
 os.environ["DISTLAUNCH_STATE_DIR"] = _STATE_DIR
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
     """Compile distlaunch and the tests' own modules once, before any test starts a Python process.
 
-    Tests start thousands of them (the CLI, agents, ranks), each importing distlaunch. Where
+    Tests start many of them (the CLI, agents, ranks), each importing distlaunch. Where
     PYTHONDONTWRITEBYTECODE is set (this project's machines set it) none may write its bytecode, so each one
     compiled every module it imported again: measured on tests/launcher/test_causes.py and tests/jobs/test_jobs.py,
-    83 s before, 72 s with the bytecode there. Up-to-date files are skipped, and each file is written whole
+    83 s before, 67 s with this hook, from a checkout without __pycache__. Up-to-date files are skipped, and each file is written whole
     (atomically), so xdist workers and suites running at once do not get in each other's way.
     """
-    root = Path(__file__).resolve().parents[1]
-    for folder in (root / "distlaunch", root / "tests"):
+    for folder in (ROOT / "distlaunch", ROOT / "tests"):
         compileall.compile_dir(folder, quiet=2)
 
 
@@ -46,10 +46,9 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(session, config, items):
     """Files whose path starts with one of ``LONGEST_FIRST`` first, in that order; each file's tests together."""
-    root = Path(__file__).resolve().parents[1]
 
     def rank(item) -> int:
-        path = Path(str(item.path)).resolve().relative_to(root).as_posix()
+        path = Path(os.path.relpath(item.path, ROOT)).as_posix()  # never raises, unlike relative_to
         return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: the order within a file and among the rest stays as collected
