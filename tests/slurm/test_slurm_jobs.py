@@ -132,12 +132,13 @@ def test_an_unreachable_slurmctld_leaves_a_running_job_running_not_lost(slurm_cl
     shown = cli("status", slurm_id, conf=missing)
     assert shown.returncode == 3 and f"cannot reach slurmctld: SLURM_CONF={missing} does not exist" in shown.stderr
 
-    # no Slurm client here at all (another login node): unknown too, never the old state as if current
+    # no Slurm client here at all (another login node): unknown too, never the old state as if current.
+    # The interpreter is run by its own path with a PATH that holds nothing: a link to it elsewhere would
+    # lose a virtual environment's site-packages (its pyvenv.cfg is found beside the path it was started by).
     bare = tmp_path / "bin"
     bare.mkdir()
-    (bare / "python3").symlink_to(sys.executable)
     no_client = subprocess.run(
-        [str(bare / "python3"), "-m", "distlaunch", "jobs"],
+        [sys.executable, "-m", "distlaunch", "jobs"],
         capture_output=True,
         text=True,
         timeout=60,
