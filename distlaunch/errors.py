@@ -18,6 +18,8 @@ class ExitCode(IntEnum):
     NO_ANSWER = 1  # stop/stacks: the job did not answer within --timeout (it still may)
     USAGE = 2  # bad hostfile, bad spec, bad option
     HOST = 3  # a host could not be reached or prepared
+    # no progress: the launcher's --hang-timeout, or a rank's own step watchdog (train.step_timeout), as timeout(1)
+    HANG = 124
     SIGINT = 130
     SIGTERM = 143
 

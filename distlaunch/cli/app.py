@@ -13,6 +13,7 @@ import traceback
 import typer
 
 from distlaunch import __version__
+from distlaunch.cli import notices
 from distlaunch.cli.checkpoint import checkpoint_app
 from distlaunch.cli.data import data_app
 from distlaunch.cli.doctor import doctor
@@ -66,8 +67,11 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Also print distlaunch's debug notices."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only distlaunch's warnings and errors."),
 ) -> None:
     """Launch distributed PyTorch training on this machine, many machines over SSH, or Slurm."""
+    notices.install(verbose=verbose, quiet=quiet)
 
 
 def _given(exc: cx.UsageError, argv: list[str]) -> str:

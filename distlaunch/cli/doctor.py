@@ -63,7 +63,8 @@ def doctor(
     MASTER_ADDR, --master-port and --backend resolve exactly as for run. Exit code: 0 when no check failed
     (warnings allowed), 1 when at least one did, 2 when the hostfile or an option is wrong.
     """
-    from distlaunch.doctor import DoctorOptions, parse_size, render_report, run_doctor  # SSH stack: only when used
+    from distlaunch.cli.doctor_render import render_report
+    from distlaunch.doctor import DoctorOptions, parse_size, run_doctor  # SSH stack: only when used
 
     opts = DoctorOptions(
         hostfile=hostfile,

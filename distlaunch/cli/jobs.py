@@ -12,11 +12,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from distlaunch.backends.base import LastKnown
+from distlaunch.backends.output import Note
+from distlaunch.backends.recorded import find_job, list_jobs, read_lines, stop_job
+from distlaunch.backends.registry import of_record
 from distlaunch.cli.render import print_json, render_report
-from distlaunch.jobs.backends import LastKnown, Note, find_job, list_jobs, read_lines, stop_job
-from distlaunch.jobs.snapshots import request_stacks
+from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
-from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.stacks import ranges
 
 RECENT = 20  # what 'distlaunch jobs' shows without --all
@@ -126,7 +128,8 @@ def stacks(
     The job's launcher gets SIGUSR1, asks every agent for its ranks' Python stacks (py-spy, else faulthandler) as on a hang, and writes them to a new stacks-N folder in the job's folder.
 
     Exit code: 0 when the stacks are printed, 1 when the launcher did not answer within --timeout, 2 for a job that is unknown or not running here (ended, lost, another machine, Slurm or Kubernetes)."""
-    snapshot = request_stacks(find_job(job, last_known_ok=True), timeout)  # refused for Slurm and k8s jobs
+    record = find_job(job, last_known_ok=True)
+    snapshot = of_record(record).stacks(record, timeout)  # refused for Slurm and k8s jobs
     if json_output:
         print_json(snapshot)
         return 0

@@ -8,9 +8,8 @@ from typing import Annotated
 
 import typer
 
-from distlaunch.jobs.journal import record_k8s_job
+from distlaunch.backends.kubernetes import Kubernetes
 from distlaunch.k8s.manifest import K8sJobOptions, manifest
-from distlaunch.k8s.submit import kubectl_apply
 from distlaunch.k8s.yaml import dump_all
 
 k8s_app = typer.Typer(
@@ -123,15 +122,7 @@ def submit_cmd(
         master_port,
         rdzv_port,
     )
-    code = kubectl_apply(dump_all(manifest(opts)))
-    if code == 0:
-        job_id = record_k8s_job(
-            opts.name,
-            opts.namespace,
-            opts.nodes,
-            opts.nproc_per_node,
-            ["distlaunch", *sys.argv[1:]],
-            "nccl" if opts.gpus_per_node else "gloo",  # what a pod's ranks choose: its GPUs, or none
-        )
+    code, job_id = Kubernetes().submit(opts, ["distlaunch", *sys.argv[1:]])
+    if job_id is not None:
         sys.stderr.write(f"distlaunch: recorded as job {job_id}: distlaunch status {job_id} | logs | stop\n")
     return code

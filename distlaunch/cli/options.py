@@ -13,8 +13,8 @@ try:  # typer >= 0.22 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click.core import ParameterSource
 
+from distlaunch.contract.hostname import host_problem
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostname import host_problem
 from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
 
 LAUNCH = "Launch options"

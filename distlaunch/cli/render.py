@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from distlaunch.launcher.hostname import host_port
+from distlaunch.contract.hostname import host_port
+from distlaunch.contract.report import RankExit, RunReport
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.report import RankExit, RunReport
 from distlaunch.launcher.stacks import ranges
 from distlaunch.slurm.env import SlurmRank
 

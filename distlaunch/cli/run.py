@@ -10,7 +10,8 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 
-from distlaunch.backends import LaunchRequest, select
+from distlaunch.backends.base import LaunchRequest
+from distlaunch.backends.registry import select
 from distlaunch.cli import options as o
 from distlaunch.cli.output import RankPrinter
 from distlaunch.cli.render import masked, print_json, render_plan, render_report

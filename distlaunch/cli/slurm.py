@@ -11,12 +11,11 @@ from typing import Annotated
 
 import typer
 
+from distlaunch.backends.slurm_batch import SlurmBatch
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
 from distlaunch.contract.env import parse_env
-from distlaunch.jobs.journal import record_batch_job
 from distlaunch.slurm.job import SlurmJobOptions, resolve_job
-from distlaunch.slurm.sbatch import default_job_name, render_script, submit
 from distlaunch.slurm.srun import SrunResult, run_srun
 
 SLURM = "Slurm options"
@@ -235,31 +234,16 @@ def slurm_sbatch(
         backend=backend,
         env=env,
     )
-    job = resolve_job(opts, {})  # the script asks for its own allocation: ignore the one we may be in
-    script = render_script(job, opts, output, template)
+    batch = SlurmBatch()
     if dry_run:
+        job, script = batch.script(opts, output, template)
         if json_output:
             print(json.dumps({"job": job.model_dump(mode="json"), "script": script}, indent=2))
         else:
             sys.stdout.write(script)
         return 0
-    result = submit(
-        script,
-        wait=wait,
-        job_name=job.job_name or default_job_name(opts),
-        output=output,
-        out=sys.stderr if json_output else sys.stdout,
-        env=parse_env(opts.env),
-        on_submitted=lambda submitted: record_batch_job(
-            submitted.job_id,
-            submitted.output,
-            job.world_size,
-            job.nodes,
-            job.parallel.model_dump(mode="json"),
-            ["distlaunch", *sys.argv[1:]],
-            opts.backend,
-        ),
-    )
+    out = sys.stderr if json_output else sys.stdout
+    result = batch.submit(opts, output, template, wait, out, ["distlaunch", *sys.argv[1:]])
     if wait:
         sys.stderr.write(f"distlaunch: job {result.job_id} ended with exit code {result.exit_code}\n")
     if json_output:

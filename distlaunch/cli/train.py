@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from distlaunch.backends import LaunchRequest
+from distlaunch.backends.base import LaunchRequest
 from distlaunch.cli import options as o
 from distlaunch.cli.run import command_line, start
 from distlaunch.contract.options import LaunchOptions

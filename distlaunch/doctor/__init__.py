@@ -9,7 +9,6 @@ starts ranks, and those import torch in their own processes (``allreduce_bench.p
 
 from distlaunch.doctor.bench import parse_size
 from distlaunch.doctor.model import Check, DoctorOptions, DoctorReport
-from distlaunch.doctor.render import render_report
 from distlaunch.doctor.runner import run_doctor
 
-__all__ = ["Check", "DoctorOptions", "DoctorReport", "parse_size", "render_report", "run_doctor"]
+__all__ = ["Check", "DoctorOptions", "DoctorReport", "parse_size", "run_doctor"]

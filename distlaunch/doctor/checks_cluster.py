@@ -3,13 +3,13 @@ hosts (duplicates, clocks, the master's port). Pure functions from gathered fact
 
 from __future__ import annotations
 
+from distlaunch.contract.hostname import host_port
 from distlaunch.contract.layout import layout_spec
 from distlaunch.doctor.gather import CLOCK_ROUND_TRIPS, HostResult, ListenerResult
-from distlaunch.doctor.listener_script import describe_holders
 from distlaunch.doctor.model import LOCAL, Check, check
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.hostname import host_port
+from distlaunch.launcher.listener_script import describe_holders
 from distlaunch.launcher.plan import host_layout
 from distlaunch.remote import sshlog
 from distlaunch.remote.ssh import SshError

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from distlaunch.doctor.model import DoctorOptions, HostFacts
 from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession, StartGate
+from distlaunch.launcher import listener_script
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.remote import sshlog
 from distlaunch.remote.command import SHELL_FILES, shell_hang, without_shell_ready
@@ -28,7 +29,7 @@ from distlaunch.remote.sshconfig import SshTarget
 
 HERE = Path(__file__).parent
 PROBE_SOURCE = (HERE / "probe_script.py").read_text(encoding="utf-8")
-LISTENER_SOURCE = (HERE / "listener_script.py").read_text(encoding="utf-8")
+LISTENER_SOURCE = Path(listener_script.__file__).read_text(encoding="utf-8")  # the launcher's port check, run remotely
 MAX_PARALLEL = 64
 STOP_S = 0.8  # on Ctrl-C, how long stopping the remote processes may take before the doctor exits anyway
 CLOCK_ROUND_TRIPS = 5

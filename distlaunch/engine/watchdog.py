@@ -1,5 +1,11 @@
 """A per-rank watchdog: a step (or a checkpoint save) that runs too long ends the process.
 
+This is the last-resort guard for ranks that no distlaunch launcher watches: under ``srun`` (each task is a
+rank and distlaunch execs into it), under torchrun, in a pod submitted without ``--hang-timeout``. Under
+``distlaunch run``/``train`` the launcher's hang watch (``--hang-timeout``, 600 s for train, shorter than
+train.step_timeout's 900 s) fires first, gathers every rank's stack and stops the job. Both end with the one
+hang code, ``ExitCode.HANG`` (124).
+
 A hung rank stalls every other rank in its next collective, so every rank's watchdog fires, each
 exits with ``STEP_TIMEOUT_EXIT`` and a one-line reason after the Python stacks of the stuck process
 (the reason last, so it is what the launcher's root-cause table shows), and the launcher sees a
@@ -23,7 +29,9 @@ import threading
 import time
 from collections.abc import Iterator
 
-STEP_TIMEOUT_EXIT = 124  # the code timeout(1) uses: "ran out of time"
+from distlaunch.errors import ExitCode
+
+STEP_TIMEOUT_EXIT = int(ExitCode.HANG)  # the launcher's hang code too: "ran out of time", as timeout(1)
 # The longest single wait: Condition.wait raises OverflowError past threading.TIMEOUT_MAX (~292
 # years), which would end the thread and with it hang detection; a longer deadline waits in turns.
 MAX_WAIT_S = 3600.0

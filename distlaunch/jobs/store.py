@@ -9,7 +9,7 @@ old record or the new one, never half of one. A record that cannot be parsed any
 hand edit) is reported as unreadable instead of breaking the listing, and so is one that parses but
 holds what no writer writes (a time no clock reads, a plan or report of another shape, another job's id):
 every reader after ``read_record`` may trust a record's fields. Records are raw here; the job's backend
-(``distlaunch.jobs.backends``) says what the job is doing now.
+(``distlaunch.backends``) says what the job is doing now.
 """
 
 from __future__ import annotations
@@ -24,17 +24,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
+from distlaunch.contract.report import RunReport
 from distlaunch.errors import UsageError, validation_problem
 from distlaunch.files import open_regular
-from distlaunch.launcher.report import RunReport
 
 STATE_VAR = "DISTLAUNCH_STATE_DIR"
 RECORD = "job.json"
 RESERVE = ".reserve"  # space a running job holds in its folder, so that its last record lands on a disk it filled
+OUTPUT_FILE = "output.log"  # a detached job's terminal output, in its folder
+ERRORS_FILE = "errors.log"  # the same job's stderr lines and distlaunch's notices alone
+LAUNCH_FILE = "launch.json"  # a detached job's plan and options, for its supervisor: only detached jobs have one
 STOP_FILE = "stop-requested"  # written by 'distlaunch stop' before it signals the job: the end reads "stopped"
 JobState = Literal["pending", "running", "succeeded", "failed", "interrupted", "stopped", "lost"]
 FINAL_STATES = ("succeeded", "failed", "interrupted", "stopped")
-# A detached job's folder exists a moment before its supervisor writes the record (jobs/supervisor.py waits
+# A detached job's folder exists a moment before its supervisor writes the record (launcher/detach.py waits
 # START_TIMEOUT_S for it, then removes the folder): a listing meanwhile leaves such a folder out.
 STARTING_S = 30.0
 

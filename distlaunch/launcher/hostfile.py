@@ -9,9 +9,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from distlaunch.contract.hostname import host_key, host_problem, ip_address, split_host
 from distlaunch.errors import UsageError
 from distlaunch.files import os_error_words, read_settings
-from distlaunch.launcher.hostname import host_key, host_problem, ip_address, split_host
 
 DEFAULT_MAX_RANKS = 65536
 

@@ -15,12 +15,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from distlaunch import protocol as p
-from distlaunch.errors import UsageError
-from distlaunch.files import os_error_words
-from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
-from distlaunch.launcher.plan import LaunchPlan, NodePlan
-from distlaunch.launcher.ranklogs import RankLogs, job_folder
-from distlaunch.launcher.report import (
+from distlaunch.contract.report import (
     HANG_CODE,
     HOST_SILENT_CODE,
     HangReport,
@@ -29,6 +24,11 @@ from distlaunch.launcher.report import (
     SilentHost,
     exit_code_of,
 )
+from distlaunch.errors import UsageError
+from distlaunch.files import os_error_words
+from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
+from distlaunch.launcher.plan import LaunchPlan, NodePlan
+from distlaunch.launcher.ranklogs import RankLogs, job_folder
 from distlaunch.launcher.signals import SignalTrap, StackRequests, StopRequest
 from distlaunch.launcher.stacks import ranges, summarise_stacks, write_rank_stacks
 from distlaunch.protocol import AgentConnection
@@ -296,7 +296,7 @@ class _Attempt:
             return
         if self.waiting_ranks(pending) - set(self.asked) and now < self.asked_deadline:
             return
-        from distlaunch.jobs.snapshots import write_snapshot  # the job registry owns its folder's files
+        from distlaunch.launcher.snapshots import write_snapshot  # the job registry owns its folder's files
 
         try:
             snapshot = write_snapshot(requests.folder, self.plan.job_id, self.asked, self.host_of)

@@ -6,13 +6,13 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.report import RunReport
 from distlaunch.errors import DistlaunchError, ExitCode, HostError, Interrupted, UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import CannotStart, Connect, ExecOptions, Sink, execute
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
 from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.program import check_local_program, check_workdir, program_label, start_error
-from distlaunch.launcher.report import RunReport
 from distlaunch.launcher.signals import StackRequests, StopRequest, interrupts_unwind
 from distlaunch.launcher.spec import (
     check_master_port,
@@ -144,8 +144,8 @@ def _recorded(
     command: list[str] | None,
     stop_request: StopRequest | None,
 ) -> RunReport:
-    from distlaunch.jobs.journal import Journal
     from distlaunch.jobs.store import jobs_dir
+    from distlaunch.launcher.journal import Journal
 
     backend = "local" if all_local(plan) else "ssh"
     log_dir = str(exec_opts.log_dir) if exec_opts.log_dir is not None else None

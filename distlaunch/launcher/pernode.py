@@ -15,15 +15,15 @@ import time
 from pydantic import BaseModel
 
 from distlaunch.contract.endpoint import choose_port
+from distlaunch.contract.hostname import host_port
 from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.report import HOST_SILENT_CODE, RankExit, RunReport
 from distlaunch.errors import DistlaunchError, ExitCode, Interrupted, UsageError
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.hostname import host_port
 from distlaunch.launcher.job import ExecOptions, Sink
 from distlaunch.launcher.launch import launch
 from distlaunch.launcher.plan import LaunchPlan, build_plan
 from distlaunch.launcher.rendezvous import NodeStore, StoreSilent, parse_endpoint
-from distlaunch.launcher.report import HOST_SILENT_CODE, RankExit, RunReport
 from distlaunch.launcher.signals import StopRequest
 from distlaunch.launcher.spec import address_for_peer, make_spec
 

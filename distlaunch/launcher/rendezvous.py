@@ -25,8 +25,8 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
+from distlaunch.contract.hostname import host_port
 from distlaunch.errors import HostError, UsageError
-from distlaunch.launcher.hostname import host_port
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:

@@ -4,6 +4,7 @@ the backend, draw a job id. Everything impure happens here so that ``build_plan`
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
 import secrets
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from distlaunch.contract.endpoint import choose_port
 from distlaunch.contract.env import launcher_defaults, parse_env
+from distlaunch.contract.hostname import host_key
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
@@ -23,10 +25,11 @@ from distlaunch.launcher.hostfile import (
     parse_hostfile_text,
     read_hostfile,
 )
-from distlaunch.launcher.hostname import host_key
 from distlaunch.launcher.plan import LaunchSpec
 from distlaunch.launcher.program import build_command
 from distlaunch.remote.env import file_env, forwarded_env
+
+log = logging.getLogger("distlaunch")
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -141,7 +144,7 @@ def job_env(opts: LaunchOptions, all_local: bool) -> dict[str, str]:
     """Variables every rank gets on top of the contract: forwarded ones (remote jobs), env files, --env."""
     # Local ranks inherit the launcher's environment anyway; remote ones get only what is named here.
     env = {} if all_local else forwarded_env()
-    env.update(file_env(announce=lambda line: print(line, file=sys.stderr, flush=True)))
+    env.update(file_env(announce=log.info))
     env.update(parse_env(opts.env))
     return env
 
@@ -152,7 +155,7 @@ def check_master_port(opts: LaunchOptions, port: int) -> None:
     store."""
     if opts.master_port == "auto":
         return
-    from distlaunch.doctor.listener_script import bind_every_address, describe_holders, holders  # stdlib only
+    from distlaunch.launcher.listener_script import bind_every_address, describe_holders, holders  # stdlib only
 
     hint = (
         "pick a free port, or leave --master-port auto (a free one is chosen); two jobs on one port would cross-connect"

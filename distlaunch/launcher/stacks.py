@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from distlaunch.contract.report import StackGroup
+
 _FAULTHANDLER = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _PYSPY = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^:()]+):(?P<line>\d+)\)")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/distlaunch/rankboot.py")
@@ -61,12 +63,6 @@ def ranges(ranks: list[int]) -> str:
         if r is not None:
             start = prev = r
     return ",".join(parts)
-
-
-class StackGroup(BaseModel):
-    where: str
-    ranks: list[int]
-    hosts: list[str]
 
 
 def group_stacks(stacks: dict[int, str], host_of: dict[int, str]) -> list[StackGroup]:

@@ -87,7 +87,7 @@ def file_env(
     for path in env_files(cwd, home):
         values = parse_env_file(path)
         if announce is not None and path == here:
-            announce(f"distlaunch: using {path}: {', '.join(values) or 'no variables'}")
+            announce(f"using {path}: {', '.join(values) or 'no variables'}")
             risky = [name for name in values if name in CODE_PATH_NAMES]
             if risky:
                 announce(

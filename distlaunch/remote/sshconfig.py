@@ -14,9 +14,9 @@ from typing import Literal
 import paramiko
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.hostname import host_port
 from distlaunch.errors import UsageError
 from distlaunch.files import os_error_words, read_settings
-from distlaunch.launcher.hostname import host_port
 
 DEFAULT_CONFIG = "~/.ssh/config"
 # As OpenSSH: without an IdentityFile, these are tried (the ones that exist).

@@ -8,20 +8,22 @@ not gone.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from typing import NamedTuple
 
 from distlaunch.errors import HostError
 
+log = logging.getLogger("distlaunch")
+
 # Every Slurm query and scancel: longer than Slurm's own retries at its default MessageTimeout of 10 s (scancel
 # gives up on an unreachable slurmctld after ~9 s, scontrol show job after ~18 s) so that its own message
 # comes back, and still bounded. 'jobs' stays quick without waiting on it: an instant 'scontrol ping' comes
-# first, and a listing asks an unreachable slurmctld once, not once per job (jobs/backends.py).
+# first, and a listing asks an unreachable slurmctld once, not once per job (backends/recorded.py).
 SLURM_CMD_TIMEOUT_S = 20.0
 POLL_FIRST_S, POLL_MAX_S = 0.5, 5.0  # quick for short jobs, gentle on slurmctld for long ones
 UNANSWERED_WAIT_S = 600.0  # --wait: how long slurmctld may stay out of reach before distlaunch gives up on it
@@ -173,7 +175,7 @@ def job_state(job_id: str) -> SlurmJobState | None:
 
 
 def wait_for_job(job_id: str) -> int:
-    """Poll until the job reaches a final state; say each state change on stderr; return its exit code.
+    """Poll until the job reaches a final state; tell each state change (the distlaunch logger); return its exit code.
 
     slurmctld out of reach (a restart, a failover) is waited out for up to UNANSWERED_WAIT_S, said once on
     stderr when it starts and once when slurmctld answers again."""
@@ -185,10 +187,7 @@ def wait_for_job(job_id: str) -> int:
             now = time.monotonic()
             if unanswered_since is None:
                 unanswered_since = now
-                sys.stderr.write(
-                    f"distlaunch: {exc.message}; job {job_id} may still run: asking again for up to "
-                    f"{UNANSWERED_WAIT_S:g}s\n"
-                )
+                log.warning(f"{exc.message}; job {job_id} may still run: asking again for up to {UNANSWERED_WAIT_S:g}s")
             elif now - unanswered_since >= UNANSWERED_WAIT_S:
                 raise SlurmUnanswered(
                     f"gave up following job {job_id}: {exc.message} (for {now - unanswered_since:.0f}s)",
@@ -199,12 +198,12 @@ def wait_for_job(job_id: str) -> int:
             interval = min(interval * 1.5, POLL_MAX_S)
             continue
         if unanswered_since is not None:
-            sys.stderr.write(f"distlaunch: slurmctld answers again about job {job_id}\n")
+            log.warning(f"slurmctld answers again about job {job_id}")
             unanswered_since = None
         if found is None:
             raise HostError(f"job {job_id} is unknown to slurmctld and sacct", f"check it with: sacct -j {job_id}")
         if found.state != last:
-            sys.stderr.write(f"distlaunch: job {job_id} is {found.state}\n")
+            log.info(f"job {job_id} is {found.state}")
             last = found.state
         if found.state in TERMINAL:
             return exit_code_of(found.state, found.exit_code)

@@ -7,6 +7,7 @@ A line whose placeholders all render empty is left out, so optional ``#SBATCH`` 
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import re
 import shlex
@@ -26,6 +27,8 @@ from distlaunch.errors import HostError, UsageError
 from distlaunch.files import os_error_words, read_settings
 from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, export_option, forwarded_options
 from distlaunch.slurm.jobstate import wait_for_job
+
+log = logging.getLogger("distlaunch")
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}( ?)")
 DEFAULT_OUTPUT = "slurm-%j.out"  # sbatch's own default, in the submit directory
@@ -247,7 +250,7 @@ def submit(
     try:
         code = wait_for_job(job_id)
     except KeyboardInterrupt:
-        sys.stderr.write(f"distlaunch: stopped following; job {job_id} keeps running (scancel {job_id} stops it)\n")
+        log.warning(f"stopped following; job {job_id} keeps running (scancel {job_id} stops it)")
         raise
     finally:
         if follower:

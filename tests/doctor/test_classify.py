@@ -24,7 +24,7 @@ from distlaunch.doctor.checks_network import (
     reachable_check,
 )
 from distlaunch.doctor.gather import HostResult, ListenerResult
-from distlaunch.doctor.listener_script import decode_address
+from distlaunch.launcher.listener_script import decode_address
 from distlaunch.doctor.model import DoctorReport, HostFacts, check
 from distlaunch.doctor.sessions import StartGate
 from distlaunch.errors import UsageError

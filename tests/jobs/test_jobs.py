@@ -249,7 +249,7 @@ def test_a_detach_that_cannot_start_says_why_in_one_line_and_leaves_nothing(stat
 def test_a_supervisor_that_dies_before_its_record_takes_its_folder_with_it(state, tmp_path, monkeypatch):
     from distlaunch.contract.options import LaunchOptions
     from distlaunch.errors import DistlaunchError
-    from distlaunch.jobs import supervisor
+    from distlaunch.launcher import detach as supervisor
     from distlaunch.launcher.job import ExecOptions
     from distlaunch.launcher.launch import plan_for
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from distlaunch.jobs.journal import record_batch_job
+from distlaunch.backends.slurm_batch import record_batch_job
 from distlaunch.jobs.store import JobRecord, Owner, write_record
 from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
 from tests.jobs.test_jobs import cli, status_json

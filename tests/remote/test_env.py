@@ -85,3 +85,17 @@ def test_only_the_working_directory_file_is_announced(tmp_path):
     said: list[str] = []
     assert file_env(cwd=cwd, home=home, announce=said.append) == {"PYTHONPATH": "/mine"}
     assert said == []
+
+
+def test_quiet_keeps_distlaunchs_notices_back_and_verbose_adds_its_debug_ones(tmp_path):
+    """Library code tells through one logger; -q and -v (before the command) set what reaches stderr."""
+    script = tmp_path / "show.py"
+    script.write_text("print('ran')\n")
+    (tmp_path / ENV_FILE).write_text("FOO=plain\n")
+    told = f"distlaunch: using {tmp_path / ENV_FILE}: FOO"
+    quiet = run_cli("-q", "run", "-n", "1", "--dry-run", str(script), cwd=tmp_path, timeout=60)
+    assert quiet.returncode == 0 and told not in quiet.stderr and "distlaunch: backend" not in quiet.stderr
+    plain = run_cli("run", "-n", "1", "--dry-run", str(script), cwd=tmp_path, timeout=60)
+    assert told in plain.stderr and "distlaunch: backend" not in plain.stderr, plain.stderr
+    loud = run_cli("-v", "run", "-n", "1", "--dry-run", str(script), cwd=tmp_path, timeout=60)
+    assert told in loud.stderr and "distlaunch: backend: hosts" in loud.stderr, loud.stderr

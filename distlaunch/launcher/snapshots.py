@@ -20,10 +20,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from distlaunch.contract.report import StackGroup
 from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, jobs_dir
 from distlaunch.launcher.signals import STACKS_REQUEST_SIGNAL
-from distlaunch.launcher.stacks import StackGroup, summarise_stacks, write_rank_stacks
+from distlaunch.launcher.stacks import summarise_stacks, write_rank_stacks
 
 POLL_S = 0.1
 _NUMBERED = re.compile(r"^stacks-(\d+)$")

@@ -6,8 +6,8 @@ import signal as _signal
 
 from pydantic import BaseModel, Field, computed_field
 
-from distlaunch.launcher.causes import explain
-from distlaunch.launcher.stacks import StackGroup
+from distlaunch.contract.causes import explain
+from distlaunch.errors import ExitCode
 
 
 class RankExit(BaseModel):
@@ -31,13 +31,21 @@ class RankExit(BaseModel):
     @computed_field
     @property
     def cause(self) -> str | None:
-        """A known failure in plain words (launcher/causes.py), or None."""
+        """A known failure in plain words (contract/causes.py), or None."""
         message = self.error.get("message", "") if self.error else ""
         return explain("\n".join([*self.tail, message]), self.host)
 
 
-HOST_SILENT_CODE = 3  # a host went silent mid-run: counted as unreachable
-HANG_CODE = 124  # no progress for --hang-timeout: stacks gathered, every rank stopped (like timeout(1))
+HOST_SILENT_CODE = int(ExitCode.HOST)  # a host went silent mid-run: counted as unreachable
+HANG_CODE = int(ExitCode.HANG)  # no progress for --hang-timeout: stacks gathered, every rank stopped
+
+
+class StackGroup(BaseModel):
+    """Ranks whose main threads wait in the same place."""
+
+    where: str
+    ranks: list[int]
+    hosts: list[str]
 
 
 class SilentHost(BaseModel):

@@ -1,6 +1,6 @@
 """Detached jobs: ``run --detach`` hands the plan to a supervisor process that outlives the terminal.
 
-The supervisor is ``python -m distlaunch.jobs.supervisor JOB_DIR``, started in a session of its own (no
+The supervisor is ``python -m distlaunch.cli.supervise JOB_DIR``, started in a session of its own (no
 controlling terminal, so closing the terminal sends it nothing). It runs exactly the plan the command built
 and checked, through the same ``launch`` as a foreground run, so it keeps every guarantee of one: fail-fast,
 restarts, no orphans, the root-cause report. What it would have printed goes to ``output.log`` in the job's
@@ -22,14 +22,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
 
 from pydantic import BaseModel
 
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import DistlaunchError, UsageError
-from distlaunch.jobs.backends import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE
-from distlaunch.jobs.store import STATE_VAR, JobRecord, jobs_dir, read_record
+from distlaunch.jobs.store import LAUNCH_FILE, OUTPUT_FILE, STATE_VAR, JobRecord, jobs_dir, read_record
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
 
@@ -61,7 +59,7 @@ def detach(launch: DetachedLaunch) -> JobRecord:
             raise _cannot_keep(folder, exc) from None
         with open(os.devnull, "rb") as devnull, out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "distlaunch.jobs.supervisor", str(folder)],
+                [sys.executable, "-m", "distlaunch.cli.supervise", str(folder)],
                 stdin=devnull,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -132,55 +130,3 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
     return lines[-1] if lines else ""
-
-
-def supervise(folder: Path) -> int:
-    """In the supervisor: run the job described in ``folder`` and return its exit code."""
-    from rich.console import Console
-
-    from distlaunch.cli.output import RankPrinter
-    from distlaunch.cli.render import render_report
-    from distlaunch.launcher.launch import launch
-
-    spec = DetachedLaunch.model_validate_json((folder / LAUNCH_FILE).read_bytes())
-    # output.log reads like the terminal would have (stdout is that file); errors.log keeps the stderr lines
-    # and distlaunch's notices alone, for 'distlaunch logs --stderr'.
-    with open(folder / ERRORS_FILE, "a", encoding="utf-8") as errors:
-        err = _Tee(sys.stdout, errors)
-        sink = RankPrinter(multi_host=spec.plan.nnodes > 1, out=sys.stdout, err=err, color=False)
-        try:
-            report = launch(spec.plan, spec.opts, spec.exec_opts, sink, command=spec.command)
-        except DistlaunchError as exc:
-            sink.notice(str(exc))
-            return exc.exit_code
-        finally:
-            sink.close()
-    console = Console(file=sys.stdout, width=120, no_color=True)
-    lost = sink.unsent_note()
-    if lost and sink.err.failed:  # output.log's disk filled up: its notice was lost too; the job's end freed room
-        console.print(f"distlaunch: {lost}", soft_wrap=True)
-    render_report(report, console)
-    return report.exit_code
-
-
-class _Tee:
-    """A text stream that writes to two: one write per line keeps lines whole in both."""
-
-    def __init__(self, *streams: TextIO):
-        self.streams = streams
-
-    def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        for stream in self.streams:
-            stream.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-
-if __name__ == "__main__":
-    sys.exit(supervise(Path(sys.argv[1])))

@@ -7,9 +7,9 @@ import os
 import time
 from collections.abc import Callable
 
+from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, free_space, hold_space, jobs_dir, write_record
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.report import RunReport
 
 log = logging.getLogger("distlaunch")
 
@@ -76,63 +76,3 @@ class Journal:
             # A read-only or full state directory costs the job its record, never the job itself.
             self.broken = True
             self.warn(f"cannot record job {self.record.job_id}: {exc} (set DISTLAUNCH_STATE_DIR to a writable folder)")
-
-
-def record_batch_job(
-    slurm_id: str, output: str | None, world_size: int, nodes: int, parallel: dict, command: list[str], backend: str
-) -> None:
-    """Record a submitted Slurm batch job (``slurm-<id>``): Slurm runs it, ``distlaunch jobs`` asks Slurm about it."""
-    record = JobRecord(
-        job_id=f"slurm-{slurm_id}",
-        backend="slurm",
-        command=command,
-        cwd=os.getcwd(),
-        hosts=[f"({nodes} node{'s' * (nodes > 1)})"],
-        world_size=world_size,
-        state="pending",
-        native_id=slurm_id,
-        output=os.path.abspath(output) if output else None,
-        plan={"parallel": parallel, "backend": backend, "nodes": []},  # the ranks' (auto: chosen on the nodes)
-    )
-    try:
-        write_record(record)
-    except OSError as exc:
-        log.warning("cannot record Slurm job %s: %s", slurm_id, exc)
-
-
-def k8s_job_id(name: str, namespace: str | None) -> str:
-    """``k8s-NAME``, or ``k8s-NAME.NAMESPACE`` (neither holds a dot, so the id reads back unambiguously)."""
-    return f"k8s-{name}" + (f".{namespace}" if namespace else "")
-
-
-def record_k8s_job(
-    name: str, namespace: str | None, nodes: int, nproc_per_node: int, command: list[str], backend: str
-) -> str:
-    """Record a submitted Kubernetes Job; ``distlaunch jobs`` asks kubectl about it. Returns its id.
-
-    Kubernetes knows a Job by namespace and name: submitting that name again is the same job, so its record
-    (and a stop request left by an earlier one) is replaced."""
-    record = JobRecord(
-        job_id=k8s_job_id(name, namespace),
-        backend="k8s",
-        command=command,
-        cwd=os.getcwd(),
-        hosts=[f"({nodes} pod{'s' * (nodes > 1)})"],
-        world_size=nodes * nproc_per_node,
-        state="pending",
-        native_id=name,
-        namespace=namespace,
-        plan={
-            "parallel": {"dp": nodes * nproc_per_node},
-            "backend": backend,
-            "nodes": [],
-            "nnodes": nodes,
-            "nproc_per_node": nproc_per_node,
-        },
-    )
-    try:
-        (jobs_dir() / record.job_id / STOP_FILE).unlink(missing_ok=True)
-        write_record(record)
-    except OSError as exc:
-        log.warning("cannot record Kubernetes job %s: %s", name, exc)
-    return record.job_id

@@ -1,0 +1,125 @@
+"""One backend's whole lifecycle, and what ``run``/``train`` hand a backend.
+
+A method a backend cannot honour says so in one line (exit 2) with what to do instead, so every command
+works on every recorded job, whatever ran it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import BaseModel
+
+from distlaunch.contract.options import LaunchOptions
+from distlaunch.errors import DistlaunchError, HostError, UsageError
+from distlaunch.jobs.store import JobRecord, jobs_dir, read_record, write_record
+from distlaunch.launcher.job import ExecOptions, Sink
+from distlaunch.launcher.pernode import NodeOptions
+
+if TYPE_CHECKING:
+    from distlaunch.contract.report import RunReport
+    from distlaunch.launcher.snapshots import StacksSnapshot
+
+
+class LaunchRequest(BaseModel):
+    """What the user asked for, as ``run`` and ``train`` resolved it from the command line."""
+
+    opts: LaunchOptions
+    exec_opts: ExecOptions = ExecOptions()
+    node: NodeOptions | None = None  # per-node mode: --nnodes / --node-rank / --rdzv-endpoint
+    launcher: str = "auto"  # --launcher: auto | slurm | agent
+    command: list[str] = []  # the command line, kept in the job record
+    supervision_given: list[str] = []  # supervision flags typed on the command line (--hang-timeout, ...)
+
+
+class LastKnown(JobRecord):
+    """A job's record as last known, when its scheduler cannot be asked now: ``unknown`` says why. Its state is
+    the last one seen, not necessarily the job's now (``jobs`` marks it, ``jobs --json`` carries ``unknown``)."""
+
+    unknown: str
+
+
+def last_known(record: JobRecord, problem: DistlaunchError) -> LastKnown:
+    return LastKnown(**record.model_dump(), unknown=problem.message)
+
+
+def remember(record: JobRecord, now: JobRecord) -> JobRecord:
+    """Keep what the scheduler said last (state, nodes) in the record when it changed: while the scheduler cannot
+    be asked, that is the state shown, marked as last known."""
+    if (now.state, now.hosts, now.plan) == (record.state, record.hosts, record.plan):
+        return now
+    on_disk = read_record(jobs_dir() / record.job_id)
+    if isinstance(on_disk, JobRecord) and not on_disk.final:  # never over a final record written meanwhile
+        with contextlib.suppress(OSError):  # a state directory that cannot be written costs the memory only
+            write_record(now)
+    return now
+
+
+class Backend:
+    """A way of running a job. ``run``/``train`` use check → plan → run (or detach); the job commands use
+    current, request_stop, lines and stacks on the job's record."""
+
+    name: ClassVar[str]  # as messages name it
+    records: ClassVar[tuple[str, ...]] = ()  # the JobRecord.backend values of the jobs this backend runs
+
+    # -- a job started by run/train --------------------------------------------------------------------------
+
+    def check(self, request: LaunchRequest, detach: bool) -> None:
+        """Refuse options this backend cannot honour, before anything starts (one line, exit 2)."""
+        if detach:
+            raise UsageError(
+                f"--detach is not available for a {self.name} launch",
+                "run it in the foreground, in the background with your own tools (nohup, your container)",
+            )
+
+    def plan(self, request: LaunchRequest) -> BaseModel:
+        """What would start, checked as a real run checks it (what --dry-run prints)."""
+        raise UsageError(f"a {self.name} job is not started by run or train", "submit it with its own command")
+
+    def run(self, request: LaunchRequest, plan: BaseModel, sink: Sink) -> RunReport:
+        """Start ``plan``, stream rank output to ``sink``, and say how the job ended."""
+        raise UsageError(f"a {self.name} job is not started by run or train", "submit it with its own command")
+
+    def detach(self, request: LaunchRequest, plan: BaseModel) -> JobRecord:
+        raise AssertionError("check() refuses --detach for this backend")  # pragma: no cover
+
+    # -- a recorded job ----------------------------------------------------------------------------------------
+
+    def current(self, record: JobRecord) -> JobRecord:
+        """The record as the job stands now."""
+        return record
+
+    def reread(self, record: JobRecord) -> JobRecord:
+        """The job as it stands now, read afresh; while its scheduler cannot be asked, as last known."""
+        raw = read_record(jobs_dir() / record.job_id)
+        raw = raw if isinstance(raw, JobRecord) else record
+        try:
+            return self.current(raw)
+        except HostError as exc:
+            return last_known(raw, exc)
+
+    def request_stop(self, record: JobRecord) -> None:
+        """Ask the job to stop as Ctrl-C would; the record says when it has."""
+        raise UsageError(f"job {record.job_id} ({self.name}) cannot be stopped by distlaunch", "stop it where it runs")
+
+    def lines(
+        self,
+        record: JobRecord,
+        follow: bool,
+        ranks: set[int],
+        tail: int | None,
+        stderr: bool,
+        on_end: Callable[[JobRecord], None] | None = None,
+    ) -> Iterator[str]:
+        """The job's output lines (only ``ranks``' when given, the last ``tail``); ``follow``: until it ends,
+        and then ``on_end`` hears of the record as it ended (where the backend can tell)."""
+        raise UsageError(f"distlaunch keeps no output of job {record.job_id} ({self.name})", "look where it ran")
+
+    def stacks(self, record: JobRecord, timeout: float) -> StacksSnapshot:
+        """Every rank's stack, taken now, the job running on."""
+        raise UsageError(
+            f"job {record.job_id} is a {self.name} job: distlaunch stacks reaches only jobs of run and train",
+            "run py-spy dump --pid PID where its ranks run",
+        )

@@ -1,0 +1,86 @@
+"""This machine and SSH hosts from a hostfile: one agent per host, driven by a distlaunch launcher process.
+
+The launcher (in a terminal, or a detached job's supervisor) owns the job and keeps its record; ``stop`` signals
+it, ``logs`` reads what a detached job printed, ``stacks`` asks it for every rank's stack.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from distlaunch.backends.base import LaunchRequest
+from distlaunch.backends.output import FileOutput
+from distlaunch.errors import UsageError
+from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE, STOP_FILE, JobRecord, free_space, jobs_dir
+from distlaunch.launcher.job import Sink
+
+if TYPE_CHECKING:
+    from distlaunch.contract.report import RunReport
+    from distlaunch.launcher.snapshots import StacksSnapshot
+
+
+class LauncherDriven(FileOutput):
+    """Jobs driven by a distlaunch launcher process on this machine (local and SSH, foreground or detached)."""
+
+    records = ("local", "ssh")
+
+    def current(self, record: JobRecord) -> JobRecord:
+        # "lost": the record says running but its launcher is gone (SIGKILL, reboot); its agents took the ranks.
+        if record.state == "running" and record.owner is not None and not record.owner.alive():
+            free_space(record.job_id)  # the room its last record would have taken: nobody writes that now
+            return record.model_copy(update={"state": "lost"})
+        return record
+
+    def request_stop(self, record: JobRecord) -> None:
+        owner = record.owner
+        if owner is None or owner.hostname != os.uname().nodename:
+            where = owner.hostname if owner else "an unknown host"
+            raise UsageError(f"job {record.job_id} is supervised on {where}", f"run 'distlaunch stop' on {where}")
+        (jobs_dir() / record.job_id / STOP_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
+        if owner.alive():  # pid and start time both match: never a stranger that reused the pid
+            os.kill(owner.pid, signal.SIGTERM)  # the launcher stops every rank: SIGTERM, grace period, SIGKILL
+
+    def output(self, record: JobRecord, stderr: bool = False) -> Path:
+        folder = jobs_dir() / record.job_id
+        path = folder / (ERRORS_FILE if stderr else OUTPUT_FILE)
+        if not os.path.lexists(path) and not os.path.lexists(folder / LAUNCH_FILE):
+            hint = f"its ranks' logs are in {record.log_dir}" if record.log_dir else "start jobs with --detach"
+            raise UsageError(f"job {record.job_id} ran in a terminal: distlaunch kept no output of it", hint)
+        return path
+
+    def stacks(self, record: JobRecord, timeout: float) -> StacksSnapshot:
+        from distlaunch.launcher.snapshots import request_stacks
+
+        return request_stacks(record, timeout)
+
+
+class Hosts(LauncherDriven):
+    name = "hosts"
+
+    def check(self, request: LaunchRequest, detach: bool) -> None:
+        pass  # every option applies; --detach hands the plan to a supervisor
+
+    def plan(self, request: LaunchRequest):
+        from distlaunch.launcher.launch import check_shown_local_ranks, plan_for
+
+        plan = plan_for(request.opts, request.exec_opts.workdir)
+        check_shown_local_ranks(plan, request.exec_opts.local_ranks_filter)
+        return plan
+
+    def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
+        from distlaunch.launcher.launch import launch
+
+        return launch(plan, request.opts, request.exec_opts, sink, command=request.command)
+
+    def detach(self, request: LaunchRequest, plan) -> JobRecord:
+        from distlaunch.launcher.detach import DetachedLaunch, detach
+        from distlaunch.launcher.launch import check_launch
+
+        check_launch(plan, request.opts)  # what a foreground run checks, before the supervisor starts
+        return detach(
+            DetachedLaunch(plan=plan, opts=request.opts, exec_opts=request.exec_opts, command=request.command)
+        )

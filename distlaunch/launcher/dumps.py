@@ -1,0 +1,68 @@
+"""Where an attempt keeps what it gathers from its ranks (their stacks, their NCCL flight recorder dumps), and
+the watch that stores the dumps agents send (protocol ``nccl-trace``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from distlaunch import protocol as p
+from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
+from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.launcher.stacks import ranges
+from distlaunch.launcher.watch import Watch
+
+
+class AttemptFolder:
+    """Where this attempt's stacks and NCCL flight recorder dumps go: one folder, made once, when first needed
+    (without --log-dir the job's folder is a fresh temporary one)."""
+
+    def __init__(self, plan: LaunchPlan, log_dir: Path | None, restart_count: int):
+        self.plan, self.log_dir, self.restart_count = plan, log_dir, restart_count
+        self._path: Path | None = None
+
+    def path(self) -> Path:
+        """The folder's path (its job folder is made on the first call)."""
+        if self._path is None:
+            from distlaunch.launcher.ranklogs import job_folder
+
+            restart = self.restart_count
+            self._path = job_folder(self.plan, self.log_dir) / (f"stacks-restart{restart}" if restart else "stacks")
+        return self._path
+
+
+class FlightRecorderDumps(Watch):
+    """Stores the ranks' NCCL flight recorder dumps in the attempt's folder and, at the end, says where they are."""
+
+    def __init__(self, folder: AttemptFolder, notice):
+        self.folder, self.notice = folder, notice
+        self.ranks: list[int | None] = []  # ranks whose dumps were stored
+
+    def on_event(self, node_rank: int, event: dict) -> None:
+        """Store a dump's piece."""
+        if event.get("ev") == p.NCCL_TRACE:
+            self.store(event)
+
+    def store(self, event: dict) -> None:
+        """Store a rank's flight recorder dump; a full disk or a broken event costs the dump, never the job."""
+        try:
+            path = store_nccl_trace(self.folder.path(), event)
+            note = cut_note(event, path) if event.get("last", True) else None
+        except (OSError, BadTrace) as exc:
+            self.notice(f"cannot store the NCCL flight recorder dump of rank {event.get('rank')}: {exc}")
+            return
+        if not event.get("last", True):
+            return  # more pieces follow
+        self.ranks.append(event.get("rank"))
+        if note:
+            self.notice(note)
+
+    def finish(self) -> None:
+        """Say where the dumps are, and how to read them."""
+        if not self.ranks:
+            return
+        ranks = sorted(r for r in self.ranks if r is not None)
+        folder = self.folder.path()
+        self.notice(
+            f"NCCL flight recorder dumps{f' of ranks {ranges(ranks)}' if ranks else ''}: {folder} "
+            f"(read them with: {READ_HINT.format(folder=folder)})"
+        )
