@@ -24,11 +24,11 @@ from distlaunch.doctor.checks_network import (
     reachable_check,
 )
 from distlaunch.doctor.gather import HostResult, ListenerResult
-from distlaunch.launcher.listener_script import decode_address
 from distlaunch.doctor.model import DoctorReport, HostFacts, check
 from distlaunch.doctor.sessions import StartGate
 from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.launcher.listener_script import decode_address
 from distlaunch.remote.ssh import SshError
 from distlaunch.remote.sshconfig import SshTarget
 
