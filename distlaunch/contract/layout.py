@@ -41,6 +41,10 @@ class LayoutSpec(BaseModel):
         """The keys set explicitly, as ``parse_layout`` would return them."""
         return {k: getattr(self, k) for k in self.model_fields_set}
 
+    def __str__(self) -> str:
+        """The ``--parallel`` spelling, ``dp=auto`` included (what DISTLAUNCH_PARALLEL carries)."""
+        return spelling(self)
+
 
 class Layout(BaseModel):
     """A spec resolved against a world size: dp·tp·pp == world_size."""
@@ -64,8 +68,14 @@ class Layout(BaseModel):
 
     def __str__(self) -> str:
         """The ``--parallel`` spelling (what DISTLAUNCH_PARALLEL carries); pipeline keys only when given."""
-        extra = "".join(f",{k}={getattr(self, k)}" for k in PIPELINE_KEYS if getattr(self, k) is not None)
-        return f"dp={self.dp},tp={self.tp},pp={self.pp},zero={self.zero}{extra}"
+        return spelling(self)
+
+
+def spelling(layout: LayoutSpec | Layout) -> str:
+    """A layout in ``--parallel`` spelling: the one writer of it. Pipeline keys only where set."""
+    dp = "auto" if layout.dp is None else layout.dp
+    extra = "".join(f",{k}={getattr(layout, k)}" for k in PIPELINE_KEYS if getattr(layout, k) is not None)
+    return f"dp={dp},tp={layout.tp},pp={layout.pp},zero={layout.zero}{extra}"
 
 
 def _value(text: str, key: str, value: str) -> object:

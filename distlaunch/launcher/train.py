@@ -13,7 +13,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from distlaunch.contract.layout import SHAPE_KEYS, parse_layout
+from distlaunch.contract.layout import SHAPE_KEYS, LayoutSpec, parse_layout
 from distlaunch.engine.checkpoint.resume import check_before_launch
 from distlaunch.engine.config import TrainingConfig, check_parallel_conflict, load_config, ranks_path
 from distlaunch.engine.fault import check_fault, restart_count
@@ -124,11 +124,21 @@ def train_backend(backend: str, hostfile: Path | None, nproc: int | None, gpus: 
 
 
 def parallel_spec(cfg: TrainingConfig) -> str:
-    """The config's layout in --parallel spelling (what DISTLAUNCH_PARALLEL will carry)."""
+    """The config's layout in --parallel spelling (what DISTLAUNCH_PARALLEL will carry): the pipeline's
+    schedule where there is a pipeline, its virtual stages where the schedule has them."""
     p = cfg.parallel
-    pipeline = f",schedule={p.schedule}" if p.pp > 1 else ""
-    pipeline += f",microbatches={p.microbatches}" if p.microbatches is not None else ""
-    return f"dp={p.dp if p.dp is not None else 'auto'},tp={p.tp},pp={p.pp},zero={p.zero}{pipeline}"
+    pipeline = p.pp > 1
+    return str(
+        LayoutSpec(
+            dp=p.dp,
+            tp=p.tp,
+            pp=p.pp,
+            zero=p.zero,
+            schedule=p.schedule if pipeline else None,
+            microbatches=p.microbatches,
+            virtual_stages=p.virtual_stages if pipeline and p.schedule == "interleaved" else None,
+        )
+    )
 
 
 def engine_program(config: Path | None, overrides: list[str], metrics_file: Path | None) -> list[str]:
