@@ -98,11 +98,11 @@ def parse_seconds(text: str | float) -> float:
 def inline_hosts(path: Path) -> list[HostSlots] | None:
     """Horovod's ``-H node1:2,node2:2``: a host list written in place of a hostfile that does not exist."""
     text = str(path)
-    if (
-        path.exists()
-        or not re.fullmatch(r"[\w.\-\[\]:]+(,[\w.\-\[\]:]+)*", text)
-        or ("," not in text and ":" not in text)
-    ):
+    try:
+        exists = path.exists()
+    except OSError:  # a name too long for a path (ENAMETOOLONG): no such file, so it may well be host names
+        exists = False
+    if exists or not re.fullmatch(r"[\w.\-\[\]:]+(,[\w.\-\[\]:]+)*", text) or ("," not in text and ":" not in text):
         return None
     return parse_hostfile_text("\n".join(text.split(",")), f"-H {text}")
 

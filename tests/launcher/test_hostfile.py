@@ -165,6 +165,15 @@ def test_host_names_longer_than_dns_allows_are_refused():
         assert "253 characters and 63 between dots" in info.value.hint
 
 
+def test_an_inline_host_name_too_long_for_a_path_gets_the_hostfiles_refusal():
+    """-H NAME:1 with a 254-character NAME: before, trying it as a file path first ended in an internal error
+    (ENAMETOOLONG); now the same one line as in a hostfile, exit 2."""
+    r = invoke(["run", "-H", f"{'n' * 254}:1", "--dry-run", "train.py"])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "internal error" not in r.stderr, r.stderr
+    assert "has 254 characters, more than a DNS name's 253" in lines[0]
+
+
 @pytest.mark.parametrize(
     "text, host, nslots, explicit",
     [
