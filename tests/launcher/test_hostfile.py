@@ -82,7 +82,7 @@ def test_a_bare_host_name_for_a_hostfile_is_told_how_to_list_hosts_in_place(tmp_
     assert "hostfile 'localhost' does not exist" in r.stderr and "-H localhost:1" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("name", ["deepspeed.txt", "mpich.txt", "bare.txt", "mixed.txt"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "hostfiles").glob("*.txt")))
 def test_bundled_example_hostfiles_parse(name):
     assert read_hostfile(ROOT / "hostfiles" / name)
 
