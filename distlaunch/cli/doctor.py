@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
+from distlaunch.contract.options import HostOptions
 from distlaunch.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from distlaunch.doctor import DoctorOptions
 
 Bench = Annotated[
     bool,
@@ -41,21 +45,31 @@ BenchMax = Annotated[
 ]
 
 
+# the launch options as for run (the hosts, the master, the layout, the environment), and the doctor's own
+DOCTOR_OPTIONS = (
+    *o.pick(o.LAUNCH_OPTIONS, *HostOptions.model_fields),
+    o.Opt("remote_python", RemotePython, None),
+    o.Opt("start_timeout", StartTimeout, 20.0),
+    o.Opt("bench", Bench, False),
+    o.Opt("bench_max", BenchMax, None),
+)
+
+
+def doctor_options(values: dict[str, Any], ctx: typer.Context) -> DoctorOptions:
+    """What to check, as typed (--remote-python unset or empty: the launcher's own), built here only."""
+    from distlaunch.doctor import DoctorOptions, parse_size  # SSH stack: only when used
+
+    given = {
+        **values,
+        "remote_python": values["remote_python"] or None,
+        "bench_max_bytes": parse_size(values["bench_max"]),
+    }
+    return DoctorOptions(**o.fields_of(DoctorOptions, given))
+
+
+@o.with_options(DOCTOR_OPTIONS, build=doctor_options, into="opts")
 def doctor(
-    hostfile: o.Hostfile = None,
-    nproc_per_node: o.NprocPerNode = None,
-    parallel: o.ParallelOpt = None,
-    include: o.Include = None,
-    exclude: o.Exclude = None,
-    master_addr: o.MasterAddr = None,
-    master_port: o.MasterPort = "auto",
-    backend: o.Backend = "auto",
-    env: o.Env = None,
-    ssh_config: o.SshConfig = None,
-    remote_python: RemotePython = None,
-    start_timeout: StartTimeout = 20.0,
-    bench: Bench = False,
-    bench_max: BenchMax = None,
+    opts: DoctorOptions,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> int:
     """Check DNS, SSH, Python/torch/NCCL versions, GPUs, the master's port and reachability, interfaces, /dev/shm and clocks on every host; print what to fix.
@@ -64,24 +78,8 @@ def doctor(
     (warnings allowed), 1 when at least one did, 2 when the hostfile or an option is wrong.
     """
     from distlaunch.cli.doctor_render import render_report
-    from distlaunch.doctor import DoctorOptions, parse_size, run_doctor  # SSH stack: only when used
+    from distlaunch.doctor import run_doctor  # SSH stack: only when used
 
-    opts = DoctorOptions(
-        hostfile=hostfile,
-        nproc_per_node=nproc_per_node,
-        parallel=parallel,
-        include=include,
-        exclude=exclude,
-        master_addr=master_addr,
-        master_port=master_port,
-        backend=backend,
-        env=env or [],
-        ssh_config=ssh_config,
-        start_timeout=start_timeout,
-        bench=bench,
-        bench_max_bytes=parse_size(bench_max),
-        **({"remote_python": remote_python} if remote_python else {}),
-    )
     report = run_doctor(opts)
     wrong = next((c for c in report.checks if c.status == "fail"), None) if report.usage_error else None
     if wrong is not None and not json_output:  # wrong input, no host checked: one line, as every usage error

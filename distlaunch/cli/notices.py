@@ -31,4 +31,3 @@ def install(verbose: bool = False, quiet: bool = False) -> None:
         logger.removeHandler(handler)
     logger.addHandler(_Stderr())
     logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
-    logger.propagate = False

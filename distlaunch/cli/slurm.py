@@ -6,8 +6,10 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -15,20 +17,12 @@ from distlaunch.backends.slurm_batch import SlurmBatch
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
 from distlaunch.contract.env import parse_env
+from distlaunch.protocol import GRACE_PERIOD_S
 from distlaunch.slurm.job import SlurmJobOptions, resolve_job
 from distlaunch.slurm.srun import SrunResult, run_srun
 
 SLURM = "Slurm options"
 
-Program = Annotated[
-    list[str],
-    typer.Argument(
-        help="SCRIPT [ARGS]... (or MODULE [ARGS]... with -m). Everything after SCRIPT goes to the script.",
-        show_default=False,
-    ),
-]
-Module = Annotated[bool, typer.Option("-m", "--module", help="Run PROGRAM as a module, like python -m.")]
-NoPython = Annotated[bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.")]
 Nodes = Annotated[
     int | None,
     typer.Option("-N", "--nodes", help="Nodes (default: the allocation's, else 1).", rich_help_panel=SLURM),
@@ -77,41 +71,46 @@ slurm_app = typer.Typer(
 _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 
 
-def _job_options(program, module, no_python, python, **shape) -> SlurmJobOptions:
-    return SlurmJobOptions(
-        program=program,
-        module=module,
-        no_python=no_python,
-        env=shape.pop("env") or [],
-        **({"python": python} if python else {}),
-        **shape,
-    )
+SLURM_OPTIONS = (
+    o.Opt("nodes", Nodes, None),
+    o.Opt("ntasks_per_node", NtasksPerNode, None),
+    o.Opt("ntasks", Ntasks, None),
+    o.Opt("gpus_per_node", GpusPerNode, None),
+    o.Opt("cpus_per_task", CpusPerTask, None),
+    o.Opt("partition", Partition, None),
+    o.Opt("account", Account, None),
+    o.Opt("time", Time, None),
+    o.Opt("job_name", JobName, None),
+)
+# what a task's ``distlaunch run --launcher slurm`` gets (job.forwarded_options), and how this command reports
+LAUNCH = ("nproc_per_node", "parallel", "master_addr", "master_port", "backend", "env", "python", "json_output")
+
+
+@dataclass(frozen=True)
+class SlurmArgs:
+    """What ``slurm run|sbatch`` options say: the job, and how to run and report it."""
+
+    opts: SlurmJobOptions
+    json_output: bool
+    grace_period: float  # slurm run: SIGTERM to SIGKILL
+
+
+def slurm_args(values: dict[str, Any], ctx: typer.Context) -> SlurmArgs:
+    """The job options as typed (--python unset or empty: the launcher's own), built here only."""
+    opts = SlurmJobOptions(**o.fields_of(SlurmJobOptions, {**values, "python": values["python"] or None}))
+    return SlurmArgs(opts, values["json_output"], values.get("grace_period", GRACE_PERIOD_S))
+
+
+def slurm_options(*launch: str) -> Callable[[Callable], Callable]:
+    """The program, the Slurm options and these launch options, handed to the command as ``launch: SlurmArgs``."""
+    return o.with_options(o.PROGRAM, SLURM_OPTIONS, o.pick(o.LAUNCH_OPTIONS, *LAUNCH, *launch), build=slurm_args)
 
 
 @slurm_app.command("run", context_settings=_SCRIPT_CONTEXT)
+@slurm_options("grace_period")
 def slurm_run(
-    program: Program,
-    module: Module = False,
-    no_python: NoPython = False,
-    nodes: Nodes = None,
-    ntasks_per_node: NtasksPerNode = None,
-    nproc_per_node: o.NprocPerNode = None,
-    ntasks: Ntasks = None,
-    gpus_per_node: GpusPerNode = None,
-    cpus_per_task: CpusPerTask = None,
-    partition: Partition = None,
-    account: Account = None,
-    time: Time = None,
-    job_name: JobName = None,
-    parallel: o.ParallelOpt = None,
-    master_addr: o.MasterAddr = None,
-    master_port: o.MasterPort = "auto",
-    backend: o.Backend = "auto",
-    env: o.Env = None,
-    python: o.Python = None,
-    grace_period: o.GracePeriod = 10.0,
+    launch: SlurmArgs,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the srun command and start nothing.")] = False,
-    json_output: o.Json = False,
 ) -> int:
     """Run SCRIPT with srun, one task per rank, inside this allocation or asking for one.
 
@@ -119,34 +118,14 @@ def slurm_run(
     --grace-period, then SIGKILL (a second Ctrl-C: SIGKILL at once). Exit code: the first failing rank's (128+N if
     killed by signal N), 2 for bad options, 130/143 after Ctrl-C / SIGTERM.
     """
-    opts = _job_options(
-        program,
-        module,
-        no_python,
-        python,
-        nodes=nodes,
-        ntasks_per_node=ntasks_per_node,
-        nproc_per_node=nproc_per_node,
-        ntasks=ntasks,
-        gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task,
-        partition=partition,
-        account=account,
-        time=time,
-        job_name=job_name,
-        parallel=parallel,
-        master_addr=master_addr,
-        master_port=master_port,
-        backend=backend,
-        env=env,
-    )
+    opts, json_output = launch.opts, launch.json_output
     job = resolve_job(opts, os.environ)
     if dry_run:
         print_json(job) if json_output else print(shlex.join(job.srun))
         return 0
     # --json: stdout is the report only; --env values go through srun's environment, never its argv
     result = run_srun(
-        job.srun, out=sys.stderr if json_output else None, env=parse_env(opts.env), grace_period=grace_period
+        job.srun, out=sys.stderr if json_output else None, env=parse_env(opts.env), grace_period=launch.grace_period
     )
     _report(result)
     if json_output:
@@ -171,20 +150,9 @@ def _report(result: SrunResult) -> None:
 
 
 @slurm_app.command("sbatch", context_settings=_SCRIPT_CONTEXT)
+@slurm_options()
 def slurm_sbatch(
-    program: Program,
-    module: Module = False,
-    no_python: NoPython = False,
-    nodes: Nodes = None,
-    ntasks_per_node: NtasksPerNode = None,
-    nproc_per_node: o.NprocPerNode = None,
-    ntasks: Ntasks = None,
-    gpus_per_node: GpusPerNode = None,
-    cpus_per_task: CpusPerTask = None,
-    partition: Partition = None,
-    account: Account = None,
-    time: Time = None,
-    job_name: JobName = None,
+    launch: SlurmArgs,
     output: Annotated[
         str | None,
         typer.Option(
@@ -203,37 +171,10 @@ def slurm_sbatch(
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job's output until it ends; exit with the job's exit code.")
     ] = False,
-    parallel: o.ParallelOpt = None,
-    master_addr: o.MasterAddr = None,
-    master_port: o.MasterPort = "auto",
-    backend: o.Backend = "auto",
-    env: o.Env = None,
-    python: o.Python = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script and submit nothing.")] = False,
-    json_output: o.Json = False,
 ) -> int:
     """Write a batch script from the sbatch template, submit it, and print the job id (--wait: follow it to the end)."""
-    opts = _job_options(
-        program,
-        module,
-        no_python,
-        python,
-        nodes=nodes,
-        ntasks_per_node=ntasks_per_node,
-        nproc_per_node=nproc_per_node,
-        ntasks=ntasks,
-        gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task,
-        partition=partition,
-        account=account,
-        time=time,
-        job_name=job_name,
-        parallel=parallel,
-        master_addr=master_addr,
-        master_port=master_port,
-        backend=backend,
-        env=env,
-    )
+    opts, json_output = launch.opts, launch.json_output
     batch = SlurmBatch()
     if dry_run:
         job, script = batch.script(opts, output, template)

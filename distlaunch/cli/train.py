@@ -12,13 +12,10 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from distlaunch.backends.base import LaunchRequest
 from distlaunch.cli import options as o
-from distlaunch.cli.run import command_line, start
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.cli.run import start
 from distlaunch.engine.planner import MemoryPlan
 from distlaunch.errors import UsageError
-from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.spec import local_gpu_count
 from distlaunch.launcher.stacks import ranges
@@ -33,7 +30,6 @@ from distlaunch.launcher.train import (
     train_config,
     train_plan,
 )
-from distlaunch.protocol import GRACE_PERIOD_S
 
 Config = Annotated[
     Path | None,
@@ -70,37 +66,15 @@ MetricsFile = Annotated[
 ]
 
 
+@o.launch_options(o.LAUNCH_OPTIONS, hang_timeout=600.0)
 def train(
-    ctx: typer.Context,
     config: Config = None,
     set_: Set = None,
     gpu_memory: GpuMemory = None,
     metrics_file: MetricsFile = None,
     resume: Resume = None,
-    hostfile: o.Hostfile = None,
-    nproc_per_node: o.NprocPerNode = None,
-    parallel: o.ParallelOpt = None,
-    include: o.Include = None,
-    exclude: o.Exclude = None,
-    master_addr: o.MasterAddr = None,
-    master_port: o.MasterPort = "auto",
-    backend: o.Backend = "auto",
-    max_restarts: o.MaxRestarts = 0,
-    log_dir: o.LogDir = None,
-    env: o.Env = None,
-    ssh_config: o.SshConfig = None,
-    python: o.Python = None,
-    accept_new_host_keys: o.AcceptNewHostKeys = False,
-    remote_python: o.RemotePython = None,
-    workdir: o.Workdir = None,
-    grace_period: o.GracePeriod = GRACE_PERIOD_S,
-    heartbeat_timeout: o.HeartbeatTimeout = 30.0,
-    local_ranks_filter: o.LocalRanksFilter = None,
-    hang_timeout: o.HangTimeout = 600.0,
-    dry_run: o.DryRun = False,
-    detach: o.Detach = False,
-    json_output: o.Json = False,
-    launcher: o.Launcher = "auto",
+    *,
+    launch: o.LaunchArgs,
 ) -> int:
     """Train the bundled GPT on every rank: config validated first, then the same launch as `run`.
 
@@ -113,43 +87,23 @@ def train(
     overrides = list(set_ or [])
     if resume is not None:  # a JSON string is a valid TOML basic string, whatever the path holds
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
-    cfg, rank_sets = train_config(config, overrides, parallel, nproc_per_node is not None or hostfile is not None)
-    metrics = metrics_file or (log_dir / "metrics.jsonl" if log_dir else None)
-    check_training_files(cfg, hostfile, workdir, metrics)
-    nproc = default_nproc(cfg, hostfile, nproc_per_node)
-    backend, why = train_backend(backend, hostfile, nproc, local_gpu_count())
+    cfg, rank_sets = train_config(
+        config, overrides, launch.parallel, launch.nproc_per_node is not None or launch.hostfile is not None
+    )
+    metrics = metrics_file or (launch.log_dir / "metrics.jsonl" if launch.log_dir else None)
+    check_training_files(cfg, launch.hostfile, launch.workdir, metrics)
+    nproc = default_nproc(cfg, launch.hostfile, launch.nproc_per_node)
+    backend, why = train_backend(launch.backend, launch.hostfile, nproc, local_gpu_count())
     if why:
         sys.stderr.write(f"distlaunch: {why}\n")
-    opts = LaunchOptions(
+    opts = launch.options(
         program=engine_program(config, rank_sets, metrics),
         module=True,
-        hostfile=hostfile,
         nproc_per_node=nproc,
         parallel=parallel_spec(cfg),
-        include=include,
-        exclude=exclude,
-        master_addr=master_addr,
-        master_port=master_port,
         backend=backend,
-        env=env or [],
-        ssh_config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys,
-        remote_python=remote_python,
-        python=python or "",
-        max_restarts=max_restarts,
     )
-    exec_opts = ExecOptions(
-        grace_period=grace_period,
-        max_restarts=max_restarts,
-        log_dir=log_dir,
-        workdir=workdir,
-        heartbeat_timeout=heartbeat_timeout,
-        hang_timeout=hang_timeout,
-        local_ranks_filter=o.parse_local_ranks(local_ranks_filter),
-    )
-    request = LaunchRequest(
-        opts=opts, exec_opts=exec_opts, launcher=launcher, command=command_line(), supervision_given=o.given_flags(ctx)
-    )
+    request = launch.request(opts)
 
     def with_memory(plan: BaseModel) -> BaseModel:  # every rank's memory, where the plan knows the hosts
         return train_plan(plan, cfg, config, gpu_memory) if isinstance(plan, LaunchPlan) else plan
@@ -159,7 +113,12 @@ def train(
             render_memory(plan.memory, console)
 
     return start(
-        request, dry_run=dry_run, json_output=json_output, detach=detach, refine=with_memory, describe=show_memory
+        request,
+        dry_run=launch.dry_run,
+        json_output=launch.json_output,
+        detach=launch.detach,
+        refine=with_memory,
+        describe=show_memory,
     )
 
 

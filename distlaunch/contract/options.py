@@ -8,24 +8,44 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+BackendName = Literal["auto", "nccl", "gloo"]
+"""``--backend``, one type in every options model (the CLI refuses anything else: ``launcher.spec.parse_backend``)."""
 
-class LaunchOptions(BaseModel):
-    """The launch options shared by ``run``, ``train`` and ``slurm``, as the user typed them."""
+
+class SharedOptions(BaseModel):
+    """The options every launching command takes (run, train, doctor, slurm run|sbatch), as the user typed them:
+    the ranks per host, the layout, the master, the backend and the ranks' environment."""
+
+    nproc_per_node: int | None = None
+    parallel: str | None = None
+    master_addr: str | None = None
+    master_port: str = "auto"  # an integer, or auto
+    backend: BackendName = "auto"
+    env: list[str] = Field(default_factory=list)  # --env KEY=VALUE, or KEY alone: the launcher's value
+
+
+class HostOptions(SharedOptions):
+    """The shared options, and the hosts they run on: a hostfile (or this machine), reached over SSH (run, train,
+    doctor)."""
+
+    hostfile: Path | None = None
+    include: str | None = None
+    exclude: str | None = None
+    ssh_config: Path | None = None
+
+
+class ProgramOptions(BaseModel):
+    """What every rank runs (run, train, slurm run|sbatch)."""
 
     program: list[str]  # SCRIPT [ARGS...] (or MODULE [ARGS...] with module=True)
     module: bool = False
     no_python: bool = False
-    hostfile: Path | None = None
-    nproc_per_node: int | None = None
-    parallel: str | None = None
-    include: str | None = None
-    exclude: str | None = None
-    master_addr: str | None = None
-    master_port: str = "auto"
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    env: list[str] = Field(default_factory=list)
+
+
+class LaunchOptions(ProgramOptions, HostOptions):
+    """The launch options shared by ``run``, ``train`` and ``slurm``, as the user typed them."""
+
     python: str = ""  # the ranks' interpreter; "": --remote-python when given, else the launcher's own
-    ssh_config: Path | None = None
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: sys.executable)
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, model_serializer
+
+from distlaunch.contract.options import HostOptions
 
 Status = Literal["pass", "warn", "fail", "skip"]
 DOCS = "docs/troubleshooting.md"
@@ -102,20 +103,12 @@ class DoctorReport(BaseModel):
         return report
 
 
-class DoctorOptions(BaseModel):
-    """What to check: the hosts (a hostfile, or this machine), the master, the layout, the environment."""
+class DoctorOptions(HostOptions):
+    """What to check: the hosts (a hostfile, or this machine), the master, the layout, the environment: the
+    launch options as for run (--master-port auto: the port run would pick; --backend: the one whose
+    NCCL_/GLOO_SOCKET_IFNAME variables are judged; --env: NCCL/GLOO_SOCKET_IFNAME are checked), and how to check."""
 
-    hostfile: Path | None = None
-    nproc_per_node: int | None = None
-    include: str | None = None
-    exclude: str | None = None
-    parallel: str | None = None
-    master_addr: str | None = None
-    master_port: str = "auto"  # as for run: an integer, or auto (the port run would pick)
-    backend: str = "auto"  # as for run: the backend whose variables (NCCL_/GLOO_SOCKET_IFNAME) are judged
-    ssh_config: Path | None = None
     remote_python: str = sys.executable  # as the launcher: remote ranks run the launcher's interpreter path
-    env: list[str] = Field(default_factory=list)  # --env KEY=VALUE as for run; NCCL/GLOO_SOCKET_IFNAME are checked
     connect_timeout: float = 5.0  # SSH connect
     # an interpreter's start and first answer (the master's listener, each probe beyond its connect)
     start_timeout: float = 20.0

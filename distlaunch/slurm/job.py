@@ -9,27 +9,23 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
-from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from distlaunch.contract.endpoint import parse_port
 from distlaunch.contract.env import parse_env
 from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.options import LaunchOptions, ProgramOptions, SharedOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.program import build_command, check_script
 
 
-class SlurmJobOptions(BaseModel):
-    """What the user asked ``distlaunch slurm run`` / ``sbatch`` for; None means: take it from the allocation."""
+class SlurmJobOptions(ProgramOptions, SharedOptions):
+    """What the user asked ``distlaunch slurm run`` / ``sbatch`` for; None means: take it from the allocation.
+    nproc_per_node is distlaunch's name for ntasks_per_node: both given must agree."""
 
-    program: list[str]
-    module: bool = False
-    no_python: bool = False
     nodes: int | None = None
     ntasks_per_node: int | None = None
-    nproc_per_node: int | None = None  # distlaunch's name for the same thing; both given must agree
     ntasks: int | None = None
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
@@ -37,11 +33,6 @@ class SlurmJobOptions(BaseModel):
     account: str | None = None
     time: str | None = None
     job_name: str | None = None
-    parallel: str | None = None
-    master_addr: str | None = None
-    master_port: str = "auto"
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    env: list[str] = Field(default_factory=list)
     python: str = sys.executable
 
 
