@@ -308,7 +308,7 @@ def test_a_host_with_an_older_distlaunch_is_refused_before_any_rank_starts(sshd_
     as every agent before the gate): it would start its ranks unchecked, so the launch stops first."""
     old = tmp_path / "old"
     shutil.copytree(Path(distlaunch.__file__).parent, old / "distlaunch", ignore=shutil.ignore_patterns("__pycache__"))
-    agent = old / "distlaunch" / "agent.py"
+    agent = old / "distlaunch" / "agent" / "core.py"  # where the hello is written
     source = agent.read_text()
     assert ", protocol=p.PROTOCOL" in source
     agent.write_text(source.replace(", protocol=p.PROTOCOL", ""))

@@ -1,0 +1,264 @@
+"""The agent's supervision core: it starts the node's ranks, watches them end, signals their process groups
+and reports each exit, with the stop and its grace period; its collaborators do the rest (see __init__.py).
+
+Standard library only: it runs on remote hosts with whatever Python they have (3.8+), and it must
+start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import sys
+import time
+
+from distlaunch import protocol as p
+from distlaunch.agent.channel import Events, Lines
+from distlaunch.agent.diagnosis import FlightRecorder, Stacks
+from distlaunch.agent.liveness import Heartbeat, Progress
+from distlaunch.agent.output import RankOutput
+from distlaunch.agent.ranks import Rank, base_env, rank_argv, read_error_file, spawn, start_error, start_exit_code
+from distlaunch.agent.scratch import make_scratch
+from distlaunch.agent.strays import end_stragglers
+from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, start_problems
+
+# With the launcher gone nobody waits for a graceful end, and its ranks must be gone within 5 s
+# (a dead launcher must not leave a GPU job running): cap the grace period then.
+_ORPHAN_GRACE_S = 3.0
+EXITED = "exited"  # the selector's mark for a rank's exit descriptor
+
+
+class Agent:
+    """Supervises one node's ranks from start to end, on the plan ``node``; events go to ``out``."""
+
+    def __init__(self, node: dict, out=sys.stdout, commands: Lines | None = None):
+        self.node = node
+        self.sel = selectors.DefaultSelector()
+        self.ranks: list[Rank] = []
+        self.stop_deadline: float | None = None
+        self.stopping = False  # told to stop or kill its ranks (or orphaned): later exits are ours, not theirs
+        self.go = False  # a gated plan's ranks start only once the launcher says so
+        self.stdin_open = True
+        self.commands = commands or Lines(0)
+        heartbeat_timeout = float(node.get("heartbeat_timeout") or 0)
+        self.events = Events(out, patience=max(heartbeat_timeout, 5.0))
+        self.output = RankOutput(self.sel, self.events)
+        self.events.on_backlog = self.output.pause
+        self.heartbeat = Heartbeat(heartbeat_timeout, self.events)
+        hang_timeout = float(node.get("hang_timeout") or 0)
+        # Every job: stacks can be asked for at any time (distlaunch stacks), not only on a hang.
+        self.scratch = make_scratch()
+        self.progress = Progress(hang_timeout, self.scratch, self.events)
+        self.recorder = FlightRecorder(self.scratch, bool(hang_timeout), self.events)
+        self.stacks = Stacks(self.scratch, self.events, self.recorder)
+
+    def rank_env(self, spec: dict) -> dict:
+        """A rank's environment: the node's and the plan's, then what each collaborator needs in the rank."""
+        env = base_env(self.node, spec)
+        self.stacks.arm(env, spec)
+        self.progress.arm(env, spec["rank"])
+        self.recorder.arm(env)
+        return env
+
+    def start(self) -> None:
+        """Start the node's ranks; one that cannot start is reported at once, as a shell would (126, 127)."""
+        workdir = self.node.get("workdir") or None
+        for spec in self.node["ranks"]:
+            with contextlib.suppress(OSError):  # an earlier attempt's error must not be blamed on this one
+                os.unlink(spec["env"].get("TORCHELASTIC_ERROR_FILE") or "")
+            try:
+                proc = spawn(rank_argv(spec["argv"]), self.rank_env(spec), workdir)
+            except OSError as exc:
+                self.events.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=start_error(spec["argv"][0], exc, workdir))
+                self.events.emit(ev=p.EXIT, rank=spec["rank"], code=start_exit_code(exc), at=time.time(), stopped=False)
+                continue
+            rank = Rank(spec, proc)
+            self.ranks.append(rank)
+            if rank.exit_fd is not None:
+                self.sel.register(rank.exit_fd, selectors.EVENT_READ, EXITED)
+            self.output.watch(rank)
+            self.events.emit(ev=p.STARTED, rank=rank.rank, pid=proc.pid)
+
+    def read_commands(self) -> None:
+        """Take the launcher's commands; its end of the channel closing is an order to stop."""
+        lines = self.commands.read()
+        self.heartbeat.heard()
+        if lines is None:  # the launcher is gone: nobody will ever tell us to stop, so stop now
+            self.stdin_open = False
+            self.sel.unregister(self.commands.fd)
+            self.begin_stop(_ORPHAN_GRACE_S)
+            return
+        self.handle(lines)
+
+    def handle(self, lines: list[str]) -> None:
+        """Obey the launcher's commands, one per line."""
+        for line in lines:
+            cmd = json.loads(line).get("cmd")
+            if cmd == p.STOP:
+                self.begin_stop()
+            elif cmd == p.KILL:
+                self.mark_stopping()
+                self.signal_all(signal.SIGKILL)
+            elif cmd == p.GO:
+                self.go = True
+            elif cmd == p.ASK_STACKS:
+                self.stacks.send(self.ranks)
+            # "hb" needs nothing: any line counts as a sign of life
+
+    def check_heartbeat(self) -> None:
+        """Send ours when due; stop the ranks when the launcher has been silent for the whole timeout."""
+        if self.heartbeat.check() and self.stdin_open and self.stop_deadline is None:
+            self.begin_stop(_ORPHAN_GRACE_S)  # a frozen or cut-off launcher looks like this, not like EOF
+
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to every rank's process group."""
+        for rank in self.ranks:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(rank.proc.pid, sig)  # the rank's own group: its children go too
+
+    def begin_stop(self, max_grace: float | None = None) -> None:
+        """SIGTERM every rank now, SIGKILL after the grace period (``max_grace`` at most); a later stop only shortens it."""
+        grace = float(self.node.get("grace_period", p.GRACE_PERIOD_S))
+        deadline = time.monotonic() + (grace if max_grace is None else min(grace, max_grace))
+        self.mark_stopping()
+        if self.stop_deadline is None:
+            self.signal_all(signal.SIGTERM)
+        if self.stop_deadline is None or deadline < self.stop_deadline:
+            self.stop_deadline = deadline
+
+    def mark_stopping(self) -> None:
+        """From now on an exit is one we caused; a rank that ended before this failed on its own."""
+        self.observe_exits()
+        self.stopping = True
+
+    def observe_exits(self) -> None:
+        """Stamp every rank that has ended since the last look."""
+        for rank in self.ranks:
+            if rank.returncode is not None:
+                continue
+            rc = rank.proc.poll()
+            if rc is None:
+                continue
+            rank.returncode, rank.exited_at, rank.exit_time = rc, time.monotonic(), time.time()
+            rank.stopped = self.stopping
+            if rank.exit_fd is not None:
+                self.sel.unregister(rank.exit_fd)
+                os.close(rank.exit_fd)
+                rank.exit_fd = None
+
+    def reap(self) -> None:
+        """Report the ranks that ended (step() has stamped them), once their pipes are drained."""
+        now = time.monotonic()
+        for rank in self.ranks:
+            if rank.returncode is not None and not rank.reported:
+                if not self.output.finished(rank, now):
+                    continue
+                rank.reported = True
+                error = read_error_file(rank.error_file) if rank.returncode else None
+                self.events.emit(
+                    ev=p.EXIT,
+                    rank=rank.rank,
+                    code=rank.returncode,
+                    at=rank.exit_time,
+                    stopped=rank.stopped,
+                    **({"error": error} if error else {}),
+                )
+
+    def run(self) -> int:
+        """Start the ranks (once cleared), supervise them to their end, clean up after them; the exit code."""
+        self.sel.register(self.commands.fd, selectors.EVENT_READ, None)
+        if self.events.fd is not None:
+            os.set_blocking(self.events.fd, False)
+        self.handle(self.commands.split())  # commands that arrived together with the node plan
+        if self.cleared():
+            self.start()
+        while not all(r.reported for r in self.ranks):
+            self.step()
+        # Every rank leader is gone; anything still in their groups (a stray child) goes too.
+        self.signal_all(signal.SIGKILL)
+        ended = end_stragglers(self.node["ranks"])
+        if ended:
+            self.events.emit(ev=p.STRAGGLERS, count=len(ended), pids=ended)
+        self.recorder.send()
+        self.events.emit(ev=p.DONE)
+        self.events.drain()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return 0
+
+    def cleared(self) -> bool:
+        """A gated plan (a job on several hosts): say what would keep this host's ranks from starting, then
+        wait for the launcher's go, which comes only once every host is ready, so that a script missing on
+        one host starts no rank anywhere. False when told to stop instead (or the launcher went away)."""
+        if not self.node.get("gate"):
+            return not self.stopping
+        self.events.emit(ev=p.READY, problems=self.gate_problems())
+        while not self.go and not self.stopping:
+            if self.sel.select(timeout=0.05):
+                self.read_commands()
+            self.check_heartbeat()
+        return not self.stopping
+
+    def gate_problems(self) -> list[dict]:
+        """What would keep this host's ranks from starting: a program or module missing, and the like."""
+        workdir = self.node.get("workdir") or os.getcwd()
+        # the launcher hears no heartbeat while an interpreter is asked about a module: well within its timeout
+        timeout = min(MODULE_CHECK_TIMEOUT_S, self.heartbeat.timeout / 3 or MODULE_CHECK_TIMEOUT_S)
+        problems, seen = [], set()
+        for spec in self.node["ranks"]:
+            if tuple(spec["argv"]) not in seen:  # ranks of one node usually run one command
+                seen.add(tuple(spec["argv"]))
+                problems += start_problems(spec["argv"], workdir, self.rank_env(spec), timeout)
+        return problems
+
+    def step(self) -> None:
+        """One turn of the loop: commands, rank output, exits, heartbeats, the stop deadline."""
+        watch_out = self.events.waiting()
+        if watch_out:
+            self.sel.register(self.events.fd, selectors.EVENT_WRITE, "out")
+        try:
+            ready = self.sel.select(timeout=0.05)
+        finally:
+            if watch_out:
+                self.sel.unregister(self.events.fd)
+        self.observe_exits()  # before the commands: an exit that came first is stamped as not stopped
+        for key, _ in ready:
+            if key.data == EXITED:
+                continue  # only a wake-up: observe_exits took it
+            if key.data is None:
+                self.read_commands()
+            elif key.data == "out":
+                self.events.flush()
+            else:
+                self.output.read(key.fileobj, *key.data)
+        self.reap()
+        self.check_heartbeat()
+        self.progress.check(self.ranks)
+        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+            self.signal_all(signal.SIGKILL)
+
+
+def main() -> int:
+    """``python -m distlaunch.agent``: say hello, read the node plan from stdin, supervise its ranks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides; a terminal ^C reaches it, not us
+    # A closed stdout (the launcher or its SSH channel is gone) must not kill the agent before it has
+    # stopped its ranks: writes then fail with EPIPE, which emit() absorbs. Ranks get SIGPIPE back by default.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # "hello" tells a launcher that this host can run the agent before it sends any node its plan,
+    # so a host without distlaunch fails the launch before a single rank has started anywhere.
+    try:
+        hello = p.event(p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL, now=time.time())
+        print(json.dumps(hello), flush=True)
+    except OSError:
+        return 2
+    commands = Lines(sys.stdin.fileno())
+    line = commands.first()
+    if not line:
+        return 2
+    agent = Agent(json.loads(line), commands=commands)
+    signal.signal(signal.SIGTERM, lambda *_: agent.begin_stop())
+    signal.signal(signal.SIGHUP, lambda *_: agent.begin_stop())
+    return agent.run()
