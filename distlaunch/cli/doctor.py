@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from distlaunch.cli import groups as g
 from distlaunch.cli import options as o
 from distlaunch.cli.render import print_json
 from distlaunch.contract.options import HostOptions
@@ -47,11 +48,11 @@ BenchMax = Annotated[
 
 # the launch options as for run (the hosts, the master, the layout, the environment), and the doctor's own
 DOCTOR_OPTIONS = (
-    *o.pick(o.LAUNCH_OPTIONS, *HostOptions.model_fields),
-    o.Opt("remote_python", RemotePython, None),
-    o.Opt("start_timeout", StartTimeout, 20.0),
-    o.Opt("bench", Bench, False),
-    o.Opt("bench_max", BenchMax, None),
+    *g.pick(g.LAUNCH_OPTIONS, *HostOptions.model_fields),
+    g.Opt("remote_python", RemotePython, None),
+    g.Opt("start_timeout", StartTimeout, 20.0),
+    g.Opt("bench", Bench, False),
+    g.Opt("bench_max", BenchMax, None),
 )
 
 
@@ -64,10 +65,10 @@ def doctor_options(values: dict[str, Any], ctx: typer.Context) -> DoctorOptions:
         "remote_python": values["remote_python"] or None,
         "bench_max_bytes": parse_size(values["bench_max"]),
     }
-    return DoctorOptions(**o.fields_of(DoctorOptions, given))
+    return DoctorOptions(**g.fields_of(DoctorOptions, given))
 
 
-@o.with_options(DOCTOR_OPTIONS, build=doctor_options, into="opts")
+@g.with_options(DOCTOR_OPTIONS, build=doctor_options, into="opts")
 def doctor(
     opts: DoctorOptions,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,

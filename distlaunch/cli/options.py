@@ -1,33 +1,22 @@
-"""The launch options of ``run``, ``train``, ``doctor`` and ``slurm``, declared once: each option's typer annotation,
-the groups of them a command takes (``PROGRAM``, ``LAUNCH_OPTIONS``, ``NODE_OPTIONS``), and ``with_options``, the
-decorator that adds a group to a command and hands the command one object built from the values."""
+"""The launch options of ``run``, ``train``, ``doctor`` and ``slurm``, each declared once as a typer annotation
+with its parser; groups.py says which commands take which."""
 
 from __future__ import annotations
 
-import functools
-import inspect
-import sys
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from pydantic import BaseModel
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click.core import ParameterSource
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click.core import ParameterSource
 
-from distlaunch.backends.base import LaunchRequest
 from distlaunch.contract.hostname import host_problem
-from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
-from distlaunch.launcher.job import ExecOptions
-from distlaunch.launcher.pernode import NodeOptions
 from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
-from distlaunch.protocol import GRACE_PERIOD_S
 
 LAUNCH = "Launch options"
 
@@ -385,179 +374,3 @@ def given_flags(ctx: typer.Context, names: tuple[str, ...] = SUPERVISION) -> lis
         if param.name in names and ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE:
             flags.append(max(param.opts, key=len))
     return flags
-
-
-# -- the groups of options commands take, and how a command takes them ------------------------------------------
-
-
-@dataclass(frozen=True)
-class Opt:
-    """One command-line parameter, declared once: its name (also the name of the model field it fills, where a
-    model has one), its typer annotation (flags, help, panel, parser) and its default."""
-
-    name: str
-    annotation: Any
-    default: Any = inspect.Parameter.empty  # empty: required (the program)
-
-
-PROGRAM = (Opt("program", Program), Opt("module", Module, False), Opt("no_python", NoPython, False))
-# In the order --help lists them; the defaults are what each parameter gets when not typed.
-LAUNCH_OPTIONS = (
-    Opt("hostfile", Hostfile, None),
-    Opt("nproc_per_node", NprocPerNode, None),
-    Opt("parallel", ParallelOpt, None),
-    Opt("include", Include, None),
-    Opt("exclude", Exclude, None),
-    Opt("master_addr", MasterAddr, None),
-    Opt("master_port", MasterPort, "auto"),
-    Opt("backend", Backend, "auto"),
-    Opt("max_restarts", MaxRestarts, 0),
-    Opt("log_dir", LogDir, None),
-    Opt("env", Env, None),
-    Opt("ssh_config", SshConfig, None),
-    Opt("python", Python, None),
-    Opt("accept_new_host_keys", AcceptNewHostKeys, False),
-    Opt("remote_python", RemotePython, None),
-    Opt("workdir", Workdir, None),
-    Opt("grace_period", GracePeriod, GRACE_PERIOD_S),
-    Opt("heartbeat_timeout", HeartbeatTimeout, 30.0),
-    Opt("local_ranks_filter", LocalRanksFilter, None),
-    Opt("hang_timeout", HangTimeout, 0.0),
-    Opt("dry_run", DryRun, False),
-    Opt("detach", Detach, False),
-    Opt("json_output", Json, False),
-    Opt("launcher", Launcher, "auto"),
-)
-NODE_OPTIONS = (
-    Opt("nnodes", NNodes, None),
-    Opt("node_rank", NodeRank, None),
-    Opt("node_rank_alias", NodeRankAlias, None),
-    Opt("rdzv_endpoint", RdzvEndpoint, None),
-    Opt("rdzv_endpoint_alias", RdzvEndpointAlias, None),
-    Opt("rdzv_timeout", RdzvTimeout, 300.0),
-)
-
-
-def pick(group: Iterable[Opt], *names: str) -> tuple[Opt, ...]:
-    """The options of ``group`` with these names, in the group's order (the order --help lists them in)."""
-    group = tuple(group)
-    unknown = set(names) - {opt.name for opt in group}
-    if unknown:
-        raise ValueError(f"no such option: {', '.join(sorted(unknown))}")
-    return tuple(opt for opt in group if opt.name in names)
-
-
-def fields_of(model: type[BaseModel], values: Mapping[str, Any]) -> dict[str, Any]:
-    """The values that fill ``model``'s fields, by name; an option left unset (None) takes the model's default."""
-    return {name: value for name, value in values.items() if name in model.model_fields and value is not None}
-
-
-def _evaluated(annotation: Any, command: Callable) -> Any:
-    """An annotation as an object (``from __future__ import annotations`` leaves a string), as typer needs it."""
-    return eval(annotation, command.__globals__) if isinstance(annotation, str) else annotation
-
-
-def with_options(
-    *groups: Iterable[Opt], build: Callable[[dict[str, Any], typer.Context], Any], into: str = "launch", **defaults: Any
-) -> Callable[[Callable], Callable]:
-    """Add the options of ``groups`` to the decorated command's parameters, where its parameter ``into`` is, and
-    hand it ``build(values, ctx)`` there: ``values`` has each option's value by name, as parsed or its default.
-    ``defaults`` gives an option another default for this command.
-
-    typer reads a command's parameters from ``inspect.signature`` (``__signature__`` when set) and their types from
-    ``__annotations__``: both are set on the wrapper, every option with its annotation from ``groups``, so every
-    command that takes an option has the same flags, help, panel and parser for it.
-    """
-    opts = [replace(o, default=defaults.pop(o.name)) if o.name in defaults else o for group in groups for o in group]
-    if defaults:
-        raise ValueError(f"no such option: {', '.join(defaults)}")
-    names = [o.name for o in opts]
-    keyword = inspect.Parameter.KEYWORD_ONLY  # typer passes every parameter by name
-    shared = [inspect.Parameter(o.name, keyword, default=o.default, annotation=o.annotation) for o in opts]
-
-    def decorate(command: Callable) -> Callable:
-        signature = inspect.signature(command)
-        if into not in signature.parameters:
-            raise TypeError(f"{command.__name__}() has no parameter {into!r} to take the options")
-        params = [inspect.Parameter("ctx", keyword, annotation=typer.Context)]  # for build
-        for param in signature.parameters.values():
-            if param.name == into:
-                params += shared
-            else:
-                params.append(param.replace(kind=keyword, annotation=_evaluated(param.annotation, command)))
-
-        @functools.wraps(command)
-        def wrapper(ctx: typer.Context, **kwargs: Any) -> Any:
-            values = {name: kwargs.pop(name) for name in names}
-            return command(**kwargs, **{into: build(values, ctx)})
-
-        returns = _evaluated(signature.return_annotation, command)
-        wrapper.__signature__ = inspect.Signature(params, return_annotation=returns)
-        wrapper.__annotations__ = {**{p.name: p.annotation for p in params}, "return": returns}
-        return wrapper
-
-    return decorate
-
-
-def command_line() -> list[str]:
-    """This command as the user typed it (kept in the job record)."""
-    return ["distlaunch", *sys.argv[1:]]
-
-
-@dataclass(frozen=True)
-class LaunchArgs:
-    """The launch options of a ``run`` or ``train`` command line: each one's value by name (``launch.hostfile``,
-    ``launch.dry_run``, ...), and the models built from them, here only."""
-
-    values: dict[str, Any]
-    supervision_given: list[str]  # supervision flags typed on the command line (given_flags)
-
-    @classmethod
-    def of(cls, values: dict[str, Any], ctx: typer.Context) -> LaunchArgs:
-        return cls(values, given_flags(ctx))
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def options(self, **changes: Any) -> LaunchOptions:
-        """The core launch options as typed; ``changes`` replace some (train: what its config decides)."""
-        return LaunchOptions(**fields_of(LaunchOptions, {**self.values, **changes}))
-
-    def exec_options(self) -> ExecOptions:
-        local_ranks = parse_local_ranks(self.values["local_ranks_filter"])
-        return ExecOptions(**fields_of(ExecOptions, {**self.values, "local_ranks_filter": local_ranks}))
-
-    def node_options(self) -> NodeOptions | None:
-        """The per-node options, when one is given (per-node mode, docs/multinode.md); else None."""
-        if "nnodes" not in self.values:  # a command without them
-            return None
-        nnodes, alias = self.values["nnodes"], self.values["node_rank_alias"]
-        node_rank = self.values["node_rank"] if self.values["node_rank"] is not None else alias
-        rdzv_endpoint = self.values["rdzv_endpoint"] or self.values["rdzv_endpoint_alias"]
-        if nnodes is None and node_rank is None and rdzv_endpoint is None:
-            return None
-        return NodeOptions(
-            nnodes=1 if nnodes is None else nnodes,
-            node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint,
-            rdzv_timeout=self.values["rdzv_timeout"],
-        )
-
-    def request(self, opts: LaunchOptions) -> LaunchRequest:
-        """What the backend is handed: ``opts`` (see ``options``) and the rest of the options."""
-        return LaunchRequest(
-            opts=opts,
-            exec_opts=self.exec_options(),
-            node=self.node_options(),
-            launcher=self.launcher,
-            command=command_line(),
-            supervision_given=self.supervision_given,
-        )
-
-
-def launch_options(*groups: Iterable[Opt], **defaults: Any) -> Callable[[Callable], Callable]:
-    """``with_options`` for ``run`` and ``train``: the command takes the options as ``launch: LaunchArgs``."""
-    return with_options(*groups, build=LaunchArgs.of, into="launch", **defaults)

@@ -10,14 +10,14 @@ from rich.console import Console
 
 from distlaunch.backends.base import LaunchRequest
 from distlaunch.backends.registry import select
-from distlaunch.cli import options as o
+from distlaunch.cli import groups as g
 from distlaunch.cli.output import RankPrinter
 from distlaunch.cli.render import masked, print_json, render_plan, render_report
 from distlaunch.jobs.store import JobRecord
 
 
-@o.launch_options(o.PROGRAM, o.LAUNCH_OPTIONS, o.NODE_OPTIONS)
-def run(launch: o.LaunchArgs) -> int:
+@g.launch_options(g.PROGRAM, g.LAUNCH_OPTIONS, g.NODE_OPTIONS)
+def run(launch: g.LaunchArgs) -> int:
     """Start SCRIPT on every rank of every host, stream their output, stop them all if one fails.
 
     Each rank gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES and DISTLAUNCH_JOB_ID, so a script written for torchrun runs unchanged.

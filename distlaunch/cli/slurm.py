@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from distlaunch.backends.slurm_batch import SlurmBatch
-from distlaunch.cli import options as o
+from distlaunch.cli import groups as g
 from distlaunch.cli.render import print_json
 from distlaunch.contract.env import parse_env
 from distlaunch.protocol import GRACE_PERIOD_S
@@ -72,15 +72,15 @@ _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 
 
 SLURM_OPTIONS = (
-    o.Opt("nodes", Nodes, None),
-    o.Opt("ntasks_per_node", NtasksPerNode, None),
-    o.Opt("ntasks", Ntasks, None),
-    o.Opt("gpus_per_node", GpusPerNode, None),
-    o.Opt("cpus_per_task", CpusPerTask, None),
-    o.Opt("partition", Partition, None),
-    o.Opt("account", Account, None),
-    o.Opt("time", Time, None),
-    o.Opt("job_name", JobName, None),
+    g.Opt("nodes", Nodes, None),
+    g.Opt("ntasks_per_node", NtasksPerNode, None),
+    g.Opt("ntasks", Ntasks, None),
+    g.Opt("gpus_per_node", GpusPerNode, None),
+    g.Opt("cpus_per_task", CpusPerTask, None),
+    g.Opt("partition", Partition, None),
+    g.Opt("account", Account, None),
+    g.Opt("time", Time, None),
+    g.Opt("job_name", JobName, None),
 )
 # what a task's ``distlaunch run --launcher slurm`` gets (job.forwarded_options), and how this command reports
 LAUNCH = ("nproc_per_node", "parallel", "master_addr", "master_port", "backend", "env", "python", "json_output")
@@ -97,13 +97,13 @@ class SlurmArgs:
 
 def slurm_args(values: dict[str, Any], ctx: typer.Context) -> SlurmArgs:
     """The job options as typed (--python unset or empty: the launcher's own), built here only."""
-    opts = SlurmJobOptions(**o.fields_of(SlurmJobOptions, {**values, "python": values["python"] or None}))
+    opts = SlurmJobOptions(**g.fields_of(SlurmJobOptions, {**values, "python": values["python"] or None}))
     return SlurmArgs(opts, values["json_output"], values.get("grace_period", GRACE_PERIOD_S))
 
 
 def slurm_options(*launch: str) -> Callable[[Callable], Callable]:
     """The program, the Slurm options and these launch options, handed to the command as ``launch: SlurmArgs``."""
-    return o.with_options(o.PROGRAM, SLURM_OPTIONS, o.pick(o.LAUNCH_OPTIONS, *LAUNCH, *launch), build=slurm_args)
+    return g.with_options(g.PROGRAM, SLURM_OPTIONS, g.pick(g.LAUNCH_OPTIONS, *LAUNCH, *launch), build=slurm_args)
 
 
 @slurm_app.command("run", context_settings=_SCRIPT_CONTEXT)

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from distlaunch.cli import groups as g
 from distlaunch.cli import options as o
 from distlaunch.cli.run import start
 from distlaunch.engine.planner import MemoryPlan
@@ -66,7 +67,7 @@ MetricsFile = Annotated[
 ]
 
 
-@o.launch_options(o.LAUNCH_OPTIONS, hang_timeout=600.0)
+@g.launch_options(g.LAUNCH_OPTIONS, hang_timeout=600.0)
 def train(
     config: Config = None,
     set_: Set = None,
@@ -74,7 +75,7 @@ def train(
     metrics_file: MetricsFile = None,
     resume: Resume = None,
     *,
-    launch: o.LaunchArgs,
+    launch: g.LaunchArgs,
 ) -> int:
     """Train the bundled GPT on every rank: config validated first, then the same launch as `run`.
 
