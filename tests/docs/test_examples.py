@@ -234,3 +234,19 @@ def test_the_config_key_tables_give_the_real_defaults():
         elif not _reads_as(shown, getattr(table, name)):
             wrong.append(f"{page}:{line}: {key} defaults to {getattr(table, name)!r}, the table says {shown!r}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_config_the_docs_name_or_show_loads():
+    """A TOML block in the docs, and every shipped template a page names, is a config the engine takes."""
+    import tomllib
+
+    from distlaunch.engine.config import TrainingConfig, load_config
+
+    shown = [(name, b) for name, page in PAGES.items() for b in page.of("toml")]
+    for _name, block in shown:  # a bad one raises, naming the key
+        TrainingConfig.model_validate(tomllib.loads(block.text))
+    named = {m for path in DOCS for m in re.findall(r"templates/[\w.-]+\.toml", path.read_text(encoding="utf-8"))}
+    assert len(named) >= 3, named
+    for template in sorted(named):
+        assert (ROOT / template).is_file(), f"the docs name {template}, which is not shipped"
+        load_config(ROOT / template, [])
