@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "tests/launcher/test_pernode",
     "tests/slurm/",
     "tests/doctor/test_ground_truth",
+    "tests/docs/",  # real training runs behind two examples: about three minutes in one file
 )
 
 
