@@ -3,11 +3,13 @@ the watch that stores the dumps agents send (protocol ``nccl-trace``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from distlaunch import protocol as p
 from distlaunch.launcher.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
 from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.launcher.ranklogs import job_folder
 from distlaunch.launcher.stacks import ranges
 from distlaunch.launcher.watch import Watch
 
@@ -23,8 +25,6 @@ class AttemptFolder:
     def path(self) -> Path:
         """The folder's path (its job folder is made on the first call)."""
         if self._path is None:
-            from distlaunch.launcher.ranklogs import job_folder
-
             restart = self.restart_count
             self._path = job_folder(self.plan, self.log_dir) / (f"stacks-restart{restart}" if restart else "stacks")
         return self._path
@@ -33,7 +33,7 @@ class AttemptFolder:
 class FlightRecorderDumps(Watch):
     """Stores the ranks' NCCL flight recorder dumps in the attempt's folder and, at the end, says where they are."""
 
-    def __init__(self, folder: AttemptFolder, notice):
+    def __init__(self, folder: AttemptFolder, notice: Callable[[str], None]):
         self.folder, self.notice = folder, notice
         self.ranks: list[int | None] = []  # ranks whose dumps were stored
 
