@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from distlaunch.backends.kubernetes import Kubernetes
+from distlaunch.cli.groups import command_line
 from distlaunch.k8s.manifest import K8sJobOptions, manifest
 from distlaunch.k8s.yaml import dump_all
 
@@ -122,7 +123,7 @@ def submit_cmd(
         master_port,
         rdzv_port,
     )
-    code, job_id = Kubernetes().submit(opts, ["distlaunch", *sys.argv[1:]])
+    code, job_id = Kubernetes().submit(opts, command_line())
     if job_id is not None:
         sys.stderr.write(f"distlaunch: recorded as job {job_id}: distlaunch status {job_id} | logs | stop\n")
     return code

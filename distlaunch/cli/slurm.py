@@ -184,7 +184,7 @@ def slurm_sbatch(
             sys.stdout.write(script)
         return 0
     out = sys.stderr if json_output else sys.stdout
-    result = batch.submit(opts, output, template, wait, out, ["distlaunch", *sys.argv[1:]])
+    result = batch.submit(opts, output, template, wait, out, g.command_line())
     if wait:
         sys.stderr.write(f"distlaunch: job {result.job_id} ended with exit code {result.exit_code}\n")
     if json_output:
