@@ -210,19 +210,27 @@ def apply_override(raw: dict, assignment: str) -> None:
     table[name] = _parse_value(value.strip())
 
 
-def merge_parallel_env(raw: dict, spec: str) -> None:
-    """Fold DISTLAUNCH_PARALLEL into ``raw['parallel']``; a different explicit value is an error."""
+def merge_parallel_env(raw: dict, spec: str, what: str = "the config") -> None:
+    """Fold a layout into ``raw['parallel']``; a different explicit value there is an error (``what`` says
+    where that value came from). ``dp=auto`` leaves dp as it is."""
     table = raw.setdefault("parallel", {})
     for key, value in parse_layout(spec, "DISTLAUNCH_PARALLEL").items():
         if value is None:  # dp=auto: whatever the config says
             continue
         if table.get(key, "auto") != "auto" and table[key] != value:  # "auto" in the config: the launcher decides
             raise UsageError(
-                f"parallel.{key}={table[key]!r} in the config conflicts with "
+                f"parallel.{key}={table[key]!r} in {what} conflicts with "
                 f"{key}={value!r} from --parallel (DISTLAUNCH_PARALLEL={spec!r})",
                 "set it in one place only",
             )
         table[key] = value
+
+
+def check_file_layout(path: str | Path, parallel: str | None) -> None:
+    """A config file the user wrote against their own ``--parallel``, before the launch: two things the user
+    wrote that disagree are an error (the ranks let the launcher's layout replace the file's)."""
+    if parallel:
+        merge_parallel_env(read_config_file(path), parallel)
 
 
 def _error_from_validation(err: ValidationError) -> UsageError:
@@ -256,30 +264,36 @@ def validate_config(raw: dict) -> TrainingConfig:
         raise _error_from_validation(err) from None
 
 
+def read_config_file(path: str | Path) -> dict:
+    """The TOML file as a raw dict, or a one-line UsageError."""
+    try:
+        return tomllib.loads(read_settings(path))
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}", "check the path") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"config file {path} is not valid TOML: {err}", "fix the line named") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(
+            f"config file {path} cannot be read: {os_error_words(err)}", "pass the path of a TOML file"
+        ) from None
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     parallel_env: str | None = None,
 ) -> TrainingConfig:
-    """Read the TOML file (optional), apply ``--set`` overrides and the launcher's parallel spec."""
-    raw: dict = {}
+    """Read the TOML file (optional), then the command line, which outranks the file: the launcher's layout
+    (DISTLAUNCH_PARALLEL, the one channel a rank's layout comes by) and the ``--set`` overrides. A ``--set``
+    that contradicts the layout is an error: both were written on the command line."""
     for assignment in overrides:  # their form first: `--set train.steps 50` leaves 50 where CONFIG goes
         apply_override({}, assignment)
-    if path is not None:
-        try:
-            raw = tomllib.loads(read_settings(path))
-        except FileNotFoundError:
-            raise UsageError(f"config file not found: {path}", "check the path") from None
-        except tomllib.TOMLDecodeError as err:
-            raise UsageError(f"config file {path} is not valid TOML: {err}", "fix the line named") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise UsageError(
-                f"config file {path} cannot be read: {os_error_words(err)}", "pass the path of a TOML file"
-            ) from None
+    raw: dict = read_config_file(path) if path is not None else {}
+    check_parallel_conflict(overrides, parallel_env)
+    for key, value in parse_layout(parallel_env, "DISTLAUNCH_PARALLEL").items():
+        raw.setdefault("parallel", {})[key] = "auto" if value is None else value
     for assignment in overrides:
         apply_override(raw, assignment)
-    if parallel_env:
-        merge_parallel_env(raw, parallel_env)
     cfg = validate_config(raw)
     cfg.train.check_min_lr()
     return cfg
@@ -292,4 +306,4 @@ def check_parallel_conflict(overrides: list[str], parallel_env: str | None) -> N
     for assignment in overrides:
         apply_override(raw, assignment)
     if parallel_env:
-        merge_parallel_env(raw, parallel_env)
+        merge_parallel_env(raw, parallel_env, "--set")

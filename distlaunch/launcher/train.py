@@ -13,9 +13,15 @@ import stat
 import subprocess
 from pathlib import Path
 
-from distlaunch.contract.layout import SHAPE_KEYS, LayoutSpec, parse_layout
+from distlaunch.contract.layout import LAYOUT_KEYS, SHAPE_KEYS, LayoutSpec, parse_layout
 from distlaunch.engine.checkpoint.resume import check_before_launch
-from distlaunch.engine.config import TrainingConfig, check_parallel_conflict, load_config, ranks_path
+from distlaunch.engine.config import (
+    TrainingConfig,
+    check_file_layout,
+    check_parallel_conflict,
+    load_config,
+    ranks_path,
+)
 from distlaunch.engine.fault import check_fault, restart_count
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.places import METRICS_FILE, check_place
@@ -50,16 +56,19 @@ class TrainPlan(LaunchPlan):
 def train_config(
     config: Path | None, sets: list[str], parallel: str | None, shape_given: bool
 ) -> tuple[TrainingConfig, list[str]]:
-    """The config every rank will see, and the ``--set`` list that makes each rank see exactly it.
+    """The config every rank will see, and the ``--set`` list each rank is started with.
 
     The embedded config's layout (dp=2 x pp=2 on 4 processes) is what ``distlaunch train`` runs with no
     options. Once the user says how many ranks there are (``shape_given``: -n or a hostfile; or dp, tp, pp in
     --parallel or --set), the embedded dp, tp and pp are dropped and only what the user wrote counts, so
     ``train -n 1`` or ``train --parallel dp=2,tp=2`` just work. A conflict is reported only between two
     things the user wrote: their own config file (or --set) and --parallel.
+
+    The layout is resolved here, once; it reaches the ranks by one channel, DISTLAUNCH_PARALLEL (from
+    ``parallel_spec``), which outranks the config file there. So the ranks' ``--set`` list carries no
+    layout key.
     """
-    layout = parse_layout(parallel)
-    layout_sets = [f"parallel.{key}={'auto' if value is None else value}" for key, value in layout.items()]
+    layout = parse_layout(parallel)  # the user's words, checked as --parallel before anything else reads them
     if config is not None:
         with contextlib.suppress(OSError):  # a path that is not there: load_config says so
             if stat.S_ISFIFO(os.stat(config).st_mode):  # bash's <(...): read here, it would be empty for the ranks
@@ -67,16 +76,24 @@ def train_config(
                     f"config file {config} is a pipe: every rank reads the config itself, and a pipe is read once",
                     "save it to a file (where every host sees it) and pass that",
                 )
-        return load_config(config, sets, parallel), [*sets, *layout_sets]
-    check_parallel_conflict(sets, parallel)
+        check_file_layout(config, parallel)
+        return load_config(config, sets, parallel), _without_layout(sets)
     written = {assignment.partition("=")[0].strip() for assignment in sets} | {f"parallel.{k}" for k in layout}
     dropped = []
     if shape_given or written & {f"parallel.{key}" for key in SHAPE_KEYS}:
         dropped += ["parallel.dp=auto", "parallel.tp=1", "parallel.pp=1"]
     if "parallel.microbatches" in written and "train.micro_batch_size" not in written:
         dropped.append("train.micro_batch_size=auto")  # derived from the micro-batch count instead
-    rank_sets = [*dropped, *sets, *layout_sets]
-    return load_config(EMBEDDED_CONFIG, rank_sets), rank_sets
+    check_parallel_conflict(sets, parallel)
+    rank_sets = [*dropped, *sets]
+    layout_sets = [f"parallel.{key}={'auto' if value is None else value}" for key, value in layout.items()]
+    return load_config(EMBEDDED_CONFIG, [*rank_sets, *layout_sets]), _without_layout(rank_sets)
+
+
+def _without_layout(sets: list[str]) -> list[str]:
+    """``--set`` assignments less the layout's keys, which DISTLAUNCH_PARALLEL carries."""
+    layout = {f"parallel.{key}" for key in LAYOUT_KEYS}
+    return [assignment for assignment in sets if assignment.partition("=")[0].strip() not in layout]
 
 
 def check_training_files(

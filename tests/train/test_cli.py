@@ -111,14 +111,27 @@ def test_a_users_own_config_file_conflicts_with_a_different_flag(tmp_path):
     assert plan["world_size"] == 4 and plan["parallel"]["zero"] == 2  # keys the file leaves open are the flag's
 
 
+def test_the_layout_reaches_ranks_by_one_channel(tmp_path):
+    """A --set that overrides a key of the user's file: the ranks get it through DISTLAUNCH_PARALLEL alone, which
+    outranks the file there, so the rank's own reading of file + argv + env comes to the launcher's layout."""
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[parallel]\ndp = 2\npp = 2\nzero = 1\n", encoding="utf-8")
+    plan = json.loads(invoke(["train", str(mine), "--dry-run", "--json", "--set", "parallel.zero=2"]).stdout)
+    rank = plan["nodes"][0]["ranks"][0]
+    argv = rank["argv"][rank["argv"].index("distlaunch.engine") + 1 :]
+    assert argv == [str(mine)] and rank["env"]["DISTLAUNCH_PARALLEL"].startswith("dp=2,tp=1,pp=2,zero=2")
+    assert load_config(argv[0], [], rank["env"]["DISTLAUNCH_PARALLEL"]).parallel.zero == 2
+
+
 def test_dry_run_json_has_a_memory_estimate_per_rank():
     result = invoke(["train", "--dry-run", "--json", "--set", "parallel.zero=2"])
     assert result.exit_code == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["world_size"] == 4
     assert plan["parallel"] == {"dp": 2, "tp": 1, "pp": 2, "zero": 2, "schedule": "1f1b"}
-    argv = plan["nodes"][0]["ranks"][0]["argv"]
-    assert argv[1:4] == ["-m", "distlaunch.engine", str(EMBEDDED_CONFIG)] and argv[4:] == ["--set", "parallel.zero=2"]
+    rank = plan["nodes"][0]["ranks"][0]
+    assert rank["argv"][1:] == ["-m", "distlaunch.engine", str(EMBEDDED_CONFIG)]  # the layout: one channel, the env
+    assert rank["env"]["DISTLAUNCH_PARALLEL"] == "dp=2,tp=1,pp=2,zero=2,schedule=1f1b"
     memory = plan["memory"]
     assert memory["device"] == "no GPU: host memory" and [r["rank"] for r in memory["ranks"]] == [0, 1, 2, 3]
     for r in memory["ranks"]:
