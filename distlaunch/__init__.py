@@ -1,23 +1,77 @@
 """distlaunch: start distributed PyTorch jobs on one machine, many machines over SSH, or Slurm."""
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
 
+import contextlib as _contextlib
+import json as _json
+import math as _math
 import os as _os
 import time as _time
+from collections import deque as _deque
 
-_last_progress = 0.0
+PROGRESS_WINDOW = 50  # compute_s samples a rank's report summarises (its median): the straggler watch's window
+_PROGRESS_EVERY_S = 0.5  # a rank's file is rewritten at most this often, except when a checkpoint was saved
 
 
-def progress() -> None:
-    """Tell distlaunch that this rank is making progress (``--hang-timeout``); cheap: call it every step."""
-    global _last_progress
-    path = _os.environ.get("DISTLAUNCH_PROGRESS_FILE")
-    now = _time.monotonic()
-    if not path or now - _last_progress < 0.5:
-        return
-    _last_progress = now
-    try:
-        with open(path, "a"):
-            _os.utime(path)
-    except OSError:
-        pass  # progress reports are best effort: never fail the rank over one
+class _ProgressFile:
+    """One rank's progress, as its agent reads it: the newest step, the median of its last ``PROGRESS_WINDOW``
+    compute times (seconds outside collectives a step), and its newest saved checkpoint step, as one JSON object
+    replaced atomically in ``$DISTLAUNCH_PROGRESS_FILE``. The agent reads it once a second; the launcher's hang
+    watch counts each new one as progress, its straggler watch compares the ranks' compute times."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.saved_step: int | None = None
+        self.window: _deque[float] = _deque(maxlen=PROGRESS_WINDOW)
+        self.written_at = -_math.inf
+
+    def note(self, step, compute_s, saved_step) -> None:
+        if step is not None:
+            self.step = int(step)
+        if compute_s is not None and _math.isfinite(compute_s) and compute_s >= 0:
+            self.window.append(float(compute_s))
+        # a new checkpoint goes out at once: it is what a replacement resumes from (--on-straggler replace)
+        saved = saved_step is not None and int(saved_step) != self.saved_step
+        if saved:
+            self.saved_step = int(saved_step)
+        path = _os.environ.get("DISTLAUNCH_PROGRESS_FILE")
+        now = _time.monotonic()
+        if not path or (not saved and now - self.written_at < _PROGRESS_EVERY_S):
+            return
+        self.written_at = now
+        self.write(path)
+
+    def report(self) -> dict:
+        ordered = sorted(self.window)
+        mid = len(ordered) // 2
+        median = None if not ordered else ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return {
+            "step": self.step,
+            "compute_s": None if median is None else round(median, 6),
+            "n": len(ordered),
+            "saved_step": self.saved_step,
+            "at": _time.time(),
+        }
+
+    def write(self, path: str) -> None:
+        """Replace the file whole (a temporary file beside it, then a rename): the agent reads all of it or the
+        previous one, never half."""
+        tmp = f"{path}.{_os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(_json.dumps(self.report()))
+        _os.replace(tmp, path)
+
+
+_progress = _ProgressFile()
+
+
+def progress(step: int | None = None, compute_s: float | None = None, saved_step: int | None = None) -> None:
+    """Tell distlaunch that this rank is making progress; cheap: call it every step.
+
+    Every call counts for ``--hang-timeout``. ``step``: the step just done; ``compute_s``: the seconds this rank
+    spent on it outside collectives (its own compute, not waiting for the others), which ``distlaunch`` compares
+    across ranks to name a straggler; ``saved_step``: the step of the newest checkpoint saved. Never raises."""
+    with _contextlib.suppress(Exception):  # progress reports are best effort: never fail the rank over one
+        _progress.note(step, compute_s, saved_step)

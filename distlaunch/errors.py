@@ -50,6 +50,7 @@ class HostError(DistlaunchError):
     """A host could not be reached or prepared (exit 3)."""
 
     exit_code = ExitCode.HOST
+    host: str | None = None  # the host it is about, where it is one host's (a spare takes its place)
 
 
 class NoAnswer(DistlaunchError):

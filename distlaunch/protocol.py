@@ -10,7 +10,13 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
                                                                checked before any; then "go", or "stop"
     {"ev": "started", "rank": 3, "pid": 1234}
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
-    {"ev": "progress"}                                         a rank called distlaunch.progress()
+    {"ev": "progress", "ranks": {"3": {"step": 120,            ranks called distlaunch.progress() (at most one
+     "compute_s": 0.21, "n": 50, "saved_step": 100,            event a second); ranks: each one's report as it
+     "at": 1795552340.5}}}                                     wrote it, by global rank (step, median seconds
+                                                               outside collectives over its last n steps,
+                                                               newest checkpoint step, its wall clock; any may
+                                                               be null); a rank whose report could not be read
+                                                               is left out, its call still counts as progress
     {"ev": "stacks", "rank": 3, "tool": "faulthandler", "text": "..."}
     {"ev": "exit", "rank": 3, "code": 1, "at": 1795552341.157,  negative code: killed by that signal; at: the
      "stopped": false, "error": {...}}                         agent's wall clock when it saw the exit; stopped:

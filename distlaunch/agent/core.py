@@ -52,7 +52,7 @@ class Agent:
         hang_timeout = float(node.get("hang_timeout") or 0)
         # Every job: stacks can be asked for at any time (distlaunch stacks), not only on a hang.
         self.scratch = make_scratch()
-        self.progress = Progress(hang_timeout, self.scratch, self.events)
+        self.progress = Progress(self.scratch, self.events)  # every job: stragglers and goodput read it too
         self.recorder = FlightRecorder(self.scratch, bool(hang_timeout), self.events)
         self.stacks = Stacks(self.scratch, self.events, self.recorder)
 

@@ -1,9 +1,9 @@
 """Signs of life: heartbeats between the agent and the launcher, and the ranks' own progress reports, which the
-launcher's hang watch reads."""
+launcher's hang watch, straggler watch and goodput accounting read."""
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import time
 
@@ -13,6 +13,7 @@ from distlaunch.agent.ranks import Rank
 from distlaunch.agent.scratch import rank_file
 
 PROGRESS_POLL_S = 1.0
+PROGRESS_MAX_BYTES = 4096  # a report is ~120 bytes: anything longer is not one
 
 
 class Heartbeat:
@@ -39,31 +40,51 @@ class Heartbeat:
 
 
 class Progress:
-    """Ranks report progress (``distlaunch.progress()``) by touching their progress file in the scratch folder;
-    the launcher hears a ``progress`` event when any of them moved. Only with a hang watch (``hang_timeout``)."""
+    """Ranks report progress (``distlaunch.progress()``) by replacing their progress file in the scratch folder
+    with a small JSON object (step, median compute time, saved checkpoint step). Once a second, the files that
+    changed are read and sent as one ``progress`` event: every one counts as progress for the launcher's hang
+    watch, and their contents feed its straggler watch and goodput accounting."""
 
-    def __init__(self, hang_timeout: float, scratch: str, events: Events):
-        self.hang_timeout = hang_timeout
+    def __init__(self, scratch: str, events: Events):
         self.scratch = scratch
         self.events = events
-        self.seen = 0.0  # newest progress-file mtime reported
+        self.seen: dict[int, int] = {}  # rank -> the mtime (ns) of its progress file last reported
         self.checked = 0.0
 
     def arm(self, env: dict, rank: int) -> None:
         """Name the rank's progress file in its environment."""
-        if self.hang_timeout:
-            env["DISTLAUNCH_PROGRESS_FILE"] = rank_file(self.scratch, rank, "progress")
+        env["DISTLAUNCH_PROGRESS_FILE"] = rank_file(self.scratch, rank, "progress")
 
     def check(self, ranks: list[Rank]) -> None:
-        """Report ranks' distlaunch.progress() calls (the mtime of their progress files), once a second."""
+        """Report the ranks whose progress file changed since the last report, once a second."""
         now = time.monotonic()
-        if not self.hang_timeout or now - self.checked < PROGRESS_POLL_S:
+        if now - self.checked < PROGRESS_POLL_S:
             return
         self.checked = now
-        newest = self.seen
+        moved, reports = False, {}
         for rank in ranks:
-            with contextlib.suppress(OSError):
-                newest = max(newest, os.stat(rank_file(self.scratch, rank.rank, "progress")).st_mtime)
-        if newest > self.seen:
-            self.seen = newest
-            self.events.emit(ev=p.PROGRESS)
+            path = rank_file(self.scratch, rank.rank, "progress")
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except OSError:
+                continue
+            if self.seen.get(rank.rank) == mtime:
+                continue
+            self.seen[rank.rank] = mtime
+            moved = True
+            report = read_progress(path)
+            if report is not None:
+                reports[str(rank.rank)] = report
+        if moved:
+            self.events.emit(ev=p.PROGRESS, ranks=reports)
+
+
+def read_progress(path: str) -> dict | None:
+    """A rank's progress report, or None when its file is gone, empty, cut short or not a JSON object (then it
+    is a plain progress mark, as an older ``distlaunch.progress()`` leaves: an empty file it touches)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.loads(f.read(PROGRESS_MAX_BYTES))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None

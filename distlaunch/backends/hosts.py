@@ -17,6 +17,7 @@ from distlaunch.backends.output import FileOutput
 from distlaunch.errors import UsageError
 from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE, STOP_FILE, JobRecord, free_space, jobs_dir
 from distlaunch.launcher.job import Sink
+from distlaunch.launcher.stragglers import read_stragglers
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport
@@ -29,6 +30,8 @@ class LauncherDriven(FileOutput):
     records = ("local", "ssh")
 
     def current(self, record: JobRecord) -> JobRecord:
+        if not record.stragglers_found:  # named by its launcher as it runs, beside the record
+            record = record.model_copy(update={"stragglers_found": read_stragglers(jobs_dir() / record.job_id)})
         # "lost": the record says running but its launcher is gone (SIGKILL, reboot); its agents took the ranks.
         if record.state == "running" and record.owner is not None and not record.owner.alive():
             free_space(record.job_id)  # the room its last record would have taken: nobody writes that now

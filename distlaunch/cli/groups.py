@@ -40,6 +40,7 @@ from distlaunch.cli.options import (
     NodeRankAlias,
     NoPython,
     NprocPerNode,
+    OnStraggler,
     ParallelOpt,
     Program,
     Python,
@@ -53,6 +54,8 @@ from distlaunch.cli.options import (
     parse_local_ranks,
 )
 from distlaunch.contract.options import LaunchOptions
+from distlaunch.errors import UsageError
+from distlaunch.launcher.elastic import DEFAULT_MAX_RESTARTS, node_range
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.pernode import NodeOptions
 from distlaunch.protocol import GRACE_PERIOD_S
@@ -93,6 +96,7 @@ LAUNCH_OPTIONS = (
     Opt("heartbeat_timeout", HeartbeatTimeout, 30.0),
     Opt("local_ranks_filter", LocalRanksFilter, None),
     Opt("hang_timeout", HangTimeout, 0.0),
+    Opt("on_straggler", OnStraggler, "warn"),
     Opt("dry_run", DryRun, False),
     Opt("detach", Detach, False),
     Opt("json_output", Json, False),
@@ -169,6 +173,23 @@ def with_options(
     return decorate
 
 
+def spares_given(values: Mapping[str, Any]) -> bool:
+    """``--nnodes`` with a hostfile and no per-node option: a job with spares (launcher/elastic.py)."""
+    per_node = ("node_rank", "node_rank_alias", "rdzv_endpoint", "rdzv_endpoint_alias")
+    return (
+        values.get("nnodes") is not None
+        and values.get("hostfile") is not None
+        and not any(values.get(name) is not None for name in per_node)
+    )
+
+
+def parse_count(flag: str, text: str) -> int:
+    """A whole number typed for ``flag`` (its range is checked where it is used)."""
+    if not text.strip().lstrip("-").isdigit():
+        raise UsageError(f"{flag} {text!r} is not a whole number", f"write e.g. {flag} 2")
+    return int(text)
+
+
 def command_line() -> list[str]:
     """This command as the user typed it (kept in the job record)."""
     return ["distlaunch", *sys.argv[1:]]
@@ -184,6 +205,9 @@ class LaunchArgs:
 
     @classmethod
     def of(cls, values: dict[str, Any], ctx: typer.Context) -> LaunchArgs:
+        values = dict(values)
+        if spares_given(values) and not given_flags(ctx, ("max_restarts",)):
+            values["max_restarts"] = DEFAULT_MAX_RESTARTS  # a job with spares recovers without being asked to
         return cls(values, given_flags(ctx))
 
     def __getattr__(self, name: str) -> Any:
@@ -194,7 +218,13 @@ class LaunchArgs:
 
     def options(self, **changes: Any) -> LaunchOptions:
         """The core launch options as typed; ``changes`` replace some (train: what its config decides)."""
-        return LaunchOptions(**fields_of(LaunchOptions, {**self.values, **changes}))
+        nodes = node_range(self.values["nnodes"]) if spares_given(self.values) else None
+        if nodes is None and self.values.get("nnodes") is not None and "node_rank" not in self.values:
+            raise UsageError(  # train: no per-node mode
+                f"--nnodes {self.values['nnodes']} needs a hostfile: distlaunch starts every host of it itself",
+                "pass -H HOSTFILE; its hosts after the first MAX of --nnodes MIN:MAX are spares",
+            )
+        return LaunchOptions(**fields_of(LaunchOptions, {**self.values, "nodes": nodes, **changes}))
 
     def exec_options(self) -> ExecOptions:
         local_ranks = parse_local_ranks(self.values["local_ranks_filter"])
@@ -202,15 +232,20 @@ class LaunchArgs:
 
     def node_options(self) -> NodeOptions | None:
         """The per-node options, when one is given (per-node mode, docs/multinode.md); else None."""
-        if "nnodes" not in self.values:  # a command without them
+        if "node_rank" not in self.values or spares_given(self.values):  # a command without them; spares
             return None
         nnodes, alias = self.values["nnodes"], self.values["node_rank_alias"]
         node_rank = self.values["node_rank"] if self.values["node_rank"] is not None else alias
         rdzv_endpoint = self.values["rdzv_endpoint"] or self.values["rdzv_endpoint_alias"]
         if nnodes is None and node_rank is None and rdzv_endpoint is None:
             return None
+        if nnodes is not None and ":" in nnodes:
+            raise UsageError(
+                f"--nnodes {nnodes}: a MIN:MAX range needs a hostfile, whose hosts after the first MAX are spares",
+                "pass -H HOSTFILE (distlaunch starts every host); per-node mode takes a fixed node count",
+            )
         return NodeOptions(
-            nnodes=1 if nnodes is None else nnodes,
+            nnodes=1 if nnodes is None else parse_count("--nnodes", nnodes),
             node_rank=node_rank,
             rdzv_endpoint=rdzv_endpoint,
             rdzv_timeout=self.values["rdzv_timeout"],

@@ -16,7 +16,7 @@ from distlaunch.backends.base import LastKnown
 from distlaunch.backends.output import Note
 from distlaunch.backends.recorded import find_job, list_jobs, read_lines, stop_job
 from distlaunch.backends.registry import of_record
-from distlaunch.cli.render import print_json, render_report
+from distlaunch.cli.render import print_json, render_recovery, render_report
 from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
 from distlaunch.launcher.stacks import ranges
@@ -202,6 +202,7 @@ def render_status(r: JobRecord, console: Console) -> None:
         "restarts": str(r.restarts),
         "logs": r.log_dir or "",
         "error": r.error or "",
+        "straggler": "; ".join(s.what for s in r.stragglers_found),
     }
     if r.native_id and r.backend == "k8s":
         lines["k8s job"] = f"job/{r.native_id}" + (f" in namespace {r.namespace}" if r.namespace else "")
@@ -225,7 +226,9 @@ def render_status(r: JobRecord, console: Console) -> None:
     if table.row_count:  # none while a Slurm or Kubernetes job waits for its nodes or pods
         console.print(table)
     if r.report is not None and r.state in FINAL_STATES and r.state != "succeeded":
-        render_report(RunReport.model_validate(r.report), console)
+        render_report(RunReport.model_validate(r.report), console)  # its attempts and goodput included
+    elif r.attempts:
+        render_recovery(r.attempts, r.goodput, console)
 
 
 def _places(r: JobRecord) -> str:

@@ -291,6 +291,26 @@ HangTimeout = Annotated[
         rich_help_panel=LAUNCH,
     ),
 ]
+
+
+def parse_on_straggler(text: str) -> str:
+    """``--on-straggler``: warn or replace."""
+    if text not in ("warn", "replace"):
+        raise UsageError(f"--on-straggler {text!r} is not one of warn, replace", "write --on-straggler replace")
+    return text
+
+
+OnStraggler = Annotated[
+    str,
+    typer.Option(
+        "--on-straggler",
+        metavar="warn|replace",
+        parser=parse_on_straggler,
+        help="A rank whose own compute stays 1.5x the others' is named (warn); replace: at the next checkpoint its"
+        " host is treated as failed (a spare takes over, or the job shrinks; without spares the job stops).",
+        rich_help_panel=LAUNCH,
+    ),
+]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.", rich_help_panel=LAUNCH)]
 Json = Annotated[
     bool,
@@ -312,11 +332,11 @@ Launcher = Annotated[
 
 NODE = "Per-node options (one distlaunch run per node, as torchrun)"
 NNodes = Annotated[
-    int | None,
+    str | None,
     typer.Option(
         "--nnodes",
-        metavar="N",
-        help="Nodes of the job; run distlaunch once on each with --node-rank, or with --rdzv-endpoint. Ranks: node_rank * n + local_rank.",
+        metavar="N|MIN:MAX",
+        help="With -H: run on up to MAX hosts of the hostfile, in order; the rest are spares that replace a failed host, and the job shrinks while MIN remain (N is N:N; --max-restarts defaults to 3). Per-node mode: the job's node count; run distlaunch once on each node with --node-rank or --rdzv-endpoint (ranks: node_rank * n + local_rank).",
         rich_help_panel=NODE,
     ),
 ]
@@ -363,7 +383,8 @@ def parse_local_ranks(text: str | None) -> list[int] | None:
     return ranks
 
 
-SUPERVISION = ("grace_period", "heartbeat_timeout", "hang_timeout", "local_ranks_filter")  # what a launcher does
+# what a launcher does
+SUPERVISION = ("grace_period", "heartbeat_timeout", "hang_timeout", "on_straggler", "local_ranks_filter")
 
 
 def given_flags(ctx: typer.Context, names: tuple[str, ...] = SUPERVISION) -> list[str]:

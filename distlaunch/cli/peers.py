@@ -51,15 +51,6 @@ def check_peer_spellings(args: list[str]) -> None:
     for i, arg in enumerate(args):
         if arg == "--" or arg.endswith(".py"):
             return
-        if arg in ("--nnodes", "--nnodes=") or arg.startswith("--nnodes="):
-            value = arg.partition("=")[2] or (args[i + 1] if i + 1 < len(args) else "")
-            if ":" in value:  # torchrun's elastic MIN:MAX
-                low, _, high = value.partition(":")
-                raise UsageError(
-                    f"--nnodes {value}: an elastic range (torchrun's MIN:MAX) is not supported: a distlaunch job "
-                    "has a fixed number of nodes",
-                    f"write --nnodes {high or low}",
-                )
         if arg == "-np" or arg.startswith("-np="):
             n = arg[4:] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "N")
             n = n if n.isdigit() else "N"

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from distlaunch.contract.hostname import host_port
-from distlaunch.contract.report import RankExit, RunReport
+from distlaunch.contract.report import AttemptReport, FaultCost, Goodput, RankExit, RunReport
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.stacks import ranges
 from distlaunch.slurm.env import SlurmRank
@@ -98,6 +98,14 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
     console.print(table)
     for axis in ("tp", "dp", "pp"):
         console.print(f"  {axis} groups: {_fmt_groups(plan.groups[axis])}")
+    if plan.spares is not None:
+        spares = ", ".join(h.host for h in plan.spares.hosts) or "none"
+        console.print(
+            Text(
+                f"  spares: {spares} (they replace failed hosts; with none left the job shrinks, down to "
+                f"{plural(plan.spares.min_nodes, 'host')})"
+            )
+        )
     user_env = {
         k: v
         for k, v in plan.nodes[0].ranks[0].env.items()
@@ -165,6 +173,8 @@ def render_report(report: RunReport, console: Console) -> None:
             console.print(f"every rank's stack: {report.hang.folder}")
     if report.stragglers:
         console.print(f"ended {report.stragglers} stray process(es) the ranks left behind (DISTLAUNCH_JOB_ID)")
+    for found in report.stragglers_found:
+        console.print(Text.assemble(("straggler", "yellow"), f": {found.what}"), soft_wrap=True)
     for silent in report.silent_hosts:
         console.print(f"[red]{silent.host} went silent[/red]: no message for {silent.silent_s:.1f}s (exit 3)")
     if report.unconfirmed_hosts:
@@ -199,3 +209,37 @@ def render_report(report: RunReport, console: Console) -> None:
             f"[green]job {report.job_id} finished[/green]: {plural(report.world_size, 'rank')} exited 0 in "
             f"{report.wall_s:.1f}s{extra}"
         )
+    render_recovery(report.attempts, report.goodput, console)
+
+
+def render_recovery(attempts: list[AttemptReport], goodput: Goodput | None, console: Console) -> None:
+    """A job that restarted: each attempt (its hosts, layout, what changed and how it ended), then what each
+    fault cost and the job's goodput."""
+    if len(attempts) > 1:
+        console.print("[bold]attempts[/bold]")
+        for a in attempts:
+            change = "".join(f"; -{host} ({why})" for host, why in a.dropped.items())
+            change += "".join(f"; +{host}" for host in a.added)
+            steps = f", steps {a.first_step}-{a.last_step}" if a.first_step is not None else ""
+            console.print(
+                Text(f"  {a.restart}: {', '.join(a.hosts)} ({a.layout}){change}{steps}: {a.ended}"), soft_wrap=True
+            )
+    if goodput is None:
+        return
+    for fault in goodput.faults:
+        console.print(Text(f"  lost {fault.lost_s:.1f}s to {fault.fault}: {cost_parts(fault)}"), soft_wrap=True)
+    if goodput.ettr is not None:
+        console.print(
+            f"goodput: {goodput.productive_s:.1f}s of {goodput.wall_s:.1f}s were kept training steps "
+            f"(ETTR {goodput.ettr:.0%})"
+        )
+
+
+def cost_parts(fault: FaultCost) -> str:
+    """'detection 0.1s + stopping 1.0s + restart 2.1s + start-up 3.0s + 4 steps recomputed 0.8s'."""
+    parts = [("detection", fault.detection_s), ("stopping", fault.stopping_s), ("restart", fault.restart_s)]
+    parts.append(("start-up", fault.startup_s))
+    text = [f"{name} {seconds:.1f}s" for name, seconds in parts if seconds is not None]
+    if fault.recomputed_steps is not None and fault.recomputed_s is not None:
+        text.append(f"{plural(fault.recomputed_steps, 'step')} recomputed {fault.recomputed_s:.1f}s")
+    return " + ".join(text)

@@ -67,7 +67,7 @@ MetricsFile = Annotated[
 ]
 
 
-@g.launch_options(g.LAUNCH_OPTIONS, hang_timeout=600.0)
+@g.launch_options(g.LAUNCH_OPTIONS, g.pick(g.NODE_OPTIONS, "nnodes"), hang_timeout=600.0)
 def train(
     config: Config = None,
     set_: Set = None,

@@ -42,6 +42,17 @@ class ProgramOptions(BaseModel):
     no_python: bool = False
 
 
+class NodeRange(BaseModel):
+    """``--nnodes MIN:MAX`` with a hostfile: the job runs on up to ``max_nodes`` hosts of the hostfile, in order;
+    the hosts after them are spares. It goes on while at least ``min_nodes`` healthy hosts remain."""
+
+    min_nodes: int
+    max_nodes: int
+
+    def __str__(self) -> str:
+        return f"{self.min_nodes}:{self.max_nodes}"
+
+
 class LaunchOptions(ProgramOptions, HostOptions):
     """The launch options shared by ``run``, ``train`` and ``slurm``, as the user typed them."""
 
@@ -49,6 +60,7 @@ class LaunchOptions(ProgramOptions, HostOptions):
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: sys.executable)
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
+    nodes: NodeRange | None = None  # --nnodes MIN:MAX with a hostfile: spares, shrinking (launcher/elastic.py)
 
     @model_validator(mode="after")
     def _interpreter(self) -> LaunchOptions:

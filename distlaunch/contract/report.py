@@ -64,6 +64,70 @@ class HangReport(BaseModel):
     groups: list[StackGroup] = Field(default_factory=list)
 
 
+class AttemptReport(BaseModel):
+    """One start of every rank: where it ran, how it ended, and what changed from the attempt before."""
+
+    restart: int  # 0 for the first attempt (TORCHELASTIC_RESTART_COUNT)
+    hosts: list[str]
+    world_size: int
+    layout: str  # the --parallel spelling of the attempt's layout
+    dropped: dict[str, str] = Field(default_factory=dict)  # host -> why it left the job before this attempt
+    added: list[str] = Field(default_factory=list)  # spares that joined the job for this attempt
+    started_at: float = 0.0  # wall clock
+    ended_at: float = 0.0
+    ended: str = ""  # "finished", or what stopped it: the root cause in a few words
+    first_step: int | None = None  # the first training step it completed (progress reports with a step)
+    last_step: int | None = None
+
+
+class FaultCost(BaseModel):
+    """The wall time one fault cost, in the order it was spent (seconds; None where it could not be measured)."""
+
+    fault: str  # the attempt's end in a few words
+    detection_s: float | None = None  # the fault happened -> distlaunch noticed it
+    stopping_s: float = 0.0  # noticed -> every rank stopped
+    restart_s: float = 0.0  # stopped -> the next attempt's ranks starting (preflight of its hosts included)
+    startup_s: float | None = None  # ranks starting -> their first step done (start-up, checkpoint reload)
+    recomputed_steps: int | None = None  # steps done again: those since the checkpoint the next attempt resumed from
+    recomputed_s: float | None = None
+
+    @computed_field
+    @property
+    def lost_s(self) -> float:
+        """Everything this fault cost, as far as measured."""
+        parts = (self.detection_s, self.stopping_s, self.restart_s, self.startup_s, self.recomputed_s)
+        return round(sum(part or 0.0 for part in parts), 3)
+
+
+class Goodput(BaseModel):
+    """How much of the job's wall time ended up as kept training steps (ETTR: effective training time ratio)."""
+
+    wall_s: float
+    productive_s: float | None = None  # time of the steps that were kept (None: the ranks report no steps)
+    ettr: float | None = None  # productive_s / wall_s
+    faults: list[FaultCost] = Field(default_factory=list)
+
+
+class Straggler(BaseModel):
+    """A rank whose own compute (its time outside collectives, as ``distlaunch.progress`` reports it) stayed well
+    above the other ranks': not one that merely waits for them."""
+
+    rank: int
+    host: str
+    factor: float  # its median compute time over the median of the other ranks' (2.1: 2.1 times as long)
+    steps: int  # how many of its latest steps that median covers
+    step: int | None = None  # the step it had reached when it was named
+    attempt: int = 0  # the restart it was named in (0: the first attempt)
+
+    @property
+    def what(self) -> str:
+        """'rank 1 on node2 computes 2.1× the median of the other ranks over its last 50 steps'."""
+        return (
+            f"rank {self.rank} on {self.host} computes {self.factor:.1f}× the median of the other ranks "
+            f"over its last {self.steps} steps"
+        )
+
+
 class RunReport(BaseModel):
     job_id: str
     exit_code: int
@@ -76,7 +140,10 @@ class RunReport(BaseModel):
     unconfirmed_hosts: list[str] = Field(default_factory=list)  # after a second interrupt: not confirmed clean
     hang: HangReport | None = None
     stragglers: int = 0  # processes carrying the job's id that outlived their rank and were ended
+    stragglers_found: list[Straggler] = Field(default_factory=list)  # ranks named slow (launcher/stragglers.py)
     wall_s: float = 0.0
+    attempts: list[AttemptReport] = Field(default_factory=list)
+    goodput: Goodput | None = None
 
 
 def exit_code_of(returncode: int) -> tuple[int, str | None]:

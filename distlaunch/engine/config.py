@@ -23,7 +23,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 Preset = Literal["tiny", "small", "125m", "350m", "1.3b"]
 Precision = Literal["fp32", "bf16", "fp16"]
-FaultKind = Literal["crash", "hang", "crash-in-save"]
+FaultKind = Literal["crash", "hang", "crash-in-save", "slow"]
 LrSchedule = Literal["cosine", "constant"]
 
 
@@ -174,6 +174,7 @@ class FaultSection(_Section):
     step: OptionalInt = Field(None, ge=1)
     kind: FaultKind = "crash"
     every_try: Bool = False  # False: only when DISTLAUNCH_RESTART_COUNT is 0, so a restart recovers
+    factor: Float = Field(2.0, gt=0)  # kind "slow": the rank's compute takes this many times as long (above 1)
 
 
 class TrainingConfig(_Section):

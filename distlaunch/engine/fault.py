@@ -1,4 +1,4 @@
-"""Fault injection for rehearsing failures: ``fault.rank`` crashes or hangs at ``fault.step``.
+"""Fault injection for rehearsing failures: ``fault.rank`` crashes, hangs or slows down at ``fault.step``.
 
 - ``crash``: the rank exits with ``FAULT_EXIT`` at the start of step ``fault.step``, abruptly
   (``os._exit``: no cleanup, no process-group shutdown), as a segfault or an OOM kill would.
@@ -6,9 +6,15 @@
   (``train.step_timeout``) must catch it.
 - ``crash-in-save``: the rank exits in the first checkpoint save at or after that step, after
   its shards are on disk and before the checkpoint is published.
+- ``slow``: from that step on, the rank's own compute takes ``fault.factor`` times as long (after each
+  step it computes ``factor - 1`` times that step's compute time more: CPU time, as a slower processor
+  would, ``compute.spin``), as on a throttled host: its peers only wait for it in collectives, and the
+  launcher names it a straggler (``--on-straggler``).
 
 By default a fault fires only on the first try (``DISTLAUNCH_RESTART_COUNT`` 0 or unset), so a
-job started with ``--max-restarts`` recovers; ``fault.every_try = true`` fires it on every try.
+job started with ``--max-restarts`` recovers; ``fault.every_try = true`` fires it on every try. So after a
+``slow`` rank's host was replaced (``--on-straggler replace``) the job runs healthy, as it would with the slow
+host gone; with ``every_try`` rank ``fault.rank`` is slow on every try, whichever host runs it.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from distlaunch.engine.compute import spin
 from distlaunch.engine.config import FaultSection
 from distlaunch.errors import UsageError
 
@@ -47,6 +54,11 @@ def check_fault(section: FaultSection, world_size: int, step_timeout: float) -> 
         raise UsageError(
             f"fault.rank={section.rank} but the job has {world_size} rank(s)", f"use a rank in [0, {world_size})"
         )
+    if section.kind == "slow" and section.factor <= 1:
+        raise UsageError(
+            f"fault.factor={section.factor:g} would not slow rank {section.rank} down (fault.kind='slow')",
+            "give a factor above 1, for example --set fault.factor=2",
+        )
     if section.kind == "hang" and step_timeout <= 0:
         raise UsageError(
             "fault.kind='hang' with train.step_timeout=0 would hang forever",
@@ -60,14 +72,18 @@ class FaultPlan:
 
     kind: str | None  # None: nothing to inject here
     step: int = 0
+    factor: float = 1.0  # kind "slow"
+    said: list[int] = field(default_factory=list, compare=False)  # kind "slow": announced once, at this step
 
     @classmethod
     def for_rank(cls, section: FaultSection, rank: int, world_size: int, tries: int, step_timeout: float) -> FaultPlan:
         """The configured fault if it targets ``rank`` on this try; checks the settings."""
+        if tries > 0 and not section.every_try:
+            return cls(None)  # unchecked: a job that shrank after the fault may no longer have fault.rank
         check_fault(section, world_size, step_timeout)
-        if section.rank is None or section.rank != rank or (tries > 0 and not section.every_try):
+        if section.rank is None or section.rank != rank:
             return cls(None)
-        return cls(section.kind, section.step)
+        return cls(section.kind, section.step, section.factor)
 
     def at_step(self, step: int, rank: int) -> None:
         """Crash or hang here if this is the step (the start of the step, before any work)."""
@@ -80,6 +96,21 @@ class FaultPlan:
         if self.kind == "crash":
             os._exit(FAULT_EXIT)
         threading.Event().wait()  # forever: only the watchdog (or the launcher) ends this process
+
+    def slow_down(self, step: int, rank: int, compute_s: float) -> float:
+        """Kind ``slow``, from the fault step on: compute ``factor - 1`` times this step's compute more, so the
+        rank's compute takes ``factor`` times as long; returns the seconds added."""
+        if self.kind != "slow" or step < self.step:
+            return 0.0
+        if not self.said:
+            self.said.append(step)
+            _say(
+                f"fault injection: rank {rank} computes {self.factor:g}x slower from step {step} "
+                f"(fault.kind='slow', fault.factor={self.factor:g})"
+            )
+        extra = (self.factor - 1) * max(compute_s, 0.0)
+        spin(extra)
+        return extra
 
     def in_save(self, step: int, rank: int) -> None:
         """Crash in the middle of the save of ``step``, if it is at or after the fault step."""

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import distlaunch
 from distlaunch.engine.checkpoint.session import Checkpointing
+from distlaunch.engine.compute import StepClock
 from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.memory import device_peak_bytes
 from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
@@ -138,9 +139,15 @@ def train(
     records = []
     pending: list[tuple[StepResult, dict[str, Any]]] = []
     interval_start = time.perf_counter()
+    clock = StepClock(engine.device)
+    # the checkpoint a replacement would resume from: the one resumed, 0 (the start) before the first save
+    saved_step = first_step - 1 if cfg.checkpoint.dir is not None else None
     for step in range(first_step, cfg.train.steps + 1):
         with checkpoints.step(step):
-            result, record = train_one_step(engine, step, mfu_scale)
+            with clock:
+                result, record = train_one_step(engine, step, mfu_scale)
+            measured = clock.compute_s  # None on an accelerator (compute.py): a slow fault goes by the step's time
+            added = checkpoints.fault.slow_down(step, rank, result.seconds if measured is None else measured)
         pending.append((result, record))
         if read_due(cfg, step, first_step, record.get("val_loss") is not None, checkpoints.due(step)):
             fill_pending(engine, pending, time.perf_counter() - interval_start, mfu_scale)
@@ -150,7 +157,10 @@ def train(
                 progress.update(done)
             pending.clear()
         checkpoints.after_step(step)
-        distlaunch.progress()  # every rank: the launcher's --hang-timeout counts from the last step
+        saved_step = step if checkpoints.due(step) else saved_step
+        # every rank: the launcher's --hang-timeout counts from the last step, its straggler watch compares compute
+        compute_s = None if measured is None else measured + added  # the slow fault's spin is compute too
+        distlaunch.progress(step=step, compute_s=compute_s, saved_step=saved_step)
         if not pending:
             interval_start = time.perf_counter()
     summary = summarize(engine, records, mfu_scale)

@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from distlaunch.data.source import DataIdentity
 from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleStep, TrainState
+from distlaunch.engine.compute import waiting
 from distlaunch.engine.config import TrainingConfig, TrainSection
 from distlaunch.engine.data import build_samplers, to_device
 from distlaunch.engine.memory import storage_bytes
@@ -233,7 +234,8 @@ class Engine:
             local = self._run_batch(x, y, backward=False)
             if self.is_last_stage:
                 total += local.double()
-        dist.all_reduce(total)
+        with waiting():
+            dist.all_reduce(total)
         return total.item() / (self.dims.dp * self.dims.tp * self.cfg.train.eval_batches)
 
     def reduce_loss_and_norm(self, local_loss: torch.Tensor) -> tuple[float, float]:
@@ -251,7 +253,8 @@ class Engine:
             return local_loss.detach(), (sq * self.dims.dp).sqrt()
         # only the last stage's dp*tp ranks hold a loss; all of them hold the same dp-slice mean
         packed = torch.stack([local_loss.double() if self.is_last_stage else sq.new_zeros(()), sq])
-        dist.all_reduce(packed)
+        with waiting():  # for the slowest rank: not this rank's compute (compute.py)
+            dist.all_reduce(packed)
         return packed[0] / (self.dims.dp * self.dims.tp), packed[1].sqrt()
 
     def optimizer_step(self) -> None:

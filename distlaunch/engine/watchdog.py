@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from distlaunch.engine.compute import waiting
 from distlaunch.errors import ExitCode
 
 STEP_TIMEOUT_EXIT = int(ExitCode.HANG)  # the launcher's hang code too: "ran out of time", as timeout(1)
@@ -107,9 +108,11 @@ class Watchdog:
 
 def wait_for_peers(work: object) -> None:
     """Wait for an async collective (a ``Work``, or None: nothing to wait for). The one place the engine
-    waits on one itself, so the watchdog knows a rank waiting here is waiting on other ranks."""
+    waits on one itself, so the watchdog knows a rank waiting here is waiting on other ranks, and the time
+    spent here is not the rank's compute (``compute.waiting``)."""
     if work is not None:
-        work.wait()
+        with waiting():
+            work.wait()
 
 
 def collective_of(thread: threading.Thread) -> str | None:

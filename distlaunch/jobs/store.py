@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
-from distlaunch.contract.report import RunReport
+from distlaunch.contract.report import AttemptReport, Goodput, RunReport, Straggler
 from distlaunch.errors import UsageError, validation_problem
 from distlaunch.files import open_regular
 
@@ -117,6 +117,13 @@ class JobRecord(BaseModel):
     log_dir: str | None = None
     plan: Annotated[dict, _checked_as(_RecordPlan)] = Field(default_factory=dict)  # the masked LaunchPlan
     report: Annotated[dict | None, _checked_as(RunReport)] = None  # the RunReport once the job ended
+    # While it runs, after each attempt that did not finish: every attempt so far and what the faults cost
+    # (RunReport's ``attempts`` and ``goodput``; the plan and hosts become the next attempt's)
+    attempts: list[AttemptReport] = Field(default_factory=list)
+    goodput: Goodput | None = None
+    # ranks named slow while it runs: read from the job folder's stragglers.json (launcher/stragglers.py), which its
+    # launcher writes the moment it names one; the report has them too once the job ended
+    stragglers_found: list[Straggler] = Field(default_factory=list)
     error: str | None = None  # why it ended without a report (a host failed in preflight, ...)
     native_id: str | None = None  # the scheduler's own id (Slurm job id, Kubernetes Job name)
     output: str | None = None  # the scheduler's output file

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -17,18 +18,21 @@ from distlaunch import protocol as p
 from distlaunch.contract.report import (
     HANG_CODE,
     HOST_SILENT_CODE,
+    AttemptReport,
     RankExit,
     RunReport,
     exit_code_of,
 )
 from distlaunch.errors import UsageError
 from distlaunch.launcher.dumps import AttemptFolder, FlightRecorderDumps
+from distlaunch.launcher.goodput import AttemptTimes, StepTimeline, account
 from distlaunch.launcher.hangwatch import HangWatch, StacksOnRequest
 from distlaunch.launcher.heartbeats import HeartbeatWatch
 from distlaunch.launcher.output import RankOutput
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.ranklogs import RankLogs
 from distlaunch.launcher.signals import SignalTrap, StackRequests, StopRequest
+from distlaunch.launcher.stragglers import OnStraggler, StragglerWatch
 from distlaunch.launcher.watch import Agents, Stop, Watch
 from distlaunch.protocol import AgentConnection
 
@@ -55,9 +59,12 @@ class ExecOptions(BaseModel):
     heartbeat_timeout: float = 30.0  # a host silent this long is given up (exit 3); 0: never
     local_ranks_filter: list[int] | None = None  # show only these local ranks' output (log files keep all)
     hang_timeout: float = 0.0  # no output and no distlaunch.progress() this long: stacks, stop, exit 124; 0: off
+    on_straggler: OnStraggler = "warn"  # a rank named a straggler: say so; replace: also take its host out
 
 
 Connect = Callable[[NodePlan, "queue.Queue[tuple[int, dict]]"], AgentConnection]
+# After an attempt that did not finish: the report so far, and the next attempt's plan (None: the job ends)
+Progress = Callable[[RunReport, "LaunchPlan | None"], None]
 
 
 class CannotStart(Exception):
@@ -122,6 +129,12 @@ class _Attempt:
         self.unconfirmed: list[str] = []  # hosts whose ranks we could not confirm stopped
         self.kill_deadline: float | None = None  # set by a second interrupt, when every agent is told to kill
         self.stragglers = 0  # processes of this job that outlived their rank's process group, ended by agents
+        self.stopped_at: float | None = None  # when every agent was told to stop (wall clock)
+        self.ended_at = self.started_at
+        self.quarantine: dict[str, str] = {}  # hosts a watch wants out of the job (host -> why)
+        self.steps = StepTimeline()
+        self.dropped: dict[str, str] = {}  # what changed since the attempt before (NextAttempt)
+        self.added: list[str] = []
         folder = AttemptFolder(plan, options.log_dir, restart_count)
         self.gate = StartGate(plan, self.agents)
         self.output = RankOutput(plan, sink, logs, options.local_ranks_filter)
@@ -129,8 +142,21 @@ class _Attempt:
         self.hangs = HangWatch(self.agents, options.hang_timeout, folder, sink.notice)
         asked = StacksOnRequest(self.agents, requests, plan.job_id, sink.notice)
         dumps = FlightRecorderDumps(folder, sink.notice)
+        job_folder = requests.folder if requests is not None else None
+        self.straggling = StragglerWatch(
+            self.agents, options.on_straggler, sink.notice, restart_count, job_folder, plan.groups.get("pp")
+        )
         # Told of every event and asked on every turn, in this order: a new watch is one more entry.
-        self.watches: list[Watch] = [self.gate, self.output, self.heartbeats, self.hangs, asked, dumps]
+        self.watches: list[Watch] = [
+            self.gate,
+            self.output,
+            self.heartbeats,
+            self.hangs,
+            asked,
+            dumps,
+            self.steps,
+            self.straggling,
+        ]
 
     def payload(self, node: NodePlan) -> dict:
         """What the node's agent is started with."""
@@ -159,6 +185,7 @@ class _Attempt:
             for watch in self.watches:
                 watch.finish()
         finally:
+            self.ended_at = time.time()
             # Readers still posting (the loop ended early) must not block on the full queue while we close.
             threading.Thread(target=_discard, args=(self.events,), daemon=True).start()
             given_up = {s.host for s in self.heartbeats.silent} | set(self.unconfirmed)
@@ -208,6 +235,8 @@ class _Attempt:
         for failed in decision.failed:
             for rank in self.agents.running(failed.node_rank):
                 self.fail(rank, failed.exit_code, failed.note, failed.at)
+        for host, why in decision.quarantine.items():
+            self.quarantine.setdefault(host, why)
         self.stop(decision.reason)
 
     def since_start(self, at: float) -> float:
@@ -281,6 +310,7 @@ class _Attempt:
         if self.agents.stopping:
             return
         self.agents.stopping = True
+        self.stopped_at = time.time()
         self.sink.notice(f"{reason}; stopping all ranks (grace period {self.options.grace_period:g}s)")
         self.agents.send_all(p.command(p.STOP))
 
@@ -307,6 +337,39 @@ def _discard(events: queue.Queue) -> None:
         events.get()
 
 
+@dataclass
+class NextAttempt:
+    """What a recovery policy starts next: a plan (maybe on other hosts, maybe smaller), how to reach its hosts,
+    and what changed."""
+
+    plan: LaunchPlan
+    connect: Connect
+    dropped: dict[str, str] = field(default_factory=dict)  # host -> why it left the job
+    added: list[str] = field(default_factory=list)  # spares that joined
+
+
+class Recovery(Protocol):
+    """What follows an attempt that did not finish: the next attempt, or None to end the job there."""
+
+    def after(self, attempt: _Attempt, restart_count: int) -> NextAttempt | None: ...
+
+
+@dataclass
+class Restarts:
+    """The rule without spares: the same plan again, up to --max-restarts times, after a failure or a hang."""
+
+    max_restarts: int
+    notice: Callable[[str], None]
+
+    def after(self, attempt: _Attempt, restart_count: int) -> NextAttempt | None:
+        if restart_count >= self.max_restarts or not (attempt.failures or attempt.hangs.report):
+            return None
+        count = f"{restart_count + 1}/{self.max_restarts}"
+        cause = "the hang" if attempt.hangs.report is not None else attempt.failures[0].what
+        self.notice(f"restarting the job ({count}) after {cause}")
+        return NextAttempt(attempt.plan, attempt.connect)
+
+
 def execute(
     plan: LaunchPlan,
     options: ExecOptions,
@@ -314,28 +377,38 @@ def execute(
     connect: Connect,
     requests: StackRequests | None = None,
     stop_request: StopRequest | None = None,
+    recovery: Recovery | None = None,
+    progress: Progress | None = None,
 ) -> RunReport:
-    """Run the plan to completion (with up to ``max_restarts`` restarts) and report how it ended; ``requests``
-    (from ``launch``) brings 'distlaunch stacks' signals, answered while the job runs on; ``stop_request``
-    a stop asked by distlaunch itself."""
+    """Run the plan to completion and report how it ended. After an attempt that did not finish, ``recovery``
+    decides what comes next (default: the same plan, up to ``max_restarts`` times). ``requests`` (from
+    ``launch``) brings 'distlaunch stacks' signals, answered while the job runs on; ``stop_request`` a stop asked
+    by distlaunch itself; ``progress`` is handed the report so far after each attempt (the job record's)."""
     _make_log_dir(options.log_dir)
+    recovery = recovery or Restarts(options.max_restarts, sink.notice)
     started = time.monotonic()
     attempts: list[_Attempt] = []
     logs = RankLogs(plan, options.log_dir, sink.notice)
+    step: NextAttempt | None = NextAttempt(plan, connect)
     with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
-        for restart_count in range(options.max_restarts + 1):
-            logs.begin(restart_count)
-            attempt = _Attempt(plan, options, sink, connect, restart_count, interrupts, logs, requests, stop_request)
+        restart_count = 0
+        while step is not None:
+            logs.begin(restart_count, step.plan)
+            attempt = _Attempt(
+                step.plan, options, sink, step.connect, restart_count, interrupts, logs, requests, stop_request
+            )
+            attempt.dropped, attempt.added = step.dropped, step.added
             attempts.append(attempt)
-            failures = attempt.run()
-            if attempt.hangs.report is not None and restart_count < options.max_restarts:
-                sink.notice(f"restarting the job after the hang ({restart_count + 1}/{options.max_restarts})")
-                continue
+            attempt.run()
             asked_to_stop = interrupts.first is not None or (stop_request is not None and stop_request.reason)
-            if not failures or asked_to_stop or restart_count == options.max_restarts:
+            if asked_to_stop:
                 break
-            sink.notice(f"restarting the job ({restart_count + 1}/{options.max_restarts}) after {failures[0].what}")
-    return _report(plan, attempts, interrupts, stop_request, wall_s=round(time.monotonic() - started, 3))
+            step = recovery.after(attempt, restart_count)
+            if progress is not None:
+                so_far = _report(attempts, interrupts, stop_request, round(time.monotonic() - started, 3))
+                progress(so_far, step.plan if step is not None else None)
+            restart_count += 1
+    return _report(attempts, interrupts, stop_request, wall_s=round(time.monotonic() - started, 3))
 
 
 def _make_log_dir(log_dir: Path | None) -> None:
@@ -350,17 +423,17 @@ def _make_log_dir(log_dir: Path | None) -> None:
 
 
 def _report(
-    plan: LaunchPlan, attempts: list[_Attempt], interrupts: SignalTrap, stop_request: StopRequest | None, wall_s: float
+    attempts: list[_Attempt], interrupts: SignalTrap, stop_request: StopRequest | None, wall_s: float
 ) -> RunReport:
     """How the job ended, as its last attempt ended: a signal, a stop distlaunch asked for, a hang, a silent
-    host, else the root cause's exit code."""
-    last = attempts[-1] if attempts else None
-    failures = last.failures if last else []
+    host, a host taken out of the job with nothing to replace it, else the root cause's exit code."""
+    last = attempts[-1]
+    failures = last.failures
     # A rank that failed before the signal came is the outcome; the signal only met a job already stopping.
     failed_first = bool(failures) and interrupts.first_at is not None and failures[0].at <= interrupts.first_at
     interrupted = signal.Signals(interrupts.first).name if interrupts.first and not failed_first else None
-    silent = last.heartbeats.silent if last else []
-    hang = last.hangs.report if last else None  # how the job ended: a hang a restart recovered from is past
+    silent = last.heartbeats.silent
+    hang = last.hangs.report  # how the job ended: a hang a restart recovered from is past
     stopped_by = None
     if interrupted:
         exit_code = 128 + interrupts.first
@@ -370,19 +443,65 @@ def _report(
         exit_code = HANG_CODE
     elif silent:
         exit_code = HOST_SILENT_CODE
+    elif last.quarantine and not failures:  # a watch took a host out (a straggler) and nothing could replace it
+        exit_code, stopped_by = HOST_SILENT_CODE, "; ".join(f"{h}: {why}" for h, why in last.quarantine.items())
     else:
         exit_code = failures[0].exit_code if failures else 0
+    times = [_times(a) for a in attempts]
     return RunReport(
-        job_id=plan.job_id,
+        job_id=last.plan.job_id,
         exit_code=exit_code,
-        world_size=plan.world_size,
-        restarts=max(len(attempts) - 1, 0),
+        world_size=last.plan.world_size,
+        restarts=len(attempts) - 1,
         failures=failures,
         interrupted=interrupted,
         stopped_by=stopped_by,
         silent_hosts=silent,
-        unconfirmed_hosts=last.unconfirmed if last else [],
+        unconfirmed_hosts=last.unconfirmed,
         stragglers=sum(a.stragglers for a in attempts),
+        stragglers_found=[s for a in attempts for s in a.straggling.found],
         hang=hang,
         wall_s=wall_s,
+        attempts=[t.report for t in times],
+        goodput=account(times, wall_s) if len(attempts) > 1 or last.steps.last_step is not None else None,
     )
+
+
+def _times(attempt: _Attempt) -> AttemptTimes:
+    """An attempt as the report lists it, and when its fault happened (the root cause's exit; the last message
+    of a host given up; the last progress before a hang)."""
+    plan = attempt.plan
+    fault_at = None
+    if attempt.failures:
+        fault_at = attempt.failures[0].at
+    elif attempt.heartbeats.silent and attempt.stopped_at is not None:
+        fault_at = attempt.stopped_at - max(s.silent_s for s in attempt.heartbeats.silent)
+    elif attempt.hangs.report is not None and attempt.stopped_at is not None:
+        fault_at = attempt.stopped_at - attempt.hangs.report.timeout_s
+    report = AttemptReport(
+        restart=attempt.restart_count,
+        hosts=[node.host for node in plan.nodes],
+        world_size=plan.world_size,
+        layout=str(plan.parallel),
+        dropped=attempt.dropped,
+        added=attempt.added,
+        started_at=attempt.started_at,
+        ended_at=attempt.ended_at,
+        ended=_ending(attempt),
+        first_step=attempt.steps.first_step,
+        last_step=attempt.steps.last_step,
+    )
+    return AttemptTimes(report, attempt.steps, fault_at, attempt.stopped_at)
+
+
+def _ending(attempt: _Attempt) -> str:
+    """How an attempt ended, in a few words."""
+    if attempt.hangs.report is not None:
+        return "hung"
+    if attempt.heartbeats.silent:
+        return f"{', '.join(s.host for s in attempt.heartbeats.silent)} went silent"
+    if attempt.failures:
+        return attempt.failures[0].what
+    if attempt.quarantine:
+        return "; ".join(f"{host}: {why}" for host, why in attempt.quarantine.items())
+    return "stopped" if attempt.stopped_at is not None else "finished"

@@ -62,9 +62,28 @@ class Journal:
                 "ended_at": time.time(),
                 "restarts": report.restarts if report is not None else 0,
                 "report": report.model_dump(mode="json") if report is not None else None,
+                "attempts": report.attempts if report is not None else self.record.attempts,
+                "goodput": report.goodput if report is not None else self.record.goodput,
                 "error": error,
             }
         )
+        self._save()
+
+    def progress(self, report: RunReport, plan: LaunchPlan | None) -> None:
+        """An attempt ended and the job goes on (on ``plan``, when another attempt starts): keep what 'distlaunch
+        status' shows of it current."""
+        update: dict = {
+            "restarts": report.restarts,
+            "attempts": report.attempts,
+            "goodput": report.goodput,
+        }
+        if plan is not None:
+            update |= {
+                "hosts": [node.host for node in plan.nodes],
+                "world_size": plan.world_size,
+                "plan": plan.masked().model_dump(mode="json"),
+            }
+        self.record = self.record.model_copy(update=update)
         self._save()
 
     def _save(self) -> None:

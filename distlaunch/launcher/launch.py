@@ -5,12 +5,14 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
+from distlaunch.contract.layout import LayoutSpec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.contract.report import RunReport
 from distlaunch.errors import DistlaunchError, ExitCode, HostError, Interrupted, UsageError
+from distlaunch.launcher.elastic import PREFLIGHT_TIMEOUT_S, Healing, Pool, split_spares
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.job import CannotStart, Connect, ExecOptions, Sink, execute
-from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
+from distlaunch.launcher.job import CannotStart, Connect, ExecOptions, Progress, Sink, execute
+from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, Spares, build_plan
 from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.program import check_local_program, check_workdir, program_label, start_error
 from distlaunch.launcher.signals import StackRequests, StopRequest, interrupts_unwind
@@ -39,9 +41,15 @@ def host_addresses(opts: LaunchOptions, hosts: list[HostSlots]) -> dict[str, str
 
 
 def spec_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchSpec:
-    """Resolve the options (the hostfile read once, ssh_config only when a host is remote)."""
+    """Resolve the options (the hostfile read once, ssh_config only when a host is remote). With
+    ``--nnodes MIN:MAX`` the job starts on the first MAX hosts; the rest are its spares."""
     hosts = resolve_hosts(opts)
-    return make_spec(opts, hosts, host_addresses(opts, hosts), workdir)
+    addresses = host_addresses(opts, hosts)
+    if opts.nodes is None:
+        return make_spec(opts, hosts, addresses, workdir)
+    active, spares = split_spares(hosts, opts.nodes, opts.hostfile)
+    spec = make_spec(opts, active, addresses, workdir)
+    return spec.model_copy(update={"spares": Spares(min_nodes=opts.nodes.min_nodes, hosts=spares)})
 
 
 def plan_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchPlan:
@@ -155,7 +163,7 @@ def _recorded(
         requests.folder = None if journal.broken else jobs_dir() / plan.job_id
         try:
             with interrupts_unwind():  # a signal during the SSH preflight: recorded, not a lost job
-                report = _launch(plan, opts, exec_opts, sink, requests, stop_request)
+                report = _launch(plan, opts, exec_opts, sink, requests, stop_request, journal.progress)
         except DistlaunchError as exc:
             journal.end(exit_code=exc.exit_code, error=str(exc))
             raise
@@ -179,25 +187,79 @@ def _launch(
     sink: Sink,
     requests: StackRequests,
     stop_request: StopRequest | None,
+    progress: Progress | None = None,
 ) -> RunReport:
+    if plan.spares is not None:
+        return _heal(plan, opts, exec_opts, sink, requests, stop_request, progress)
+    hosts = open_hosts(plan, opts)
+    if hosts is None:
+        return execute(plan, exec_opts, sink, make_connect(opts), requests, stop_request, progress=progress)
+    with hosts:
+        try:
+            return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests, stop_request, progress=progress)
+        except CannotStart as exc:
+            raise cannot_start_error(exc.problems, opts, plan) from None
+
+
+def open_hosts(plan: LaunchPlan, opts: LaunchOptions, timeout: float | None = None) -> RemoteHosts | None:
+    """Preflight: every remote host of the plan connected and able to run the agent before any rank starts
+    anywhere (HostsFailed, exit 3, naming each host that is not); None when every host is this machine."""
     remote = [node.host for node in plan.nodes if not node.local]
     if not remote:
-        return execute(plan, exec_opts, sink, make_connect(opts), requests, stop_request)
+        return None
     from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote
 
-    # Preflight: every remote host connected and able to run the agent before any rank starts anywhere.
-    with RemoteHosts.open(
+    return RemoteHosts.open(
         remote,
         ssh_config=opts.ssh_config,
         accept_new_host_keys=opts.accept_new_host_keys,
         python=next(node.agent_python for node in plan.nodes if not node.local),  # one for every remote host
         workdir=plan.nodes[0].workdir,
         job_id=plan.job_id,
-    ) as hosts:
-        try:
-            return execute(plan, exec_opts, sink, make_connect(opts, hosts), requests, stop_request)
-        except CannotStart as exc:
-            raise cannot_start_error(exc.problems, opts, plan) from None
+        timeout=timeout,
+    )
+
+
+def _heal(
+    plan: LaunchPlan,
+    opts: LaunchOptions,
+    exec_opts: ExecOptions,
+    sink: Sink,
+    requests: StackRequests,
+    stop_request: StopRequest | None,
+    progress: Progress | None,
+) -> RunReport:
+    """A job with spares: every attempt's hosts checked before it starts; a failed host replaced or the job shrunk
+    (launcher/elastic.py)."""
+    from distlaunch.launcher.train import engine_layout_problem
+
+    spares = plan.spares.hosts if plan.spares is not None else []
+    slots = {h.host: h for h in resolve_hosts(opts)}  # the plan keeps ranks, not slots: the hostfile has them
+    active = [slots[node.host] for node in plan.nodes]
+    addresses = host_addresses(opts, [*active, *spares])
+    workdir = plan.nodes[0].workdir
+
+    def replan(hosts: list[HostSlots], layout: LayoutSpec) -> LaunchPlan:
+        spec = make_spec(opts.model_copy(update={"parallel": str(layout)}), hosts, addresses, workdir)
+        return build_plan(spec.model_copy(update={"job_id": plan.job_id, "spares": plan.spares}))
+
+    def connect(attempt_plan: LaunchPlan):
+        if attempt_plan.master_addr != plan.master_addr and starts_rank0_here(attempt_plan):
+            check_master_port(opts, attempt_plan.master_port)  # a new master: launch() checked the first one
+        hosts = open_hosts(attempt_plan, opts, PREFLIGHT_TIMEOUT_S)
+        return make_connect(opts, hosts), hosts
+
+    pool = Pool(active=active, spares=list(spares), nodes=opts.nodes)
+    healing = Healing(
+        plan, opts, pool, replan, connect, exec_opts.max_restarts, sink.notice, engine_layout_problem(opts)
+    )
+    first = healing.start()
+    try:
+        return execute(first.plan, exec_opts, sink, first.connect, requests, stop_request, healing, progress)
+    except CannotStart as exc:
+        raise cannot_start_error(exc.problems, opts, plan) from None
+    finally:
+        healing.close()
 
 
 def cannot_start_error(problems: dict[str, list[dict]], opts: LaunchOptions, plan: LaunchPlan) -> UsageError:

@@ -20,6 +20,14 @@ _TOKEN_VALUE = re.compile(r"^(hf_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abp]-|sk
 MASK = "***"
 
 
+class Spares(BaseModel):
+    """``--nnodes MIN:MAX``: the hosts waiting to take a failed host's place (hostfile order), and the fewest hosts
+    the job goes on with (launcher/elastic.py)."""
+
+    min_nodes: int
+    hosts: list[HostSlots] = Field(default_factory=list)
+
+
 class LaunchSpec(BaseModel):
     """Everything build_plan needs, already resolved (hosts filtered, port chosen, job id drawn)."""
 
@@ -37,6 +45,7 @@ class LaunchSpec(BaseModel):
     agent_python: str = ""  # the interpreter that runs the agent on remote hosts
     local_python: str = ""  # ... and on this machine (the launcher's own)
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
+    spares: Spares | None = None  # --nnodes MIN:MAX with a hostfile
 
 
 class RankPlan(BaseModel):
@@ -69,6 +78,7 @@ class LaunchPlan(BaseModel):
     parallel: Layout
     nodes: list[NodePlan]
     groups: dict[str, list[list[int]]]
+    spares: Spares | None = None  # --nnodes MIN:MAX: who replaces a failed host (None: a job without spares)
 
     def masked(self) -> LaunchPlan:
         """A copy safe to print: secret-looking env values are hidden (``mask_env``)."""
@@ -169,4 +179,5 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
         parallel=parallel,
         nodes=nodes,
         groups=groups(parallel),
+        spares=spec.spares,
     )

@@ -50,9 +50,11 @@ class RankLogs:
     def on(self) -> bool:
         return self.log_dir is not None and self.failed is None
 
-    def begin(self, restart_count: int) -> None:
-        """A new attempt: each rank's log gets this restart's mark when the rank starts again."""
+    def begin(self, restart_count: int, plan: LaunchPlan | None = None) -> None:
+        """A new attempt (on ``plan``, when it has one of its own: a spare took a host's place, or the job shrank):
+        each rank's log gets this restart's mark when the rank starts again."""
         self.restart_count, self.marked = restart_count, set()
+        self.plan = plan or self.plan
 
     def path(self, rank: int) -> Path:
         if self.folder is None:

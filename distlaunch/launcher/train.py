@@ -11,9 +11,11 @@ import re
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
-from distlaunch.contract.layout import LAYOUT_KEYS, SHAPE_KEYS, LayoutSpec, parse_layout
+from distlaunch.contract.layout import LAYOUT_KEYS, SHAPE_KEYS, Layout, LayoutSpec, parse_layout
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.engine.checkpoint.resume import check_before_launch
 from distlaunch.engine.config import (
     TrainingConfig,
@@ -167,6 +169,32 @@ def engine_program(config: Path | None, overrides: list[str], metrics_file: Path
     if metrics_file is not None:
         program += ["--metrics-file", str(metrics_file.resolve())]
     return program
+
+
+def engine_layout_problem(opts: LaunchOptions) -> Callable[[Layout], str | None]:
+    """Why a layout cannot train the bundled engine's config, for a job that shrinks (launcher/elastic.py): the
+    global batch must still split over dp, and so on. Any layout suits another program."""
+    program = opts.program
+    if not opts.module or program[:1] != ["distlaunch.engine"]:
+        return lambda layout: None
+    from distlaunch.engine.__main__ import parse_args  # argparse only: the engine's own reading of its argv
+
+    try:
+        args = parse_args(program[1:])
+    except SystemExit:  # the ranks will say what is wrong with their arguments
+        return lambda layout: None
+    config, sets = args.config, args.set
+
+    def problem(layout: Layout) -> str | None:
+        try:
+            cfg = load_config(config, sets, str(layout))
+            data = ranks_path(cfg.data.path, None) if cfg.data.path else None
+            resolve_parallel_dims(cfg, model_config(cfg.model.preset, data), layout.world_size)
+        except UsageError as exc:
+            return exc.message
+        return None
+
+    return problem
 
 
 def parse_size(text: str) -> int:

@@ -69,6 +69,9 @@ class Stop:
 
     reason: str
     failed: list[HostFailure] = field(default_factory=list)  # recorded even when the job is stopping already
+    # hosts the next attempt must not use (host -> why, in a few words): a spare takes each one's place, or the job
+    # shrinks (launcher/elastic.py); only in a job with spares (--nnodes MIN:MAX), else the job just stops
+    quarantine: dict[str, str] = field(default_factory=dict)
 
 
 class Watch:

@@ -39,6 +39,12 @@ def launcher_version() -> str:
         return "(this launcher's version)"
 
 
+def _on(alias: str, error: HostError) -> HostError:
+    """``error``, marked as ``alias``'s own (a job with spares replaces that host)."""
+    error.host = alias
+    return error
+
+
 class RemoteHosts:
     """Open SSH connections to the remote hosts of a job, each with an agent waiting for its node plan."""
 
@@ -84,11 +90,11 @@ class RemoteHosts:
         for alias, agent in self.started.items():
             output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
             if output is not None:
-                errors.append(self._why(alias, output, agent))
+                errors.append(_on(alias, self._why(alias, output, agent)))
                 if agent.silent_for is not None and without_shell_ready(output)[1]:
                     self._end_hung_start(alias, agent, job_id)
             elif agent.hello.get("protocol", 1) != PROTOCOL:
-                errors.append(other_version(alias, agent.hello.get("protocol", 1)))
+                errors.append(_on(alias, other_version(alias, agent.hello.get("protocol", 1))))
             else:
                 self.clock_offsets[alias] = agent.clock_offset
         if errors:

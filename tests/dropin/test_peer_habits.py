@@ -90,7 +90,7 @@ def test_env_name_forwards_the_launchers_value():
 @pytest.mark.parametrize(
     "command, flag, tool, equivalent",
     [
-        ("train", "--nnodes", "torchrun", "--node-rank I"),
+        ("train", "--node-rank", "torchrun", "--node-rank I"),
         ("run", "--tee", "torchrun", "always shown"),
         ("run", "--num_gpus", "deepspeed", "-n N"),
         ("run", "--num_nodes", "deepspeed", "-H"),
@@ -129,7 +129,7 @@ def test_out_of_range_input_is_one_line(tmp_path, hostfile, args):
     [
         (["--max-restarts", "-1"], "'-1'"),
         (["--hang-timeout=-5"], "'-5'"),
-        (["--rdzv-timeout", "soon"], "'soon'"),  # (torchrun's elastic --nnodes MIN:MAX has its own line: test_cli)
+        (["--rdzv-timeout", "soon"], "'soon'"),  # (--nnodes MIN:MAX has its own lines: test_cli)
     ],
 )
 def test_a_value_refused_by_its_type_or_range_is_named(args, given):

@@ -79,7 +79,11 @@ def test_options_after_the_script_belong_to_the_script():
         (["run", "-n", "\uff12", "x.py"], 2, "is not a number"),  # a full-width 2: int() would take it
         (["run", "-n", "2", "--grace-period", "-1", "x.py"], 2, "--grace-period -1 is out of range"),
         (["run", "-n", "2", "--grace-period", "soon", "x.py"], 2, "--grace-period 'soon' is not a number of seconds"),
-        (["run", "--nnodes", "1:2", "x.py"], 2, "--nnodes 1:2: an elastic range (torchrun's MIN:MAX) is not supported"),
+        (["run", "--nnodes", "1:2", "x.py"], 2, "--nnodes 1:2: a MIN:MAX range needs a hostfile"),
+        (["train", "--nnodes", "2", "--dry-run"], 2, "--nnodes 2 needs a hostfile: distlaunch starts every host"),
+        (["run", "-H", HOSTFILE, "--nnodes", "3:4", "--dry-run", "x.py"], 2, "needs at least 3 hosts, but"),
+        (["run", "-H", HOSTFILE, "--nnodes", "2:1", "--dry-run", "x.py"], 2, "MIN must be at least 1 and at most MAX"),
+        (["run", "-H", HOSTFILE, "--nnodes", "two", "--dry-run", "x.py"], 2, "is not a node count or a MIN:MAX"),
         # heartbeats every 3.3 ms: a healthy job was stopped at 0.1 s, exit 3
         (["run", "-n", "2", "--heartbeat-timeout", "0.01", "x.py"], 2, "--heartbeat-timeout 0.01 is too short"),
         (["train", "--heartbeat-timeout", "0.5", "--dry-run"], 2, "(hint: give at least 1 second, or 0 to turn"),

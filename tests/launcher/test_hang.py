@@ -171,7 +171,7 @@ def test_a_hang_that_a_restart_recovered_from_is_not_the_outcome(tmp_path):
     args = ["run", "-n", "2", "--hang-timeout", "3", "--max-restarts", "1", "--grace-period", "1"]
     r = subprocess.run(distlaunch_cmd(*args, str(script)), capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "restarting the job after the hang (1/1)" in r.stderr
+    assert "restarting the job (1/1) after the hang" in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert "finished" in last and "after 1 restart(s)" in last, r.stderr  # before: "job ... hung" after success
     assert not re.search(r"job \S+ hung", r.stderr), r.stderr

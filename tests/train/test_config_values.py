@@ -126,6 +126,10 @@ def test_good_values_still_load(tmp_path):
             ["fault.kind='hang'", "fault.rank=0", "fault.step=1", "train.step_timeout=0"],
             ["fault.kind='hang' with train.step_timeout=0 would hang forever"],
         ),
+        (
+            ["fault.kind='slow'", "fault.rank=0", "fault.step=1", "fault.factor=0.5"],
+            ["fault.factor=0.5 would not slow rank 0 down", "a factor above 1"],
+        ),
     ],
 )
 def test_a_fault_the_job_cannot_inject_is_refused_before_any_rank_starts(sets, words):
