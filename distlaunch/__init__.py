@@ -12,7 +12,7 @@ import time as _time
 from collections import deque as _deque
 
 PROGRESS_WINDOW = 50  # compute_s samples a rank's report summarises (its median): the straggler watch's window
-_PROGRESS_EVERY_S = 0.5  # a rank's file is rewritten at most this often, except when a checkpoint was saved
+_PROGRESS_EVERY_S = 0.1  # a rank's file is rewritten at most this often, except when a checkpoint was saved
 
 
 class _ProgressFile:

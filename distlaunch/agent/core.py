@@ -158,6 +158,7 @@ class Agent:
                 if not self.output.finished(rank, now):
                     continue
                 rank.reported = True
+                self.progress.check(self.ranks, at_once=True)  # its last report first: the launcher counts its steps
                 error = read_error_file(rank.error_file) if rank.returncode else None
                 self.events.emit(
                     ev=p.EXIT,

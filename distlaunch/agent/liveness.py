@@ -55,10 +55,11 @@ class Progress:
         """Name the rank's progress file in its environment."""
         env["DISTLAUNCH_PROGRESS_FILE"] = rank_file(self.scratch, rank, "progress")
 
-    def check(self, ranks: list[Rank]) -> None:
-        """Report the ranks whose progress file changed since the last report, once a second."""
+    def check(self, ranks: list[Rank], at_once: bool = False) -> None:
+        """Report the ranks whose progress file changed since the last report, once a second (``at_once``: now,
+        as when a rank ended: the steps it reported last are what a restart recomputes)."""
         now = time.monotonic()
-        if now - self.checked < PROGRESS_POLL_S:
+        if now - self.checked < PROGRESS_POLL_S and not at_once:
             return
         self.checked = now
         moved, reports = False, {}

@@ -83,7 +83,7 @@ class FaultPlan:
         check_fault(section, world_size, step_timeout)
         if section.rank is None or section.rank != rank:
             return cls(None)
-        return cls(section.kind, section.step, section.factor)
+        return cls(section.kind, section.step, section.factor if section.kind == "slow" else 1.0)
 
     def at_step(self, step: int, rank: int) -> None:
         """Crash or hang here if this is the step (the start of the step, before any work)."""

@@ -63,8 +63,8 @@ class ExecOptions(BaseModel):
 
 
 Connect = Callable[[NodePlan, "queue.Queue[tuple[int, dict]]"], AgentConnection]
-# After an attempt that did not finish: the report so far, and the next attempt's plan (None: the job ends)
-Progress = Callable[[RunReport, "LaunchPlan | None"], None]
+# Before the next attempt starts: the report so far, and that attempt's plan
+Progress = Callable[[RunReport, LaunchPlan], None]
 
 
 class CannotStart(Exception):
@@ -404,9 +404,8 @@ def execute(
             if asked_to_stop:
                 break
             step = recovery.after(attempt, restart_count)
-            if progress is not None:
-                so_far = _report(attempts, interrupts, stop_request, round(time.monotonic() - started, 3))
-                progress(so_far, step.plan if step is not None else None)
+            if progress is not None and step is not None:  # the job goes on: its record says so (the end's own)
+                progress(_report(attempts, interrupts, stop_request, round(time.monotonic() - started, 3)), step.plan)
             restart_count += 1
     return _report(attempts, interrupts, stop_request, wall_s=round(time.monotonic() - started, 3))
 
@@ -471,13 +470,13 @@ def _times(attempt: _Attempt) -> AttemptTimes:
     """An attempt as the report lists it, and when its fault happened (the root cause's exit; the last message
     of a host given up; the last progress before a hang)."""
     plan = attempt.plan
-    fault_at = None
-    if attempt.failures:
-        fault_at = attempt.failures[0].at
-    elif attempt.heartbeats.silent and attempt.stopped_at is not None:
+    fault_at = None  # a silent host or a hang is detected a timeout after it happened, whatever failed since
+    if attempt.heartbeats.silent and attempt.stopped_at is not None:
         fault_at = attempt.stopped_at - max(s.silent_s for s in attempt.heartbeats.silent)
     elif attempt.hangs.report is not None and attempt.stopped_at is not None:
         fault_at = attempt.stopped_at - attempt.hangs.report.timeout_s
+    elif attempt.failures:
+        fault_at = attempt.failures[0].at
     report = AttemptReport(
         restart=attempt.restart_count,
         hosts=[node.host for node in plan.nodes],

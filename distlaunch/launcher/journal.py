@@ -69,20 +69,18 @@ class Journal:
         )
         self._save()
 
-    def progress(self, report: RunReport, plan: LaunchPlan | None) -> None:
-        """An attempt ended and the job goes on (on ``plan``, when another attempt starts): keep what 'distlaunch
-        status' shows of it current."""
+    def progress(self, report: RunReport, plan: LaunchPlan) -> None:
+        """An attempt ended and the job goes on, on ``plan``: keep what 'distlaunch status' shows of it current."""
         update: dict = {
             "restarts": report.restarts,
             "attempts": report.attempts,
             "goodput": report.goodput,
         }
-        if plan is not None:
-            update |= {
-                "hosts": [node.host for node in plan.nodes],
-                "world_size": plan.world_size,
-                "plan": plan.masked().model_dump(mode="json"),
-            }
+        update |= {
+            "hosts": [node.host for node in plan.nodes],
+            "world_size": plan.world_size,
+            "plan": plan.masked().model_dump(mode="json"),
+        }
         self.record = self.record.model_copy(update=update)
         self._save()
 
