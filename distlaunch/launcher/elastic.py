@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from distlaunch.contract.layout import Layout, LayoutSpec
-from distlaunch.contract.options import LaunchOptions, NodeRange
+from distlaunch.contract.options import NodeRange
 from distlaunch.contract.report import HOST_SILENT_CODE, RankExit
 from distlaunch.errors import HostError, UsageError
 from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.job import NextAttempt
+from distlaunch.launcher.job import LOST_AGENT_CODE, NextAttempt
 from distlaunch.launcher.plan import LaunchPlan
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ log = logging.getLogger("distlaunch")
 
 PREFLIGHT_TIMEOUT_S = 15.0  # SSH connection to each host of the next attempt, all at once
 DEFAULT_MAX_RESTARTS = 3  # with --nnodes MIN:MAX and no --max-restarts: recover without a human, within bounds
-LOST_AGENT_CODE = 255  # job.py's: an agent that vanished without reporting its ranks
 HOST_SIGNALS = ("SIGKILL", "SIGSEGV", "SIGBUS")
 GPU_ERROR = re.compile(r"\bXid\b|\bECC\b|CUDA error|uncorrectable", re.IGNORECASE)
 
@@ -178,7 +177,6 @@ class Healing:
     def __init__(
         self,
         first: LaunchPlan,
-        opts: LaunchOptions,
         pool: Pool,
         replan: Callable[[list[HostSlots], LayoutSpec], LaunchPlan],
         connect: Callable[[LaunchPlan], tuple[Connect, RemoteHosts | None]],
@@ -186,7 +184,7 @@ class Healing:
         notice: Callable[[str], None],
         valid: Callable[[Layout], str | None] = lambda layout: None,
     ):
-        self.first, self.opts, self.pool, self.replan = first, opts, pool, replan
+        self.first, self.pool, self.replan = first, pool, replan
         self.open_connections, self.max_restarts, self.notice, self.valid = connect, max_restarts, notice, valid
         self.remote: RemoteHosts | None = None
 

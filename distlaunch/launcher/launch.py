@@ -250,9 +250,7 @@ def _heal(
         return make_connect(opts, hosts), hosts
 
     pool = Pool(active=active, spares=list(spares), nodes=opts.nodes)
-    healing = Healing(
-        plan, opts, pool, replan, connect, exec_opts.max_restarts, sink.notice, engine_layout_problem(opts)
-    )
+    healing = Healing(plan, pool, replan, connect, exec_opts.max_restarts, sink.notice, engine_layout_problem(opts))
     first = healing.start()
     try:
         return execute(first.plan, exec_opts, sink, first.connect, requests, stop_request, healing, progress)
