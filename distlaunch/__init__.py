@@ -11,6 +11,9 @@ import os as _os
 import time as _time
 from collections import deque as _deque
 
+from distlaunch import saverequest as _saverequest
+from distlaunch.saverequest import SaveRequest, save_request
+
 PROGRESS_WINDOW = 50  # compute_s samples a rank's report summarises (its median): the straggler watch's window
 _PROGRESS_EVERY_S = 0.1  # a rank's file is rewritten at most this often, except when a checkpoint was saved
 
@@ -25,9 +28,11 @@ class _ProgressFile:
         self.step: int | None = None
         self.saved_step: int | None = None
         self.window: _deque[float] = _deque(maxlen=PROGRESS_WINDOW)
+        self.save_s: float | None = None  # how long the newest save took (the launcher's SIGTERM budget reads it)
+        self.answered = 0  # the newest save request (its id) a reported save answered
         self.written_at = -_math.inf
 
-    def note(self, step, compute_s, saved_step) -> None:
+    def note(self, step, compute_s, saved_step, save_s=None) -> None:
         if step is not None:
             self.step = int(step)
         if compute_s is not None and _math.isfinite(compute_s) and compute_s >= 0:
@@ -36,6 +41,9 @@ class _ProgressFile:
         saved = saved_step is not None and int(saved_step) != self.saved_step
         if saved:
             self.saved_step = int(saved_step)
+            self.answered = _saverequest.answered()
+        if save_s is not None and _math.isfinite(save_s) and save_s >= 0:
+            self.save_s = float(save_s)
         path = _os.environ.get("DISTLAUNCH_PROGRESS_FILE")
         now = _time.monotonic()
         if not path or (not saved and now - self.written_at < _PROGRESS_EVERY_S):
@@ -52,6 +60,8 @@ class _ProgressFile:
             "compute_s": None if median is None else round(median, 6),
             "n": len(ordered),
             "saved_step": self.saved_step,
+            "save_s": None if self.save_s is None else round(self.save_s, 3),
+            "answered": self.answered,
             "at": _time.time(),
         }
 
@@ -67,11 +77,33 @@ class _ProgressFile:
 _progress = _ProgressFile()
 
 
-def progress(step: int | None = None, compute_s: float | None = None, saved_step: int | None = None) -> None:
+def progress(
+    step: int | None = None,
+    compute_s: float | None = None,
+    saved_step: int | None = None,
+    save_s: float | None = None,
+) -> None:
     """Tell distlaunch that this rank is making progress; cheap: call it every step.
 
     Every call counts for ``--hang-timeout``. ``step``: the step just done; ``compute_s``: the seconds this rank
     spent on it outside collectives (its own compute, not waiting for the others), which ``distlaunch`` compares
-    across ranks to name a straggler; ``saved_step``: the step of the newest checkpoint saved. Never raises."""
+    across ranks to name a straggler; ``saved_step``: the step of the newest checkpoint saved (it answers a pending
+    save request, see ``checkpoint_requested``); ``save_s``: how long that save took, which decides whether a save
+    fits in the grace period after a SIGTERM. Never raises."""
     with _contextlib.suppress(Exception):  # progress reports are best effort: never fail the rank over one
-        _progress.note(step, compute_s, saved_step)
+        _progress.note(step, compute_s, saved_step, save_s)
+
+
+def checkpoint_requested() -> bool:
+    """Whether a checkpoint was asked of this job and this rank has not reported one since; cheap: call it every
+    step (the first call also arms the save signal where ``distlaunch slurm run`` forwards one).
+
+    Asked by a save signal (Slurm's warning before a time limit), a SIGTERM with time to save, ``distlaunch
+    checkpoint JOB`` or ``distlaunch stop --checkpoint JOB``. Save, then report it with
+    ``distlaunch.progress(saved_step=...)``; when the request says the job stops after the save
+    (``save_request().then == "stop"``), distlaunch stops the ranks once the save is reported. Ranks see a request
+    at slightly different steps: agree on one first (an all-reduce of the flag, docs/surviving-failures.md)."""
+    return save_request() is not None
+
+
+__all__ = ["SaveRequest", "checkpoint_requested", "progress", "save_request"]

@@ -20,6 +20,9 @@ class ExitCode(IntEnum):
     HOST = 3  # a host could not be reached or prepared
     # no progress: the launcher's --hang-timeout, or a rank's own step watchdog (train.step_timeout), as timeout(1)
     HANG = 124
+    # a checkpoint every rank saved because it was asked to (a save signal, a time limit coming, stop --checkpoint),
+    # then the job stopped so that it can be requeued and resume there: sysexits' EX_TEMPFAIL, "try again later"
+    SAVED_TO_REQUEUE = 75
     SIGINT = 130
     SIGTERM = 143
 

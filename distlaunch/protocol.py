@@ -12,11 +12,13 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
     {"ev": "progress", "ranks": {"3": {"step": 120,            ranks called distlaunch.progress() (at most one
      "compute_s": 0.21, "n": 50, "saved_step": 100,            event a second); ranks: each one's report as it
-     "at": 1795552340.5}}}                                     wrote it, by global rank (step, median seconds
+     "save_s": 1.2, "answered": 2, "at": 1795552340.5}}}        wrote it, by global rank (step, median seconds
                                                                outside collectives over its last n steps,
-                                                               newest checkpoint step, its wall clock; any may
-                                                               be null); a rank whose report could not be read
-                                                               is left out, its call still counts as progress
+                                                               newest checkpoint step, how long that save took,
+                                                               the newest save request it answered, its wall
+                                                               clock; any may be null); a rank whose report
+                                                               could not be read is left out, its call still
+                                                               counts as progress
     {"ev": "stacks", "rank": 3, "tool": "faulthandler", "text": "..."}
     {"ev": "exit", "rank": 3, "code": 1, "at": 1795552341.157,  negative code: killed by that signal; at: the
      "stopped": false, "error": {...}}                         agent's wall clock when it saw the exit; stopped:
@@ -31,7 +33,9 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
     {"ev": "done"}                                             the agent is finished; nothing follows
 
 Commands: ``go`` (start the ranks of a gated plan), ``stop`` (SIGTERM, the grace period, SIGKILL), ``kill``,
-``stacks``, ``hb``. The launcher's side
+``stacks``, ``hb``, ``save`` (``{"cmd": "save", "id": 2, "then": "stop", "why": "SIGUSR1"}``: written to every
+rank's request file, which ``distlaunch.checkpoint_requested()`` reads) and ``signal`` (``{"cmd": "signal", "sig":
+"USR2"}``: sent to every rank's own process, ``--forward-signals``). The launcher's side
 of a connection adds two events of its own: ``agent-out`` (a line that is not ours: a login banner, an
 interpreter's crash) and ``lost`` (the output ended without ``done``).
 
@@ -49,8 +53,8 @@ from collections.abc import Iterator
 # The protocol's version, in every agent's hello. A launcher and an agent of another distlaunch may not
 # understand each other (an agent from before the gate starts its ranks at once, unchecked), so a remote
 # host whose agent speaks another version is refused before any rank starts. Raise it whenever a message
-# is added or changes meaning. 1: hellos without it (before the gate).
-PROTOCOL = 2
+# is added or changes meaning. 1: hellos without it (before the gate); 2: before save and signal.
+PROTOCOL = 3
 # events, agent → launcher
 HELLO, READY, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEARTBEAT, DONE = (
     "hello", "ready", "started", "out", "progress", "stacks", "exit", "stragglers", "nccl-trace", "hb", "done"
@@ -58,7 +62,7 @@ HELLO, READY, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEAR
 # events the launcher's side of a connection makes itself
 AGENT_OUT, LOST = "agent-out", "lost"
 # commands, launcher → agent
-GO, STOP, KILL, ASK_STACKS, PING = "go", "stop", "kill", "stacks", "hb"
+GO, STOP, KILL, ASK_STACKS, PING, SAVE, SIGNAL = "go", "stop", "kill", "stacks", "hb", "save", "signal"
 
 # NCCL flight recorder dumps (written by PyTorch as <prefix><global rank>, a pickle): the agent points the
 # ranks' TORCH_FR_DUMP_TEMP_FILE at <its scratch folder>/NCCL_TRACE_PREFIX and sends what is there at the end.

@@ -22,6 +22,7 @@ from distlaunch.agent.diagnosis import FlightRecorder, Stacks
 from distlaunch.agent.liveness import Heartbeat, Progress
 from distlaunch.agent.output import RankOutput
 from distlaunch.agent.ranks import Rank, base_env, rank_argv, read_error_file, spawn, start_error, start_exit_code
+from distlaunch.agent.requests import RankRequests
 from distlaunch.agent.scratch import make_scratch
 from distlaunch.agent.strays import end_stragglers
 from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, start_problems
@@ -55,6 +56,7 @@ class Agent:
         self.progress = Progress(self.scratch, self.events)  # every job: stragglers and goodput read it too
         self.recorder = FlightRecorder(self.scratch, bool(hang_timeout), self.events)
         self.stacks = Stacks(self.scratch, self.events, self.recorder)
+        self.requests = RankRequests(self.scratch)
 
     def rank_env(self, spec: dict) -> dict:
         """A rank's environment: the node's and the plan's, then what each collaborator needs in the rank."""
@@ -62,6 +64,7 @@ class Agent:
         self.stacks.arm(env, spec)
         self.progress.arm(env, spec["rank"])
         self.recorder.arm(env)
+        self.requests.arm(env, spec["rank"])
         return env
 
     def start(self) -> None:
@@ -97,7 +100,8 @@ class Agent:
     def handle(self, lines: list[str]) -> None:
         """Obey the launcher's commands, one per line."""
         for line in lines:
-            cmd = json.loads(line).get("cmd")
+            message = json.loads(line)
+            cmd = message.get("cmd")
             if cmd == p.STOP:
                 self.begin_stop()
             elif cmd == p.KILL:
@@ -107,6 +111,10 @@ class Agent:
                 self.go = True
             elif cmd == p.ASK_STACKS:
                 self.stacks.send(self.ranks)
+            elif cmd == p.SAVE:
+                self.requests.save(self.ranks, message)
+            elif cmd == p.SIGNAL:
+                self.requests.signal(self.ranks, message.get("sig"))
             # "hb" needs nothing: any line counts as a sign of life
 
     def check_heartbeat(self) -> None:

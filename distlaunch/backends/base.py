@@ -34,6 +34,15 @@ class LaunchRequest(BaseModel):
     supervision_given: list[str] = []  # supervision flags typed on the command line (--hang-timeout, ...)
 
 
+class CheckpointSaved(BaseModel):
+    """A checkpoint a running job saved because ``distlaunch checkpoint`` / ``stop --checkpoint`` asked."""
+
+    job_id: str
+    step: int  # the step every rank saved
+    save_s: float | None = None  # how long the save took, as the slowest rank timed it
+    then: str  # "continue": the job trains on; "stop": it stops (exit 75)
+
+
 class LastKnown(JobRecord):
     """A job's record as last known, when its scheduler cannot be asked now: ``unknown`` says why. Its state is
     the last one seen, not necessarily the job's now (``jobs`` marks it, ``jobs --json`` carries ``unknown``)."""
@@ -103,6 +112,14 @@ class Backend:
     def request_stop(self, record: JobRecord) -> None:
         """Ask the job to stop as Ctrl-C would; the record says when it has."""
         raise UsageError(f"job {record.job_id} ({self.name}) cannot be stopped by distlaunch", "stop it where it runs")
+
+    def checkpoint(self, record: JobRecord, then: str, timeout: float) -> CheckpointSaved:
+        """Ask the running job to save a checkpoint at its next step, then go on (``then`` continue) or stop; wait
+        up to ``timeout`` seconds for the save."""
+        raise UsageError(
+            f"job {record.job_id} ({self.name}) cannot be asked for a checkpoint by distlaunch",
+            "save where it runs; for distlaunch train, checkpoint.every saves on a schedule",
+        )
 
     def lines(
         self,

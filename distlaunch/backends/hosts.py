@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distlaunch.backends.base import LaunchRequest
+from distlaunch.backends.base import CheckpointSaved, LaunchRequest
 from distlaunch.backends.output import FileOutput
-from distlaunch.errors import UsageError
+from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE, STOP_FILE, JobRecord, free_space, jobs_dir
 from distlaunch.launcher.job import Sink
 from distlaunch.launcher.stragglers import read_stragglers
@@ -46,6 +46,18 @@ class LauncherDriven(FileOutput):
         (jobs_dir() / record.job_id / STOP_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
         if owner.alive():  # pid and start time both match: never a stranger that reused the pid
             os.kill(owner.pid, signal.SIGTERM)  # the launcher stops every rank: SIGTERM, grace period, SIGKILL
+
+    def checkpoint(self, record: JobRecord, then: str, timeout: float) -> CheckpointSaved:
+        from distlaunch.launcher.requests import post_request, wait_answer
+
+        name = post_request(record, "checkpoint", then=then)
+        answer = wait_answer(record, name, timeout, "with a checkpoint")
+        if not isinstance(answer.get("saved_step"), int):
+            raise NoAnswer(
+                f"job {record.job_id} saved no checkpoint: {answer.get('error') or 'it did not say why'}",
+                f"see 'distlaunch logs {record.job_id}'",
+            )
+        return CheckpointSaved(job_id=record.job_id, step=answer["saved_step"], save_s=answer.get("save_s"), then=then)
 
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
         folder = jobs_dir() / record.job_id

@@ -52,15 +52,20 @@ def find_job(prefix: str, last_known_ok: bool = False) -> JobRecord:
         return last_known(record, exc)
 
 
-def stop_job(record: JobRecord, timeout: float) -> JobRecord:
-    """Stop a running job and wait until its record says how it ended."""
+def stop_job(record: JobRecord, timeout: float, checkpoint: bool = False) -> JobRecord:
+    """Stop a running job (``checkpoint``: after a checkpoint it saves at its next step) and wait until its record
+    says how it ended."""
     if record.final:
         raise UsageError(f"job {record.job_id} is {record.state}, not running", "nothing to stop")
     if isinstance(record, LastKnown):  # its scheduler could not be asked: its own stop command may still work
         record = JobRecord(**record.model_dump(exclude={"unknown"}))
     backend = of_record(record)
-    backend.request_stop(record)
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    if checkpoint:
+        backend.checkpoint(record, "stop", timeout)
+    else:
+        backend.request_stop(record)
+    deadline = started + timeout
     while time.monotonic() < deadline:
         now = backend.reread(record)
         if now.final:

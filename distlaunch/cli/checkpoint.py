@@ -8,15 +8,31 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
+from distlaunch.backends.recorded import find_job
+from distlaunch.backends.registry import of_record
 from distlaunch.cli.render import plural, print_json
 from distlaunch.data.source import describe_data
 from distlaunch.engine.checkpoint.report import CheckpointReport, inspect_checkpoint, verify_folder
 
+
+class _JobOrCommand(TyperGroup):
+    """``distlaunch checkpoint JOB`` asks a running job for a checkpoint; ``distlaunch checkpoint inspect|verify|export
+    PATH`` looks into one. A first word that is no command is a job: it goes to ``save``."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["save", *args]
+        return super().resolve_command(ctx, args)
+
+
 checkpoint_app = typer.Typer(
     name="checkpoint",
+    cls=_JobOrCommand,
     no_args_is_help=True,
-    help="Inspect, verify or export a training checkpoint (docs/checkpointing.md).",
+    help="Save a checkpoint of a running job now (distlaunch checkpoint JOB), or inspect, verify or export a training"
+    " checkpoint (docs/checkpointing.md).",
 )
 CheckpointPath = Annotated[
     Path,
@@ -68,6 +84,29 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
     console.print(f"checkpoints in this directory: {steps}")
     for leftover in report.leftovers:
         console.print(f"[yellow]unfinished save[/yellow] {leftover} (never read; the next save deletes it)")
+
+
+@checkpoint_app.command("save")
+def save(
+    job: Annotated[str, typer.Argument(help="A running job's id, or a unique prefix of one.", show_default=False)],
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for the job to report the save.", min=1)
+    ] = 600.0,
+    json_output: Json = False,
+) -> int:
+    """Ask a running job to save a checkpoint at its next step, and wait for it; the job trains on (also: distlaunch checkpoint JOB).
+
+    Every rank saves the same step (distlaunch train with checkpoint.dir; a script: distlaunch.checkpoint_requested()). Exit code: 0 once the save is reported, 1 when the job saved none within --timeout, 2 for a job that is unknown, not running or run elsewhere."""
+    record = find_job(job, last_known_ok=True)
+    saved = of_record(record).checkpoint(record, "continue", timeout)
+    if json_output:
+        print_json(saved)
+        return 0
+    took = f" in {saved.save_s:.1f}s" if saved.save_s is not None else ""
+    Console().print(
+        f"job {saved.job_id} saved the checkpoint of step {saved.step}{took}; it trains on", highlight=False
+    )
+    return 0
 
 
 @checkpoint_app.command("inspect")

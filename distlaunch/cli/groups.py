@@ -22,6 +22,7 @@ from distlaunch.cli.options import (
     DryRun,
     Env,
     Exclude,
+    ForwardSignals,
     GracePeriod,
     HangTimeout,
     HeartbeatTimeout,
@@ -48,6 +49,7 @@ from distlaunch.cli.options import (
     RdzvEndpointAlias,
     RdzvTimeout,
     RemotePython,
+    SaveSignal,
     SshConfig,
     Workdir,
     given_flags,
@@ -58,6 +60,7 @@ from distlaunch.errors import UsageError
 from distlaunch.launcher.elastic import DEFAULT_MAX_RESTARTS, node_range
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.pernode import NodeOptions
+from distlaunch.launcher.requests import check_signals
 from distlaunch.protocol import GRACE_PERIOD_S
 
 # -- the groups of options commands take, and how a command takes them ------------------------------------------
@@ -97,6 +100,8 @@ LAUNCH_OPTIONS = (
     Opt("local_ranks_filter", LocalRanksFilter, None),
     Opt("hang_timeout", HangTimeout, 0.0),
     Opt("on_straggler", OnStraggler, "warn"),
+    Opt("save_signal", SaveSignal, "USR1"),
+    Opt("forward_signals", ForwardSignals, None),
     Opt("dry_run", DryRun, False),
     Opt("detach", Detach, False),
     Opt("json_output", Json, False),
@@ -228,7 +233,11 @@ class LaunchArgs:
 
     def exec_options(self) -> ExecOptions:
         local_ranks = parse_local_ranks(self.values["local_ranks_filter"])
-        return ExecOptions(**fields_of(ExecOptions, {**self.values, "local_ranks_filter": local_ranks}))
+        # a list option parsed per occurrence: --forward-signals USR1,USR2 --forward-signals WINCH
+        forward = list(dict.fromkeys(n for names in self.values.get("forward_signals") or [] for n in names))
+        check_signals(self.values.get("save_signal"), forward)
+        values = {**self.values, "local_ranks_filter": local_ranks, "forward_signals": forward}
+        return ExecOptions(**fields_of(ExecOptions, values))
 
     def node_options(self) -> NodeOptions | None:
         """The per-node options, when one is given (per-node mode, docs/multinode.md); else None."""

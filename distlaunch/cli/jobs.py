@@ -66,14 +66,22 @@ def stop(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for the job to confirm its end.", min=1)
     ] = 60.0,
+    checkpoint: Annotated[
+        bool,
+        typer.Option(
+            "--checkpoint",
+            help="Save first: every rank saves a checkpoint at its next step, then the job stops and ends with exit 75"
+            " (start it again and it resumes there).",
+        ),
+    ] = False,
     json_output: Json = False,
 ) -> int:
     """Stop a running job like Ctrl-C: every rank on every host gets SIGTERM, a grace period, then SIGKILL.
 
-    Exit code: 0 once the job has stopped, 1 when it did not confirm its end within --timeout (it goes on stopping), 2 for a job that is unknown or not running, 3 when kubectl or Slurm failed."""
+    Exit code: 0 once the job has stopped, 1 when it did not confirm its end within --timeout (it goes on stopping) or, with --checkpoint, saved no checkpoint, 2 for a job that is unknown or not running, 3 when kubectl or Slurm failed."""
     # A scheduler that cannot be asked does not make the job stopped: its own stop command is tried (and its
     # failure said, exit 3).
-    record = stop_job(find_job(job, last_known_ok=True), timeout)
+    record = stop_job(find_job(job, last_known_ok=True), timeout, checkpoint)
     if json_output:
         print_json(record)
     else:

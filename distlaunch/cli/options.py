@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from distlaunch.contract.hostname import host_problem
 from distlaunch.errors import UsageError
+from distlaunch.launcher.requests import parse_forward_signals, parse_save_signal
 from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
 
 LAUNCH = "Launch options"
@@ -311,6 +312,29 @@ OnStraggler = Annotated[
         rich_help_panel=LAUNCH,
     ),
 ]
+SaveSignal = Annotated[
+    str | None,
+    typer.Option(
+        "--save-signal",
+        metavar="SIGNAL|none",
+        parser=parse_save_signal,
+        help="This signal to distlaunch asks every rank to save a checkpoint at its next step, then stops the job with"
+        " exit 75 (saved: requeue it and it resumes there). Slurm sends it ahead of a time limit with"
+        " #SBATCH --signal=B:USR1@LEAD. none: not trapped.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+ForwardSignals = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--forward-signals",
+        metavar="SIG,SIG",
+        parser=parse_forward_signals,
+        help="Signals passed on to every rank when distlaunch gets them, e.g. USR2 (INT, TERM and HUP stop the job).",
+        rich_help_panel=LAUNCH,
+        show_default=False,
+    ),
+]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.", rich_help_panel=LAUNCH)]
 Json = Annotated[
     bool,
@@ -384,7 +408,15 @@ def parse_local_ranks(text: str | None) -> list[int] | None:
 
 
 # what a launcher does
-SUPERVISION = ("grace_period", "heartbeat_timeout", "hang_timeout", "on_straggler", "local_ranks_filter")
+SUPERVISION = (
+    "grace_period",
+    "heartbeat_timeout",
+    "hang_timeout",
+    "on_straggler",
+    "local_ranks_filter",
+    "save_signal",
+    "forward_signals",
+)
 
 
 def given_flags(ctx: typer.Context, names: tuple[str, ...] = SUPERVISION) -> list[str]:

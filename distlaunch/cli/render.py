@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from distlaunch.contract.hostname import host_port
-from distlaunch.contract.report import AttemptReport, FaultCost, Goodput, RankExit, RunReport
+from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.stacks import ranges
 from distlaunch.slurm.env import SlurmRank
@@ -161,10 +161,21 @@ def render_report(report: RunReport, console: Console) -> None:
         console.print(
             f"[yellow]{cause or f'interrupted by {report.interrupted}'}[/yellow]: {how} (exit {report.exit_code})"
         )
-    if report.stopped_by:
+    if report.stopped_by and report.exit_code == REQUEUE_CODE:
+        console.print(
+            f"[yellow]saved and stopped[/yellow]: {report.stopped_by}; run the job again (or requeue it) and it "
+            f"resumes there (exit {report.exit_code})"
+        )
+    elif report.stopped_by:
         console.print(
             f"[yellow]stopped because {report.stopped_by}[/yellow]: every rank here was stopped (exit {report.exit_code})"
         )
+    if report.interrupted:
+        for saved in report.saved_on_request:
+            if saved.then == "stop":  # the signal's own save: what the next start resumes from
+                console.print(f"saved the checkpoint of step {saved.step} before stopping, as asked by {saved.why}")
+    if report.lost_work:
+        console.print(f"[yellow]lost work[/yellow]: {report.lost_work}")
     if report.hang is not None:
         console.print(
             f"[red]job {report.job_id} hung[/red] (no progress for {report.hang.timeout_s:g}s): {report.hang.summary}"

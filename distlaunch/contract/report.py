@@ -38,6 +38,7 @@ class RankExit(BaseModel):
 
 HOST_SILENT_CODE = int(ExitCode.HOST)  # a host went silent mid-run: counted as unreachable
 HANG_CODE = int(ExitCode.HANG)  # no progress for --hang-timeout: stacks gathered, every rank stopped
+REQUEUE_CODE = int(ExitCode.SAVED_TO_REQUEUE)  # saved as asked, then stopped: requeue it and it resumes there
 
 
 class StackGroup(BaseModel):
@@ -128,6 +129,16 @@ class Straggler(BaseModel):
         )
 
 
+class SavedOnRequest(BaseModel):
+    """A checkpoint the ranks saved because it was asked of them (launcher/saves.py)."""
+
+    step: int  # the step every reporting rank saved
+    why: str  # who asked: "SIGUSR1", "SIGTERM", "distlaunch checkpoint", "distlaunch stop --checkpoint"
+    then: str  # "stop" (the job stopped after it) or "continue"
+    save_s: float | None = None  # the save as the slowest rank timed it
+    waited_s: float  # from the request to every rank's report of the save
+
+
 class RunReport(BaseModel):
     job_id: str
     exit_code: int
@@ -144,6 +155,8 @@ class RunReport(BaseModel):
     wall_s: float = 0.0
     attempts: list[AttemptReport] = Field(default_factory=list)
     goodput: Goodput | None = None
+    saved_on_request: list[SavedOnRequest] = Field(default_factory=list)
+    lost_work: str | None = None  # a stop that could not save first: the work since the last checkpoint, in words
 
 
 def exit_code_of(returncode: int) -> tuple[int, str | None]:

@@ -122,12 +122,22 @@ def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | 
     }
 
 
+def answer_request(asked: distlaunch.SaveRequest, step: int, writer: MetricsWriter, progress: ProgressReport) -> None:
+    """Say that the checkpoint of ``step`` was saved as asked: a line on rank 0's output and in the metrics (an
+    event, without a ``step`` key: a reader of the curve counts each step once)."""
+    stopping = asked.then == "stop"
+    writer.write({"event": "stopped" if stopping else "saved", "at_step": step, "why": asked.why})
+    then = "stopping here: the next start resumes from it" if stopping else "training goes on"
+    progress.say(f"saved the checkpoint of step {step} (asked by {asked.why}); {then}", stop=stopping)
+
+
 def train(
     engine: Engine, writer: MetricsWriter, rank: int, first_step: int = 1, checkpoints: Checkpointing | None = None
-) -> dict[str, Any]:
-    """Run steps ``first_step``..``train.steps``; returns the summary record (identical on every rank).
+) -> dict[str, Any] | None:
+    """Run steps ``first_step``..``train.steps``; returns the summary record (identical on every rank), or None
+    when the ranks stopped early because a save-and-stop was asked (its checkpoint saved).
 
-    ``checkpoints`` (after its ``start``, which resumes and gives ``first_step``) saves when due,
+    ``checkpoints`` (after its ``start``, which resumes and gives ``first_step``) saves when due or asked,
     guards each step with the watchdog and injects the configured fault.
     """
     checkpoints = checkpoints or Checkpointing(engine, rank)
@@ -149,18 +159,24 @@ def train(
             measured = clock.compute_s  # None on an accelerator (compute.py): a slow fault goes by the step's time
             added = checkpoints.fault.slow_down(step, rank, result.seconds if measured is None else measured)
         pending.append((result, record))
-        if read_due(cfg, step, first_step, record.get("val_loss") is not None, checkpoints.due(step)):
+        asked = checkpoints.asked(step)  # every rank the same answer: they all save this step, or none does
+        saving = checkpoints.due(step) or asked is not None
+        if read_due(cfg, step, first_step, record.get("val_loss") is not None, saving):
             fill_pending(engine, pending, time.perf_counter() - interval_start, mfu_scale)
             for _, done in pending:
                 records.append(done)
                 writer.write(done)
                 progress.update(done)
             pending.clear()
-        checkpoints.after_step(step)
-        saved_step = step if checkpoints.due(step) else saved_step
+        checkpoints.after_step(step, asked=asked is not None)
+        saved_step = step if saving else saved_step
         # every rank: the launcher's --hang-timeout counts from the last step, its straggler watch compares compute
         compute_s = None if measured is None else measured + added  # the slow fault's spin is compute too
-        distlaunch.progress(step=step, compute_s=compute_s, saved_step=saved_step)
+        distlaunch.progress(step=step, compute_s=compute_s, saved_step=saved_step, save_s=checkpoints.save_s)
+        if asked is not None:
+            answer_request(asked, step, writer, progress)
+            if asked.then == "stop":
+                return None  # every rank stops here; the next start resumes at step + 1
         if not pending:
             interval_start = time.perf_counter()
     summary = summarize(engine, records, mfu_scale)
@@ -201,8 +217,8 @@ def open_outputs(cfg: TrainingConfig, rank: int, metrics_file: Path | None) -> t
 
 def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[str, Any] | None:
     """Validate the layout, start the process group, train, and tear down. None when a resumed
-    checkpoint already reaches ``train.steps``: nothing is trained and nothing is written to the
-    metrics (its last summary stays the run's)."""
+    checkpoint already reaches ``train.steps`` (nothing is trained and nothing is written to the
+    metrics: its last summary stays the run's), or when the ranks stopped after a save asked of them."""
     dims: ParallelDims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), env.world_size)
     device = pick_device(env.local_rank, env.backend)
     init_process_group(env, device)
@@ -224,7 +240,8 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
             }
         )
         summary = train(engine, writer, env.rank, first_step, checkpoints)
-        writer.write(summary)
+        if summary is not None:  # None: stopped after a save asked of it; the run's summary comes at its end
+            writer.write(summary)
         return summary
     finally:
         writer.close()

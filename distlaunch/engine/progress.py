@@ -84,6 +84,17 @@ class ProgressReport:
         elif step % self.log_every == 0 or step == self.steps or record.get("val_loss") is not None:
             print(compact_line(record, self.steps, self.eta_s(step)), file=self.out, flush=True)
 
+    def say(self, text: str, stop: bool = False) -> None:
+        """A line of its own on rank 0 (above the bar on a terminal); ``stop``: the run ends here, the bar too."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.console.print(text, highlight=False, markup=False)
+            if stop:
+                self.bar.stop()
+            return
+        print(text, file=self.out, flush=True)
+
     def finish(self, summary: dict[str, Any]) -> None:
         """Stop the bar and print the summary table."""
         if not self.enabled:

@@ -11,7 +11,7 @@ from distlaunch import protocol as p
 from distlaunch.contract.report import HangReport
 from distlaunch.files import os_error_words
 from distlaunch.launcher.dumps import AttemptFolder
-from distlaunch.launcher.signals import StackRequests
+from distlaunch.launcher.requests import JobRequests
 from distlaunch.launcher.stacks import summarise_stacks, write_rank_stacks
 from distlaunch.launcher.watch import Agents, Stop, Watch
 
@@ -85,10 +85,10 @@ class HangWatch(Watch):
 
 
 class StacksOnRequest(Watch):
-    """'distlaunch stacks' signalled us: gather every rank's stack as on a hang, write a new numbered snapshot
+    """'distlaunch stacks' asked (launcher/requests.py): gather every rank's stack as on a hang, write a new numbered snapshot
     into the job's folder, and let the job run on."""
 
-    def __init__(self, agents: Agents, requests: StackRequests | None, job_id: str, notice: Callable[[str], None]):
+    def __init__(self, agents: Agents, requests: JobRequests | None, job_id: str, notice: Callable[[str], None]):
         self.agents, self.requests, self.job_id, self.notice = agents, requests, job_id, notice
         self.gathering: StackGathering | None = None  # while asked-for stacks come in
 
@@ -102,6 +102,7 @@ class StacksOnRequest(Watch):
         requests = self.requests
         if requests is None or requests.folder is None:
             return None
+        requests.poll(now)
         if self.gathering is None:
             if requests.waiting and self.agents.pending:
                 requests.take()

@@ -31,7 +31,9 @@ from distlaunch.launcher.heartbeats import HeartbeatWatch
 from distlaunch.launcher.output import RankOutput
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.ranklogs import RankLogs
-from distlaunch.launcher.signals import SignalTrap, StackRequests, StopRequest
+from distlaunch.launcher.requests import ForwardSignals, JobRequests, SaveAsk
+from distlaunch.launcher.saves import SaveWatch, lost_work, time_limit_hint
+from distlaunch.launcher.signals import SignalTrap, StopRequest
 from distlaunch.launcher.stragglers import OnStraggler, StragglerWatch
 from distlaunch.launcher.watch import Agents, Stop, Watch
 from distlaunch.protocol import AgentConnection
@@ -60,6 +62,8 @@ class ExecOptions(BaseModel):
     local_ranks_filter: list[int] | None = None  # show only these local ranks' output (log files keep all)
     hang_timeout: float = 0.0  # no output and no distlaunch.progress() this long: stacks, stop, exit 124; 0: off
     on_straggler: OnStraggler = "warn"  # a rank named a straggler: say so; replace: also take its host out
+    save_signal: str | None = "USR1"  # asks every rank for a checkpoint, then a stop (exit 75); None: not trapped
+    forward_signals: list[str] = []  # signals passed on to every rank (USR2, ...)
 
 
 Connect = Callable[[NodePlan, "queue.Queue[tuple[int, dict]]"], AgentConnection]
@@ -114,7 +118,7 @@ class _Attempt:
         restart_count: int,
         interrupts: SignalTrap,
         logs: RankLogs,
-        requests: StackRequests | None = None,
+        requests: JobRequests | None = None,
         stop_request: StopRequest | None = None,
     ):
         self.plan, self.options, self.sink, self.connect, self.logs = plan, options, sink, connect, logs
@@ -123,6 +127,7 @@ class _Attempt:
         self.agents = Agents(plan)
         self.failures: list[RankExit] = []
         self.interrupt_seen = False
+        self.saving_for_signal = False  # a SIGTERM came and the save it asked for is under way
         # Wall clock, as agents stamp exits with theirs: failures are ordered by when they happened, not by
         # which host's report arrived first.
         self.started_at = time.time()
@@ -146,6 +151,7 @@ class _Attempt:
         self.straggling = StragglerWatch(
             self.agents, options.on_straggler, sink.notice, restart_count, job_folder, plan.groups.get("pp")
         )
+        self.saves = SaveWatch(self.agents, requests, self.steps, sink.notice, options.grace_period)
         # Told of every event and asked on every turn, in this order: a new watch is one more entry.
         self.watches: list[Watch] = [
             self.gate,
@@ -156,6 +162,8 @@ class _Attempt:
             dumps,
             self.steps,
             self.straggling,
+            self.saves,
+            ForwardSignals(self.agents, requests),
         ]
 
     def payload(self, node: NodePlan) -> dict:
@@ -321,8 +329,12 @@ class _Attempt:
         if self.interrupts.first is None:
             return
         name = signal.Signals(self.interrupts.first).name
-        if not self.agents.stopping:
-            self.stop(f"received {name}")
+        if self.saving_for_signal:
+            pass  # the save its SIGTERM asked for is under way: the save watch stops the job after it
+        elif not self.agents.stopping:
+            self.saving_for_signal = self.save_before_stopping(name)
+            if not self.saving_for_signal:
+                self.stop(f"received {name}")
         elif not self.interrupt_seen:  # a stop under way (a rank failed): say the signal came, and what a second does
             self.sink.notice(f"received {name}; already stopping all ranks (a second Ctrl-C kills them at once)")
         self.interrupt_seen = True
@@ -330,6 +342,24 @@ class _Attempt:
             self.kill_deadline = time.monotonic() + KILL_CONFIRM_S
             self.sink.notice("second interrupt: killing all ranks now")
             self.agents.send_all(p.command(p.KILL))
+
+    def save_before_stopping(self, name: str) -> bool:
+        """A first SIGTERM (a preemption, an eviction, a time limit) to a job whose ranks save checkpoints: ask for
+        a save and stop after it when it fits in the grace period; else say what the stop without it loses."""
+        if name != "SIGTERM" or self.interrupts.count > 1 or self.saves.outcome is not None:
+            return False
+        if self.saves.inbox is not None and self.saves.inbox.stopped_by_command():
+            return False  # 'distlaunch stop' stops as Ctrl-C does; 'stop --checkpoint' is the one that saves
+        unfit = self.saves.fits(self.options.grace_period)
+        if unfit is None:
+            ask = SaveAsk("stop", name, exit_code=128 + signal.SIGTERM, budget_s=self.options.grace_period)
+            self.saves.ask(ask, time.monotonic())
+            return True
+        if unfit != "no rank reports checkpoints":  # a job that saves nothing loses nothing it could have kept
+            self.saves.lost_work = lost_work(self.steps)
+            lost = f"; {self.saves.lost_work}" if self.saves.lost_work else ""
+            self.sink.notice(f"received {name}; no save before the stop: {unfit}{lost}{time_limit_hint()}")
+        return False
 
 
 def _discard(events: queue.Queue) -> None:
@@ -375,15 +405,16 @@ def execute(
     options: ExecOptions,
     sink: Sink,
     connect: Connect,
-    requests: StackRequests | None = None,
+    requests: JobRequests | None = None,
     stop_request: StopRequest | None = None,
     recovery: Recovery | None = None,
     progress: Progress | None = None,
 ) -> RunReport:
     """Run the plan to completion and report how it ended. After an attempt that did not finish, ``recovery``
     decides what comes next (default: the same plan, up to ``max_restarts`` times). ``requests`` (from
-    ``launch``) brings 'distlaunch stacks' signals, answered while the job runs on; ``stop_request`` a stop asked
-    by distlaunch itself; ``progress`` is handed the report so far after each attempt (the job record's)."""
+    ``launch``) brings what commands ask of the running job (stacks, checkpoints) and the signals it traps;
+    ``stop_request`` a stop asked by distlaunch itself; ``progress`` is handed the report so far after each
+    attempt (the job record's)."""
     _make_log_dir(options.log_dir)
     recovery = recovery or Restarts(options.max_restarts, sink.notice)
     started = time.monotonic()
@@ -401,6 +432,7 @@ def execute(
             attempts.append(attempt)
             attempt.run()
             asked_to_stop = interrupts.first is not None or (stop_request is not None and stop_request.reason)
+            asked_to_stop = asked_to_stop or attempt.saves.outcome is not None  # saved as asked, then stopped
             if asked_to_stop:
                 break
             step = recovery.after(attempt, restart_count)
@@ -438,6 +470,8 @@ def _report(
         exit_code = 128 + interrupts.first
     elif stop_request is not None and stop_request.reason is not None and not failures:
         exit_code, stopped_by = stop_request.exit_code, stop_request.reason
+    elif last.saves.outcome is not None and not failures:  # a save asked with a stop after it (or in its place)
+        exit_code, stopped_by = last.saves.outcome
     elif hang is not None:
         exit_code = HANG_CODE
     elif silent:
@@ -463,6 +497,8 @@ def _report(
         wall_s=wall_s,
         attempts=[t.report for t in times],
         goodput=account(times, wall_s) if len(attempts) > 1 or last.steps.last_step is not None else None,
+        saved_on_request=[s for a in attempts for s in a.saves.saved],
+        lost_work=last.saves.lost_work,
     )
 
 
@@ -503,4 +539,6 @@ def _ending(attempt: _Attempt) -> str:
         return attempt.failures[0].what
     if attempt.quarantine:
         return "; ".join(f"{host}: {why}" for host, why in attempt.quarantine.items())
+    if attempt.saves.outcome is not None:  # stopped after a save it was asked for (or for want of one)
+        return attempt.saves.outcome[1]
     return "stopped" if attempt.stopped_at is not None else "finished"

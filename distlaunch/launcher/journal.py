@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 
-from distlaunch.contract.report import RunReport
+from distlaunch.contract.report import REQUEUE_CODE, RunReport
 from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, free_space, hold_space, jobs_dir, write_record
 from distlaunch.launcher.plan import LaunchPlan
 
@@ -53,6 +53,8 @@ class Journal:
         code = report.exit_code if report is not None else exit_code
         state = "succeeded" if code == 0 else "interrupted" if code in _INTERRUPTED else "failed"
         if state == "interrupted" and (jobs_dir() / self.record.job_id / STOP_FILE).exists():
+            state = "stopped"
+        if code == REQUEUE_CODE:  # saved as asked, then stopped: nothing failed
             state = "stopped"
         free_space(self.record.job_id)  # the room set aside at the start: this record lands on a full disk
         self.record = self.record.model_copy(

@@ -15,7 +15,8 @@ from distlaunch.launcher.job import CannotStart, Connect, ExecOptions, Progress,
 from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, Spares, build_plan
 from distlaunch.launcher.portlock import hold_port
 from distlaunch.launcher.program import check_local_program, check_workdir, program_label, start_error
-from distlaunch.launcher.signals import StackRequests, StopRequest, interrupts_unwind
+from distlaunch.launcher.requests import JobRequests, signal_number
+from distlaunch.launcher.signals import StopRequest, interrupts_unwind
 from distlaunch.launcher.spec import (
     check_master_port,
     is_local_host,
@@ -157,8 +158,11 @@ def _recorded(
 
     backend = "local" if all_local(plan) else "ssh"
     log_dir = str(exec_opts.log_dir) if exec_opts.log_dir is not None else None
-    # 'distlaunch stacks' finds the job through its record: answer its signal before the record exists.
-    with StackRequests() as requests:
+    # the save signal is trapped before the record exists: a signal that finds the record finds it trapped
+    with JobRequests(
+        save_signal=signal_number(exec_opts.save_signal),
+        forward=tuple(signal_number(n) for n in exec_opts.forward_signals),
+    ) as requests:
         journal = Journal.begin(plan, backend, command or [], log_dir, sink.notice)
         requests.folder = None if journal.broken else jobs_dir() / plan.job_id
         try:
@@ -185,7 +189,7 @@ def _launch(
     opts: LaunchOptions,
     exec_opts: ExecOptions,
     sink: Sink,
-    requests: StackRequests,
+    requests: JobRequests,
     stop_request: StopRequest | None,
     progress: Progress | None = None,
 ) -> RunReport:
@@ -225,7 +229,7 @@ def _heal(
     opts: LaunchOptions,
     exec_opts: ExecOptions,
     sink: Sink,
-    requests: StackRequests,
+    requests: JobRequests,
     stop_request: StopRequest | None,
     progress: Progress | None,
 ) -> RunReport:

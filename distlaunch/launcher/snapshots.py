@@ -1,9 +1,8 @@
 """``distlaunch stacks JOB``: every rank's stack from a running job, on demand, the job running on.
 
-The command signals the job's launcher (``STACKS_REQUEST_SIGNAL``, SIGUSR1) after checking that the pid is
-still that launcher (pid and start time, through a pidfd so the check and the signal reach the same
-process). The launcher asks its agents for stacks exactly as on a hang and writes a new numbered snapshot
-into the job's folder, never replacing an earlier one:
+The command leaves a request in the job's folder (launcher/requests.py) after checking that the record's
+launcher is still that process (pid and start time). The launcher asks its agents for stacks exactly as on a
+hang and writes a new numbered snapshot into the job's folder, never replacing an earlier one:
 
     jobs/<job id>/stacks-1/rank<N>.txt   every rank's full stack
     jobs/<job id>/stacks-1.json          a StacksSnapshot: where each group of ranks waits (written last)
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +21,7 @@ from pydantic import BaseModel, Field
 from distlaunch.contract.report import StackGroup
 from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, jobs_dir
-from distlaunch.launcher.signals import STACKS_REQUEST_SIGNAL
+from distlaunch.launcher.requests import post_request
 from distlaunch.launcher.stacks import summarise_stacks, write_rank_stacks
 
 POLL_S = 0.1
@@ -82,24 +80,9 @@ def request_stacks(record: JobRecord, timeout: float) -> StacksSnapshot:
             f"job {record.job_id} is a {record.backend} job: distlaunch stacks reaches only jobs of run and train",
             _ELSEWHERE[record.backend],
         )
-    owner = record.owner
-    if record.state == "lost" and owner is not None:
-        raise UsageError(
-            f"job {record.job_id} is lost: its launcher (pid {owner.pid} on {owner.hostname}) is gone",
-            "there are no ranks left to ask",
-        )
-    if record.final or owner is None:
-        raise UsageError(
-            f"job {record.job_id} is {record.state}, not running",
-            f"see 'distlaunch status {record.job_id}'; a hang's stacks are in its report",
-        )
-    if owner.hostname != os.uname().nodename:
-        raise UsageError(
-            f"job {record.job_id} is supervised on {owner.hostname}", f"run 'distlaunch stacks' on {owner.hostname}"
-        )
     folder = jobs_dir() / record.job_id
     seen = max(_numbers(folder), default=0)
-    _signal_launcher(record)
+    post_request(record, "stacks")  # refused for a job that ended, is lost, or runs on another machine
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         newer = [n for n in _numbers(folder) if n > seen and (folder / f"stacks-{n}.json").exists()]
@@ -110,23 +93,3 @@ def request_stacks(record: JobRecord, timeout: float) -> StacksSnapshot:
         f"job {record.job_id} did not answer with its stacks within {timeout:g}s",
         f"try a longer --timeout, or see 'distlaunch logs {record.job_id}'",
     )
-
-
-def _signal_launcher(record: JobRecord) -> None:
-    """Signal the launcher named by the record, and only it: a pid the system has since reused is refused."""
-    owner = record.owner
-    gone = UsageError(
-        f"job {record.job_id} is lost: its launcher (pid {owner.pid}) is gone", "there are no ranks left to ask"
-    )
-    try:
-        pidfd = os.pidfd_open(owner.pid)  # holds that very process: a later pid reuse cannot redirect the signal
-    except ProcessLookupError:
-        raise gone from None
-    try:
-        if not owner.alive():  # pid and start time: the process the pidfd holds is the job's launcher
-            raise gone
-        signal.pidfd_send_signal(pidfd, STACKS_REQUEST_SIGNAL)
-    except ProcessLookupError:
-        raise gone from None
-    finally:
-        os.close(pidfd)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
+import distlaunch
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, verify_share
 from distlaunch.engine.checkpoint.manifest import CheckpointMeta
 from distlaunch.engine.checkpoint.resume import nothing_left, resume_candidates, resume_source, steps_left
@@ -38,6 +41,9 @@ class Checkpointing:
         )
         self.watchdog = Watchdog(rank)
         self.tag = f"{self.job or 'job'}-r{self.tries}"  # start() replaces it with one all ranks agree on
+        self.asks_group = None  # where ranks agree on a save request: the default group, or gloo beside NCCL
+        self.declined: int | None = None  # the request rank 0 said it cannot honour (no checkpoint.dir)
+        self.save_s: float | None = None  # how long the newest save took, as this rank measured it
 
     def _agree(self) -> tuple[list[Path], str]:
         """Rank 0 picks the resume candidates and the save tag; every rank gets them (or its error)."""
@@ -105,6 +111,9 @@ class Checkpointing:
         """Agree on the resume source and the save tag (collective), verify, load; returns the first step:
         ``train.steps + 1`` when the checkpoint already reaches the last step (nothing left to train)."""
         candidates, self.tag = self._agree()
+        distlaunch.checkpoint_requested()  # arms the save signal now: it may come before the first step ends
+        if dist.get_backend() != "gloo":  # on the host, beside NCCL: the flag must not wait for the device's queue
+            self.asks_group = dist.new_group(backend="gloo")
         if not candidates:
             return 1
         path, meta = self._resume(candidates)
@@ -132,15 +141,46 @@ class Checkpointing:
         ckpt = self.cfg.checkpoint
         return ckpt.dir is not None and ((ckpt.every > 0 and step % ckpt.every == 0) or step == self.cfg.train.steps)
 
-    def after_step(self, step: int) -> Path | None:
-        """Save the checkpoint of ``step`` when due (collective); rank 0 gets the published path."""
-        if not self.due(step):
+    def asked(self, step: int) -> distlaunch.SaveRequest | None:
+        """The save request the ranks agree to answer after ``step``, or None (collective, every step).
+
+        Each rank reads its own requests (a file its agent replaces, or a signal), so one may see a request a
+        step before another: all ranks take the strongest that any of them saw (0 none, 1 save, 2 save and
+        stop) and save the same step. Without ``checkpoint.dir`` there is nowhere to save: rank 0 says so once,
+        and the launcher that asked stops the job at its deadline as it would have without asking."""
+        mine = distlaunch.save_request()
+        code = torch.tensor([0 if mine is None else 2 if mine.then == "stop" else 1], dtype=torch.int32)
+        what = f"agreeing on a save request after step {step}"
+        with self.watchdog.guard(what, self.cfg.train.step_timeout, "train.step_timeout"):
+            dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.asks_group)
+        if not code.item():
+            return None
+        then = "stop" if code.item() == 2 else "continue"
+        mine = mine or distlaunch.save_request()  # another rank saw it first: by now this one's file says who asked
+        why = mine.why if mine is not None else "a request seen by another rank"
+        if self.cfg.checkpoint.dir is None:
+            key = mine.id if mine is not None else -2
+            if self.rank == 0 and self.declined != key:
+                self.declined = key
+                print(
+                    f"warning: a checkpoint was asked for ({why}) but checkpoint.dir is not set: nothing is saved "
+                    "(set checkpoint.dir to keep the work)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return None
+        return distlaunch.SaveRequest(mine.id if mine is not None else -2, then, why)
+
+    def after_step(self, step: int, asked: bool = False) -> Path | None:
+        """Save the checkpoint of ``step`` when due, or ``asked`` (collective); rank 0 gets the published path."""
+        if not (self.due(step) or asked):
             return None
         from distlaunch.engine.checkpoint.store import save_checkpoint  # DCP costs ~1 s to import: only when used
 
         ckpt = self.cfg.checkpoint
+        started = time.monotonic()
         with self.watchdog.guard(f"checkpoint save of step {step}", ckpt.timeout, "checkpoint.timeout"):
-            return save_checkpoint(
+            path = save_checkpoint(
                 self.engine,
                 self.engine.train_state,
                 step,
@@ -149,3 +189,5 @@ class Checkpointing:
                 self.tag,
                 lambda: self.fault.in_save(step, self.rank),
             )
+        self.save_s = time.monotonic() - started
+        return path
