@@ -51,7 +51,15 @@ def engine_args(ckpt: Path, metrics: Path, every: int) -> list[str]:
 
 
 def last_step(metrics: Path) -> int:
-    steps = [r["step"] for r in map(json.loads, metrics.read_text().splitlines()) if "step" in r]
+    """The newest step in the metrics file (a last line still being written is left for the next look)."""
+    steps = []
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "step" in record:
+            steps.append(record["step"])
     return max(steps, default=0)
 
 

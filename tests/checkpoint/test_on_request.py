@@ -32,7 +32,15 @@ def metrics_steps(metrics) -> list[int]:
     """Every step line of metrics.jsonl, in order, repeats included."""
     if not metrics.exists():
         return []
-    return [r["step"] for r in map(json.loads, metrics.read_text().splitlines()) if "step" in r]
+    return [r["step"] for r in map(_record, metrics.read_text().splitlines()) if "step" in r]
+
+
+def _record(line: str) -> dict:
+    """One metrics line; one the engine is still writing (the last, read mid-write) as nothing."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return {}
 
 
 def events(metrics) -> list[dict]:
