@@ -41,6 +41,7 @@ class _Requests:
         self.signalled: SaveRequest | None = None  # the save signal's request (srun), until a save answers it
         self.file_stamp: tuple[int, int] | None = None
         self.armed = False
+        self.termed = False  # a SIGTERM asked for a save (arm_term): the next one ends the rank
 
     def arm(self) -> None:
         """Trap ``$DISTLAUNCH_SAVE_SIGNAL`` (once, from the main thread: only there can Python set a handler)."""
@@ -53,6 +54,22 @@ class _Requests:
         sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
         if isinstance(sig, signal.Signals):
             signal.signal(sig, lambda signum, frame: self._on_signal(signum))
+
+    def arm_term(self) -> None:
+        """Under srun, SIGTERM too asks for a save and a stop (Slurm sends it straight to every rank at a time limit
+        it gave no warning of, on ``scancel``, on a preemption); a second SIGTERM ends the rank as SIGTERM does."""
+        name = os.environ.get("DISTLAUNCH_SAVE_SIGNAL", "").strip().upper()
+        if not name or name == "NONE" or threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._on_term())
+
+    def _on_term(self) -> None:
+        if self.termed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.termed = True
+        self._on_signal(signal.SIGTERM)
 
     def _on_signal(self, signum: int) -> None:
         if self.signalled is None:
@@ -103,6 +120,13 @@ def save_request() -> SaveRequest | None:
     with contextlib.suppress(Exception):  # never fail a rank over a request
         return _requests.pending()
     return None
+
+
+def save_on_sigterm() -> None:
+    """Where distlaunch forwards a save signal (under ``distlaunch slurm run``), let SIGTERM ask for a save and a
+    stop as well, once; for a loop that stops by itself after the save (the bundled engine does)."""
+    with contextlib.suppress(Exception):
+        _requests.arm_term()
 
 
 def answered() -> int:

@@ -10,14 +10,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from distlaunch.backends.base import remember
+from distlaunch.backends.base import CheckpointSaved, remember
 from distlaunch.backends.output import FileOutput
-from distlaunch.errors import DistlaunchError, HostError, UsageError
+from distlaunch.contract.report import REQUEUE_CODE
+from distlaunch.errors import DistlaunchError, HostError, NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, write_record
 
 if TYPE_CHECKING:
     from distlaunch.launcher.snapshots import StacksSnapshot
     from distlaunch.slurm.job import SlurmJob, SlurmJobOptions
+    from distlaunch.slurm.lead import SignalLead
     from distlaunch.slurm.sbatch import SbatchResult
 
 log = logging.getLogger("distlaunch")
@@ -28,6 +30,8 @@ _SLURM_STATES = {
     "PENDING": "pending",
     "CONFIGURING": "pending",
     "REQUEUED": "pending",
+    "REQUEUE_HOLD": "pending",  # requeued and held (scontrol release)
+    "REQUEUE_FED": "pending",
     "RUNNING": "running",
     "COMPLETING": "running",
     "SUSPENDED": "running",
@@ -55,7 +59,7 @@ class SlurmBatch(FileOutput):
         from distlaunch.contract.env import parse_env
         from distlaunch.slurm.sbatch import default_job_name, submit
 
-        job, script = self.script(opts, output, template)
+        job, script, _ = self.script(opts, output, template)
         return submit(
             script,
             wait=wait,
@@ -74,13 +78,17 @@ class SlurmBatch(FileOutput):
             ),
         )
 
-    def script(self, opts: SlurmJobOptions, output: str | None, template: Path | None) -> tuple[SlurmJob, str]:
-        """The job as Slurm will run it, and its batch script (what ``--dry-run`` prints)."""
+    def script(
+        self, opts: SlurmJobOptions, output: str | None, template: Path | None
+    ) -> tuple[SlurmJob, str, SignalLead | None]:
+        """The job as Slurm will run it, its batch script (what ``--dry-run`` prints), and how far ahead of its time
+        limit it is warned (None: it is not requeued)."""
         from distlaunch.slurm.job import resolve_job
-        from distlaunch.slurm.sbatch import render_script
+        from distlaunch.slurm.sbatch import batch_lead, render_script
 
         job = resolve_job(opts, {})  # the script asks for its own allocation: ignore the one we may be in
-        return job, render_script(job, opts, output, template)
+        lead = batch_lead(job, opts)
+        return job, render_script(job, opts, output, template, lead), lead
 
     def stacks(self, record: JobRecord, timeout: float) -> StacksSnapshot:
         raise UsageError(
@@ -107,9 +115,14 @@ class SlurmBatch(FileOutput):
             return record.model_copy(update={"state": "lost", "error": "Slurm no longer knows this job"})
         state = _SLURM_STATES.get(found.state, "failed")
         update: dict = {"state": state, "error": None if state != "failed" else f"Slurm state {found.state}"}
+        if found.restarts is not None:  # requeued by Slurm (its save-and-requeue, a preemption): still one job
+            update["restarts"] = found.restarts
         update.update(_slurm_nodes(record, found.nodes, found.node_list))
         if state in ("succeeded", "stopped", "failed"):
-            update.update(exit_code=exit_code_of(found.state, found.exit_code), ended_at=time.time())
+            code = exit_code_of(found.state, found.exit_code)
+            if code == REQUEUE_CODE:  # saved as asked, then ended for a requeue that was not to be: nothing failed
+                update.update(state="stopped", error=None)
+            update.update(exit_code=code, ended_at=time.time())
             now = record.model_copy(update=update)
             write_record(now)  # final: later reads need no Slurm
             return now
@@ -129,12 +142,62 @@ class SlurmBatch(FileOutput):
                 f"the job may still run: check it with squeue -j {record.native_id}",
             )
 
+    def checkpoint(self, record: JobRecord, then: str, timeout: float) -> CheckpointSaved:
+        """``stop --checkpoint``: the batch script's ``distlaunch slurm run`` gets the save signal, as before a time
+        limit; its ranks save one step and it requeues the job (or, with --no-requeue, ends it with 75). A job
+        requeued so is then cancelled while it waits: saved, then stopped. The step comes from the output file."""
+        if then != "stop":
+            raise UsageError(
+                f"job {record.job_id} is a Slurm job: its ranks save when asked only to stop or requeue",
+                f"distlaunch stop --checkpoint {record.job_id} saves, then stops; scancel --batch --signal=USR1 "
+                f"{record.native_id} saves, then requeues",
+            )
+        if record.state != "running":
+            raise UsageError(f"job {record.job_id} is {record.state}: no rank runs to save", "distlaunch stop stops it")
+        from distlaunch.slurm.jobstate import slurm_command
+        from distlaunch.slurm.savesignal import saved_step
+
+        signal_name = _save_signal(record.command)
+        if signal_name.lower() == "none":
+            raise UsageError(
+                f"job {record.job_id} was submitted with --save-signal none: its ranks are never asked to save",
+                f"distlaunch stop {record.job_id} stops it without a save",
+            )
+        done = slurm_command(["scancel", "--batch", f"--signal={signal_name}", record.native_id or ""])
+        if done.returncode:
+            raise HostError(f"scancel --batch --signal={signal_name} {record.native_id} failed", done.stderr.strip())
+        deadline = time.monotonic() + timeout
+        now = record
+        while time.monotonic() < deadline and now.state == "running":
+            time.sleep(0.5)
+            now = self.reread(record)
+        if now.state == "pending":  # requeued after its save: it would start again and resume; it is to stop
+            self.request_stop(record)
+        text = Path(record.output).read_text(errors="replace") if record.output and Path(record.output).exists() else ""
+        steps = [found[1] for line in text.splitlines() if (found := saved_step(line))]
+        if not steps:
+            raise NoAnswer(
+                f"job {record.job_id} reported no checkpoint saved within {timeout:g}s",
+                f"see 'distlaunch logs {record.job_id}'",
+            )
+        return CheckpointSaved(job_id=record.job_id, step=steps[-1], then=then)
+
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
         if stderr:  # sbatch writes both streams to one file unless the template says otherwise
             raise UsageError(f"job {record.job_id} is a Slurm job: its stderr is in its output file", "drop --stderr")
         if not record.output:
             raise UsageError(f"job {record.job_id} writes per-node or per-task files", "look at its --output files")
         return Path(record.output)
+
+
+def _save_signal(command: list[str]) -> str:
+    """The save signal the job's batch script traps: its --save-signal as submitted, else USR1."""
+    for i, arg in enumerate(command):
+        if arg.startswith("--save-signal="):
+            return arg.split("=", 1)[1]
+        if arg == "--save-signal" and i + 1 < len(command):
+            return command[i + 1]
+    return "USR1"
 
 
 def _slurm_nodes(record: JobRecord, nodes: int | None, node_list: str | None) -> dict:

@@ -12,6 +12,7 @@ from distlaunch.backends.kubernetes import Kubernetes
 from distlaunch.cli.groups import command_line
 from distlaunch.k8s.manifest import K8sJobOptions, manifest
 from distlaunch.k8s.yaml import dump_all
+from distlaunch.launcher.spec import parse_seconds
 
 k8s_app = typer.Typer(
     name="k8s", help="Run a job on Kubernetes: an Indexed Job, one pod per node, no operator.", no_args_is_help=True
@@ -37,9 +38,25 @@ Namespace = Annotated[str | None, typer.Option("--namespace", help="Namespace (d
 MasterPort = Annotated[int, typer.Option("--master-port", help="Port of rank 0 (init_process_group).")]
 RdzvPort = Annotated[int, typer.Option("--rdzv-port", help="Port where the pods meet (distlaunch's node store).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the objects as a JSON list instead of YAML.")]
+Module = Annotated[
+    bool, typer.Option("-m", "--module", help="The program is a module (distlaunch run -m), e.g. distlaunch.engine.")
+]
+GracePeriod = Annotated[
+    float | None,
+    typer.Option(
+        "--grace-period",
+        parser=parse_seconds,
+        metavar="S",
+        help="The pods' seconds from SIGTERM to SIGKILL for their ranks (distlaunch run --grace-period). Default: the "
+        "bundled engine's save estimate, at least 10. terminationGracePeriodSeconds is it plus the save estimate.",
+        show_default=False,
+    ),
+]
 
 
-def _opts(program, nodes, nproc, image, gpus, env, secret_env, max_restarts, name, namespace, master_port, rdzv_port):
+def _opts(
+    program, nodes, nproc, image, gpus, env, secret_env, max_restarts, name, namespace, master_port, rdzv_port, **more
+):
     return K8sJobOptions(
         program=program,
         image=image,
@@ -53,6 +70,7 @@ def _opts(program, nodes, nproc, image, gpus, env, secret_env, max_restarts, nam
         max_restarts=max_restarts,
         env=env or [],
         secret_env=secret_env or [],
+        **more,
     )
 
 
@@ -70,6 +88,8 @@ def manifest_cmd(
     namespace: Namespace = None,
     master_port: MasterPort = 29500,
     rdzv_port: RdzvPort = 29400,
+    module: Module = False,
+    grace_period: GracePeriod = None,
     json_output: Json = False,
 ) -> int:
     """Print a headless Service and an Indexed Job (YAML, or JSON with --json) for kubectl apply -f."""
@@ -87,6 +107,8 @@ def manifest_cmd(
             namespace,
             master_port,
             rdzv_port,
+            module=module,
+            grace_period=grace_period,
         )
     )
     print(json.dumps(objects, indent=2) if json_output else dump_all(objects), end="" if not json_output else "\n")
@@ -107,6 +129,8 @@ def submit_cmd(
     namespace: Namespace = None,
     master_port: MasterPort = 29500,
     rdzv_port: RdzvPort = 29400,
+    module: Module = False,
+    grace_period: GracePeriod = None,
 ) -> int:
     """Apply the manifest with kubectl apply -f - (kubectl must be on PATH) and record the job (distlaunch jobs)."""
     opts = _opts(
@@ -122,6 +146,8 @@ def submit_cmd(
         namespace,
         master_port,
         rdzv_port,
+        module=module,
+        grace_period=grace_period,
     )
     code, job_id = Kubernetes().submit(opts, command_line())
     if job_id is not None:

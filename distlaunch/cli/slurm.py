@@ -15,11 +15,14 @@ import typer
 
 from distlaunch.backends.slurm_batch import SlurmBatch
 from distlaunch.cli import groups as g
+from distlaunch.cli.options import given_flags
 from distlaunch.cli.render import print_json
 from distlaunch.contract.env import parse_env
-from distlaunch.protocol import GRACE_PERIOD_S
-from distlaunch.slurm.job import SlurmJobOptions, resolve_job
-from distlaunch.slurm.srun import SrunResult, run_srun
+from distlaunch.errors import UsageError
+from distlaunch.slurm.job import SAVE_SIGNAL_VAR, SlurmJob, SlurmJobOptions, resolve_job
+from distlaunch.slurm.lead import MAX_LEAD_S
+from distlaunch.slurm.requeue import settle
+from distlaunch.slurm.srun import SaveSignal, SrunResult, run_srun
 
 SLURM = "Slurm options"
 
@@ -62,6 +65,47 @@ JobName = Annotated[
     str | None,
     typer.Option("-J", "--job-name", help="Job name (sbatch default: the script's name).", rich_help_panel=SLURM),
 ]
+Requeue = Annotated[
+    bool,
+    typer.Option(
+        "--requeue",
+        help="Once every rank saved a checkpoint on the save signal, requeue this batch job (scontrol requeue "
+        "$SLURM_JOB_ID), which resumes there; exit 75.",
+        rich_help_panel=SLURM,
+    ),
+]
+
+
+def parse_signal_lead(text: str) -> int:
+    """``--signal-lead``: whole seconds, 1..65535 (what sbatch --signal takes)."""
+    if not text.strip().isdigit():
+        raise UsageError(
+            f"--signal-lead {text!r} is not a whole number of seconds",
+            f"give the seconds the job needs to save and stop, 1 to {MAX_LEAD_S}, e.g. --signal-lead 300",
+        )
+    return int(text)
+
+
+NoRequeue = Annotated[
+    bool,
+    typer.Option(
+        "--no-requeue",
+        help="Leave out the warning ahead of the time limit and the requeue: the job ends at its time limit.",
+        rich_help_panel=SLURM,
+    ),
+]
+SignalLeadOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--signal-lead",
+        metavar="SECONDS",
+        parser=parse_signal_lead,
+        help="Warn the job this many seconds before its time limit (#SBATCH --signal=B:USR1@SECONDS). Default: "
+        "computed, for the bundled engine from its config (docs/slurm.md).",
+        rich_help_panel=SLURM,
+        show_default=False,
+    ),
+]
 
 slurm_app = typer.Typer(
     name="slurm",
@@ -83,22 +127,34 @@ SLURM_OPTIONS = (
     g.Opt("job_name", JobName, None),
 )
 # what a task's ``distlaunch run --launcher slurm`` gets (job.forwarded_options), and how this command reports
-LAUNCH = ("nproc_per_node", "parallel", "master_addr", "master_port", "backend", "env", "python", "json_output")
+LAUNCH = (
+    "nproc_per_node",
+    "parallel",
+    "master_addr",
+    "master_port",
+    "backend",
+    "env",
+    "python",
+    "save_signal",
+    "json_output",
+)
 
 
 @dataclass(frozen=True)
 class SlurmArgs:
-    """What ``slurm run|sbatch`` options say: the job, and how to run and report it."""
+    """What ``slurm run|sbatch`` options say: the job, and how to report it."""
 
     opts: SlurmJobOptions
     json_output: bool
-    grace_period: float  # slurm run: SIGTERM to SIGKILL
 
 
 def slurm_args(values: dict[str, Any], ctx: typer.Context) -> SlurmArgs:
-    """The job options as typed (--python unset or empty: the launcher's own), built here only."""
-    opts = SlurmJobOptions(**g.fields_of(SlurmJobOptions, {**values, "python": values["python"] or None}))
-    return SlurmArgs(opts, values["json_output"], values.get("grace_period", GRACE_PERIOD_S))
+    """The job options as typed (--python unset or empty: the launcher's own), built here only. ``--save-signal``
+    typed says the program saves on it; ``--save-signal none`` is None, which fields_of would drop."""
+    fields = g.fields_of(SlurmJobOptions, {**values, "python": values["python"] or None})
+    typed = bool(given_flags(ctx, ("save_signal",)))
+    opts = SlurmJobOptions(**{**fields, "save_signal": values["save_signal"], "save_signal_given": typed})
+    return SlurmArgs(opts, values["json_output"])
 
 
 def slurm_options(*launch: str) -> Callable[[Callable], Callable]:
@@ -110,34 +166,71 @@ def slurm_options(*launch: str) -> Callable[[Callable], Callable]:
 @slurm_options("grace_period")
 def slurm_run(
     launch: SlurmArgs,
+    requeue: Requeue = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the srun command and start nothing.")] = False,
 ) -> int:
     """Run SCRIPT with srun, one task per rank, inside this allocation or asking for one.
 
     One failing rank stops the step (--kill-on-bad-exit=1). Ctrl-C or SIGTERM sends every rank SIGTERM, waits
-    --grace-period, then SIGKILL (a second Ctrl-C: SIGKILL at once). Exit code: the first failing rank's (128+N if
-    killed by signal N), 2 for bad options, 130/143 after Ctrl-C / SIGTERM.
+    --grace-period, then SIGKILL (a second Ctrl-C: SIGKILL at once). The save signal (--save-signal, USR1) is passed
+    on to every rank, which saves a checkpoint and stops; a SIGTERM passes it on first to ranks that save on it.
+    Exit code: the first failing rank's (128+N if killed by signal N), 2 for bad options, 75 when every rank saved as
+    asked (--requeue: and the job was requeued), 130/143 after Ctrl-C / SIGTERM.
     """
-    opts, json_output = launch.opts, launch.json_output
+    opts, json_output = launch.opts.model_copy(update={"requeue": requeue}), launch.json_output
     job = resolve_job(opts, os.environ)
     if dry_run:
         print_json(job) if json_output else print(shlex.join(job.srun))
         return 0
     # --json: stdout is the report only; --env values go through srun's environment, never its argv
     result = run_srun(
-        job.srun, out=sys.stderr if json_output else None, env=parse_env(opts.env), grace_period=launch.grace_period
+        job.srun,
+        out=sys.stderr if json_output else None,
+        env=_srun_env(opts, job),
+        grace_period=opts.grace_period,
+        save=SaveSignal(name=job.save_signal, saves_first_on_term=job.saves_on_signal) if job.save_signal else None,
     )
+    result = settle(result, job.requeue, os.environ)
     _report(result)
     if json_output:
         print_json(result)
     return result.exit_code
 
 
+def _srun_env(opts: SlurmJobOptions, job: SlurmJob) -> dict[str, str]:
+    """srun's environment besides this one's: the --env values, and the save signal every rank saves on."""
+    env = parse_env(opts.env)
+    if job.save_signal:
+        env[SAVE_SIGNAL_VAR] = job.save_signal
+    return env
+
+
+def _requeue_words(result: SrunResult) -> str:
+    """What became of the saved job: ``requeued Slurm job 12: it resumes there``, or how to resume it."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if result.requeued:
+        return f"requeued Slurm job {job}: it resumes there"
+    if result.requeue_error:
+        again = f"scontrol requeue {job}" if job else "submit it again"
+        return f"not requeued: {result.requeue_error} ({again} and it resumes there)"
+    return "requeue the job (or start it again) and it resumes there"
+
+
 def _report(result: SrunResult) -> None:
     failure = result.failure
     if result.interrupted:
+        saved = ""
+        if result.saved:
+            saved = f"; rank {result.saved_by_rank} saved the checkpoint of step {result.saved_step}"
+            saved += f"; {_requeue_words(result)}" if result.requeued or result.requeue_error else ""
         sys.stderr.write(
-            f"distlaunch: interrupted by {result.interrupted}; {result.stopped or 'srun had already ended'} "
+            f"distlaunch: interrupted by {result.interrupted}; {result.stopped or 'srun had already ended'}{saved} "
+            f"(exit {result.exit_code})\n"
+        )
+    elif result.save_asked_by:
+        then = _requeue_words(result) if result.saved else _ended_words(result)
+        sys.stderr.write(
+            f"distlaunch: {result.save_asked_by} (the save signal); {result.save_sent}; {then} "
             f"(exit {result.exit_code})\n"
         )
     elif failure:
@@ -149,10 +242,21 @@ def _report(result: SrunResult) -> None:
         )
 
 
+def _ended_words(result: SrunResult) -> str:
+    """How the ranks ended when they did not all save and exit 0."""
+    failure = result.failure
+    if failure:
+        how = f"was killed by {failure.signal}" if failure.signal else f"exited with code {failure.exit_code}"
+        return f"rank {failure.rank} on {failure.node} {how}"
+    return f"srun exited {result.srun_exit_code}" if result.srun_exit_code else "every rank exited 0"
+
+
 @slurm_app.command("sbatch", context_settings=_SCRIPT_CONTEXT)
-@slurm_options()
+@slurm_options("grace_period")
 def slurm_sbatch(
     launch: SlurmArgs,
+    no_requeue: NoRequeue = False,
+    signal_lead: SignalLeadOpt = None,
     output: Annotated[
         str | None,
         typer.Option(
@@ -173,13 +277,22 @@ def slurm_sbatch(
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script and submit nothing.")] = False,
 ) -> int:
-    """Write a batch script from the sbatch template, submit it, and print the job id (--wait: follow it to the end)."""
-    opts, json_output = launch.opts, launch.json_output
+    """Write a batch script from the sbatch template, submit it, and print the job id (--wait: follow it to the end).
+
+    By default the job outlives its time limit: Slurm warns it LEAD seconds ahead (--signal-lead; computed), every
+    rank saves a checkpoint, and the job requeues itself and resumes there (--no-requeue: it just ends)."""
+    requeue = not no_requeue and launch.opts.save_signal is not None
+    if not requeue and signal_lead is not None:
+        flag = "--no-requeue" if no_requeue else "--save-signal none"
+        raise UsageError(f"--signal-lead with {flag}: nothing is warned ahead of the time limit", "give one of them")
+    opts = launch.opts.model_copy(update={"requeue": requeue, "signal_lead": signal_lead})
+    json_output = launch.json_output
     batch = SlurmBatch()
     if dry_run:
-        job, script = batch.script(opts, output, template)
+        job, script, lead = batch.script(opts, output, template)
         if json_output:
-            print(json.dumps({"job": job.model_dump(mode="json"), "script": script}, indent=2))
+            shown = {"job": job.model_dump(mode="json"), "script": script, "signal_lead": _json(lead)}
+            print(json.dumps(shown, indent=2))
         else:
             sys.stdout.write(script)
         return 0
@@ -190,3 +303,7 @@ def slurm_sbatch(
     if json_output:
         print_json(result)
     return result.exit_code or 0
+
+
+def _json(model: Any) -> Any:
+    return None if model is None else model.model_dump(mode="json")

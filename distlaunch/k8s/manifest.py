@@ -8,12 +8,16 @@ in DISTLAUNCH_MASTER_ADDR.
 
 from __future__ import annotations
 
+import math
 import re
 
 from pydantic import BaseModel, Field
 
 from distlaunch.contract.env import parse_env
+from distlaunch.engine.planner.saving import DEFAULT_SAVE_S, SaveEstimate, program_save_estimate
 from distlaunch.errors import UsageError
+from distlaunch.launcher.saves import FIT_MARGIN
+from distlaunch.protocol import GRACE_PERIOD_S
 
 MASTER_ADDR_VAR = "DISTLAUNCH_MASTER_ADDR"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1035 label: the Service's name is one
@@ -23,8 +27,9 @@ _SECRET_REF = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]([-a-z0-9.]*[a-z0-
 class K8sJobOptions(BaseModel):
     """What ``distlaunch k8s manifest`` turns into Kubernetes objects."""
 
-    program: list[str]  # SCRIPT [ARGS...] as given to distlaunch run
+    program: list[str]  # SCRIPT [ARGS...] as given to distlaunch run (MODULE [ARGS...] with module)
     image: str
+    module: bool = False  # distlaunch run -m: the program is a module, e.g. distlaunch.engine
     nodes: int = 1
     nproc_per_node: int = 1
     gpus_per_node: int = 0
@@ -35,6 +40,20 @@ class K8sJobOptions(BaseModel):
     max_restarts: int = 0
     env: list[str] = Field(default_factory=list)  # KEY=VALUE
     secret_env: list[str] = Field(default_factory=list)  # NAME=SECRET:KEY, read from the Secret by the kubelet
+    grace_period: float | None = None  # the pods' distlaunch run --grace-period; None: from the save estimate
+
+
+class TerminationGrace(BaseModel):
+    """How long a pod has to stop: Kubernetes sends SIGTERM (an eviction, a preemption, kubectl delete), waits
+    ``terminationGracePeriodSeconds``, then SIGKILLs. The pod's launcher saves first when the save fits in its
+    ``--grace-period``, then stops the ranks (SIGTERM, the grace period, SIGKILL): so the pod gets the save and one
+    grace period more."""
+
+    seconds: int  # terminationGracePeriodSeconds: ceil(save_s) + grace_period
+    grace_period: float  # the pods' launcher's --grace-period
+    save_s: float  # the engine's save-on-request estimate (engine/planner/saving.py), else DEFAULT_SAVE_S
+    estimate: SaveEstimate | None = None
+    how: str
 
 
 def check_options(opts: K8sJobOptions) -> None:
@@ -46,6 +65,8 @@ def check_options(opts: K8sJobOptions) -> None:
             raise UsageError(f"{flag} {value} must be at least 1", f"give e.g. {flag} 2")
     if opts.gpus_per_node < 0 or opts.max_restarts < 0:
         raise UsageError("--gpus-per-node and --max-restarts cannot be negative", "give 0 or more")
+    if opts.grace_period is not None and not 0 <= opts.grace_period <= 86400:
+        raise UsageError(f"--grace-period {opts.grace_period:g} is out of range", "give seconds from 0 to 86400")
     if not opts.image.strip():
         raise UsageError("--image is empty", "give the container image that has distlaunch and your script")
     # Pod hostnames are <name>-<index>: the name must be a DNS label with room for the index.
@@ -101,7 +122,31 @@ def literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def pod_args(opts: K8sJobOptions) -> list[str]:
+def save_estimate(opts: K8sJobOptions) -> SaveEstimate | None:
+    """The bundled engine's save-on-request time on this job's pods, or None for another program."""
+    world_size = opts.nodes * opts.nproc_per_node
+    return program_save_estimate(
+        opts.module, opts.program, None, world_size, opts.nproc_per_node, opts.gpus_per_node > 0,
+        "a volume every pod mounts",
+    )  # fmt: skip
+
+
+def termination_grace(opts: K8sJobOptions) -> TerminationGrace:
+    """The pods' grace period (their launcher's, and Kubernetes' before SIGKILL), from the same save estimate as
+    Slurm's warning. The launcher saves on SIGTERM only when its measured save and a step, with a quarter's
+    margin, fit in its --grace-period: so that defaults to the estimate with that margin (at least 10 s)."""
+    estimate = save_estimate(opts)
+    save_s = estimate.seconds if estimate else float(DEFAULT_SAVE_S)
+    grace = opts.grace_period
+    if grace is None:
+        grace = float(max(GRACE_PERIOD_S, math.ceil(save_s * FIT_MARGIN))) if estimate else GRACE_PERIOD_S
+    seconds = math.ceil(save_s) + math.ceil(grace)
+    part = estimate.describe() if estimate else f"{DEFAULT_SAVE_S} s to save (not the bundled engine: a default)"
+    how = f"ceil({part}) + {grace:g} s --grace-period = {seconds} s"
+    return TerminationGrace(seconds=seconds, grace_period=grace, save_s=save_s, estimate=estimate, how=how)
+
+
+def pod_args(opts: K8sJobOptions, grace_period: float = GRACE_PERIOD_S) -> list[str]:
     """The args of ``distlaunch`` in every pod; Kubernetes fills in the ``$(VAR)`` references (ours only:
     the program's own words are ``literal``)."""
     return [
@@ -112,6 +157,8 @@ def pod_args(opts: K8sJobOptions) -> list[str]:
         "--master-port", str(opts.master_port),
         "--rdzv-endpoint", f"$({MASTER_ADDR_VAR}):{opts.rdzv_port}",
         "-n", str(opts.nproc_per_node),
+        "--grace-period", f"{grace_period:g}",
+        *(["-m"] if opts.module else []),
         "--",
         *map(literal, opts.program),
     ]  # fmt: skip
@@ -143,7 +190,7 @@ def service(opts: K8sJobOptions) -> dict:
     }
 
 
-def container(opts: K8sJobOptions) -> dict:
+def container(opts: K8sJobOptions, grace_period: float = GRACE_PERIOD_S) -> dict:
     env = [{"name": MASTER_ADDR_VAR, "value": master_address(opts)}]
     env += [{"name": k, "value": literal(v)} for k, v in parse_env(opts.env).items()]
     env += secret_refs(opts.secret_env)
@@ -151,7 +198,7 @@ def container(opts: K8sJobOptions) -> dict:
         "name": "trainer",
         "image": opts.image,
         "command": ["distlaunch"],
-        "args": pod_args(opts),
+        "args": pod_args(opts, grace_period),
         "env": env,
         "ports": [{"containerPort": opts.master_port}, {"containerPort": opts.rdzv_port}],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
@@ -163,10 +210,11 @@ def container(opts: K8sJobOptions) -> dict:
 
 def job(opts: K8sJobOptions) -> dict:
     """Indexed Job: one pod per node, node rank = completion index; the whole job retried up to backoffLimit."""
+    grace = termination_grace(opts)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(opts),
+        "metadata": _metadata(opts, annotations={"distlaunch/termination-grace": grace.how}),
         "spec": {
             "completionMode": "Indexed",
             "completions": opts.nodes,
@@ -177,7 +225,9 @@ def job(opts: K8sJobOptions) -> dict:
                 "spec": {
                     "subdomain": opts.name,  # with the headless Service: <name>-<index>.<name> resolves
                     "restartPolicy": "Never",
-                    "containers": [container(opts)],
+                    # SIGTERM, then this long to save a checkpoint and stop the ranks, then SIGKILL
+                    "terminationGracePeriodSeconds": grace.seconds,
+                    "containers": [container(opts, grace.grace_period)],
                     # NCCL and DataLoader workers share memory through /dev/shm; a container's default is 64 MiB.
                     "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
                 },

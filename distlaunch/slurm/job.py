@@ -18,6 +18,11 @@ from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_g
 from distlaunch.contract.options import LaunchOptions, ProgramOptions, SharedOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.program import build_command, check_script
+from distlaunch.protocol import GRACE_PERIOD_S
+from distlaunch.slurm.lead import is_engine
+
+SAVE_SIGNAL_VAR = "DISTLAUNCH_SAVE_SIGNAL"  # every rank's: the signal it saves a checkpoint on (then it stops)
+DEFAULT_SAVE_SIGNAL = "USR1"
 
 
 class SlurmJobOptions(ProgramOptions, SharedOptions):
@@ -34,6 +39,11 @@ class SlurmJobOptions(ProgramOptions, SharedOptions):
     time: str | None = None
     job_name: str | None = None
     python: str = sys.executable
+    save_signal: str | None = DEFAULT_SAVE_SIGNAL  # None: --save-signal none
+    save_signal_given: bool = False  # typed: the user says the program saves on it (as the bundled engine does)
+    requeue: bool = False  # run: requeue the batch job once its ranks saved on request; sbatch: write it so
+    signal_lead: int | None = None  # sbatch --signal-lead: seconds; None: computed (slurm/lead.py)
+    grace_period: float = GRACE_PERIOD_S  # run: from SIGTERM (or the save signal it passes on first) to the next
 
 
 class JobShape(BaseModel):
@@ -57,6 +67,10 @@ class SlurmJob(JobShape):
     allocation: str | None  # the job id when already inside an allocation (srun then starts a step in it)
     rank_command: list[str]  # what every task runs
     srun: list[str]
+    save_signal: str | None  # every rank's DISTLAUNCH_SAVE_SIGNAL; distlaunch passes it on to them
+    # the ranks save on it (the bundled engine, or --save-signal typed): a SIGTERM passes it on first
+    saves_on_signal: bool
+    requeue: bool
 
 
 def _positive(flag: str, value: int | None) -> None:
@@ -161,6 +175,27 @@ def forwarded_options(opts: SlurmJobOptions) -> list[str]:
     return argv + (["-m"] if opts.module else []) + (["--no-python"] if opts.no_python else [])
 
 
+def wrapper_options(opts: SlurmJobOptions) -> list[str]:
+    """What a batch script's ``distlaunch slurm run`` line gets: the ranks' options, and the save signal and
+    ``--requeue`` where they are not run's defaults (the shape is the #SBATCH lines' business)."""
+    argv = forwarded_options(opts)
+    if opts.grace_period != GRACE_PERIOD_S:
+        argv[:0] = ["--grace-period", f"{opts.grace_period:g}"]
+    if opts.save_signal_given or opts.save_signal != DEFAULT_SAVE_SIGNAL:
+        argv[:0] = ["--save-signal", opts.save_signal or "none"]
+    return (["--requeue"] if opts.requeue else []) + argv
+
+
+def export_names(opts: SlurmJobOptions, default: str | None) -> list[str]:
+    """The variables srun must export besides its default: the --env names, and the save signal's where the
+    default (``SLURM_EXPORT_ENV``) is not ALL, so that every rank still sees it."""
+    names = list(parse_env(opts.env))
+    base = (default or "ALL").split(",")[0].upper()
+    if opts.save_signal and base != "ALL":
+        names.append(SAVE_SIGNAL_VAR)
+    return names
+
+
 def export_option(names: list[str], default: str | None) -> str | None:
     """``--export=ALL,NAME...``: the --env names (never their values) added to what srun/sbatch would export.
 
@@ -204,7 +239,8 @@ def srun_command(shape: JobShape, opts: SlurmJobOptions, environ: Mapping[str, s
         value = getattr(shape, flag)
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")
-    export = export_option(list(parse_env(opts.env)), (environ or {}).get("SLURM_EXPORT_ENV"))
+    default = (environ or {}).get("SLURM_EXPORT_ENV")
+    export = export_option(export_names(opts, default), default)
     if export:
         argv.append(f"--export={export}")
     return argv + rank_command(opts)
@@ -257,4 +293,7 @@ def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
         allocation=environ.get("SLURM_JOB_ID"),
         rank_command=rank_command(opts),
         srun=srun_command(shape, opts, environ),
+        save_signal=opts.save_signal,
+        saves_on_signal=opts.save_signal is not None and (opts.save_signal_given or is_engine(opts)),
+        requeue=opts.requeue,
     )

@@ -56,6 +56,7 @@ class SlurmJobState(NamedTuple):
     exit_code: str  # Slurm's CODE:SIGNAL
     nodes: int | None = None  # how many nodes it has (or asks for, while pending)
     node_list: str | None = None  # its nodes as a Slurm hostlist (node[1-2]); None before it has any
+    restarts: int | None = None  # how often Slurm requeued it (scontrol's Restarts=; sacct does not say)
 
 
 def job_fields(text: str) -> dict[str, str]:
@@ -75,7 +76,7 @@ def exit_code_of(state: str, exit_code: str) -> int:
     return value if value or state == "COMPLETED" else 1
 
 
-def _said(done: subprocess.CompletedProcess | subprocess.TimeoutExpired) -> str:
+def said(done: subprocess.CompletedProcess | subprocess.TimeoutExpired) -> str:
     """A Slurm command's complaint in one line: its fatal line, else its first line on stderr (else stdout)."""
 
     def text(value: str | bytes | None) -> list[str]:
@@ -101,10 +102,10 @@ def slurm_command(argv: list[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_CMD_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as exc:
-        said = _said(exc)
+        complaint = said(exc)
         raise SlurmUnanswered(
             f"cannot reach slurmctld: '{' '.join(argv)}' did not answer within {SLURM_CMD_TIMEOUT_S:g}s"
-            + (f" ({said})" if said else ""),
+            + (f" ({complaint})" if complaint else ""),
             "check slurmctld with 'scontrol ping'",
         ) from None
 
@@ -114,7 +115,7 @@ def check_controller() -> None:
     done = slurm_command(["scontrol", "ping"])
     if done.returncode and " is UP" not in done.stdout:
         raise SlurmUnanswered(
-            f"cannot reach slurmctld: {_said(done) or f'scontrol ping exited {done.returncode}'}",
+            f"cannot reach slurmctld: {said(done) or f'scontrol ping exited {done.returncode}'}",
             "check slurmctld with 'scontrol ping' (and SLURM_CONF)",
         )
 
@@ -125,7 +126,7 @@ def _scontrol_state(job_id: str) -> SlurmJobState | None:
         if INVALID_JOB in done.stderr:
             return None  # not (or no longer) known to slurmctld: sacct may still know how it ended
         raise SlurmUnanswered(
-            f"cannot reach slurmctld: {_said(done) or f'scontrol show job exited {done.returncode}'}",
+            f"cannot reach slurmctld: {said(done) or f'scontrol show job exited {done.returncode}'}",
             "check slurmctld with 'scontrol ping'",
         )
     fields = job_fields(done.stdout)
@@ -133,11 +134,13 @@ def _scontrol_state(job_id: str) -> SlurmJobState | None:
         return None
     nodes = re.match(r"\d+", fields.get("NumNodes", ""))
     node_list = fields.get("NodeList", "")
+    restarts = fields.get("Restarts", "")
     return SlurmJobState(
         fields["JobState"],
         fields.get("ExitCode", "0:0"),
         int(nodes.group()) if nodes else None,
         node_list if node_list and node_list != "(null)" else None,
+        int(restarts) if restarts.isdigit() else None,
     )
 
 
@@ -150,7 +153,7 @@ def _sacct_state(job_id: str) -> SlurmJobState | None:
         if NO_ACCOUNTING in done.stderr:
             return None  # no accounting at this site: nothing knows the job any more
         raise SlurmUnanswered(
-            f"slurmctld no longer knows job {job_id}, and sacct failed: {_said(done) or f'exit {done.returncode}'}",
+            f"slurmctld no longer knows job {job_id}, and sacct failed: {said(done) or f'exit {done.returncode}'}",
             f"check it with: sacct -j {job_id}",
         )
     lines = done.stdout.strip().splitlines()
@@ -179,7 +182,7 @@ def wait_for_job(job_id: str) -> int:
 
     slurmctld out of reach (a restart, a failover) is waited out for up to UNANSWERED_WAIT_S, said once on
     stderr when it starts and once when slurmctld answers again."""
-    interval, last, unanswered_since = POLL_FIRST_S, None, None
+    interval, last, unanswered_since, restarts = POLL_FIRST_S, None, None, None
     while True:
         try:
             found = job_state(job_id)
@@ -202,6 +205,9 @@ def wait_for_job(job_id: str) -> int:
             unanswered_since = None
         if found is None:
             raise HostError(f"job {job_id} is unknown to slurmctld and sacct", f"check it with: sacct -j {job_id}")
+        if restarts is not None and found.restarts is not None and found.restarts > restarts:
+            log.info(f"job {job_id} was requeued (restart {found.restarts})")
+        restarts = found.restarts if found.restarts is not None else restarts
         if found.state != last:
             log.info(f"job {job_id} is {found.state}")
             last = found.state

@@ -25,8 +25,9 @@ from pydantic import BaseModel
 from distlaunch.contract.env import parse_env
 from distlaunch.errors import HostError, UsageError
 from distlaunch.files import os_error_words, read_settings
-from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, export_option, forwarded_options
+from distlaunch.slurm.job import SlurmJob, SlurmJobOptions, export_option, wrapper_options
 from distlaunch.slurm.jobstate import wait_for_job
+from distlaunch.slurm.lead import SignalLead, check_time_limit, engine_estimate, signal_lead
 
 log = logging.getLogger("distlaunch")
 
@@ -88,7 +89,36 @@ def directive_value(flag: str, value: str, default: bool = False) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def script_values(job: SlurmJob, opts: SlurmJobOptions, output: str | None) -> dict[str, str]:
+def requeue_values(lead: SignalLead | None) -> dict[str, str]:
+    """The lines that make a job outlive its time limit, or none (``--no-requeue``): Slurm warns the batch shell
+    LEAD seconds ahead, ``distlaunch slurm run`` has every rank save and requeues the job, and the requeued job
+    appends to the same output file."""
+    if lead is None:
+        return {"requeue_note": "", "lead_how": "", "signal": "", "requeue": "", "open_mode": ""}
+    note = (
+        f"Slurm sends SIG{lead.signal} to distlaunch slurm run LEAD seconds before the time limit: every rank saves "
+        "a checkpoint, then the job requeues itself (exit 75) and resumes there"
+    )
+    values = {"requeue_note": note, "lead_how": lead.how, "signal": lead.directive, "requeue": "--requeue"}
+    return {**values, "open_mode": "append"}
+
+
+def batch_lead(job: SlurmJob, opts: SlurmJobOptions) -> SignalLead | None:
+    """How far ahead of its time limit the job is warned; None when it is not to be requeued (``--no-requeue``,
+    ``--save-signal none``). Refused when the warning would come at the start of every run."""
+    if not opts.requeue or opts.save_signal is None:
+        return None
+    estimate = None
+    if opts.signal_lead is None:
+        estimate = engine_estimate(opts, opts.parallel, job.world_size, job.ntasks_per_node, job.gpus_per_node > 0)
+    lead = signal_lead(opts.save_signal, opts.signal_lead, estimate)
+    check_time_limit(lead, job.time)
+    return lead
+
+
+def script_values(
+    job: SlurmJob, opts: SlurmJobOptions, output: str | None, lead: SignalLead | None = None
+) -> dict[str, str]:
     """The placeholder values of one job (the #SBATCH ones checked and quoted for sbatch's parser)."""
     return {
         "job_name": directive_value("-J/--job-name", job.job_name or default_job_name(opts), not job.job_name),
@@ -102,22 +132,30 @@ def script_values(job: SlurmJob, opts: SlurmJobOptions, output: str | None) -> d
         "output": directive_value("-o/--output", _optional(output)),
         "export": _optional(export_option(list(parse_env(opts.env)), None)),
         "distlaunch": f"{shlex.quote(opts.python)} -m distlaunch",
-        "launch_options": shlex.join(forwarded_options(opts)),
+        "launch_options": shlex.join(wrapper_options(opts)),
         "program": shlex.join(opts.program),
+        **requeue_values(lead),
     }
 
 
-def render_script(job: SlurmJob, opts: SlurmJobOptions, output: str | None, template: Path | None = None) -> str:
+def render_script(
+    job: SlurmJob,
+    opts: SlurmJobOptions,
+    output: str | None,
+    template: Path | None = None,
+    lead: SignalLead | None = None,
+) -> str:
     """The batch script for a job, from the packaged template or the user's own copy."""
+    values = script_values(job, opts, output, lead)
     if template is None:
-        return render(packaged_template(), script_values(job, opts, output))
+        return render(packaged_template(), values)
     try:
         text = read_settings(template)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(
             f"cannot read --template {template}: {os_error_words(exc)}", "give the path of your sbatch template"
         ) from None
-    return render(text, script_values(job, opts, output), name=f"template {template}")
+    return render(text, values, name=f"template {template}")
 
 
 class SbatchResult(BaseModel):

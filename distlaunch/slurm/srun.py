@@ -8,6 +8,11 @@ tasks' state on one Ctrl-C and SIGKILL every task on SIGTERM, so distlaunch find
 steps``: ``SrunHost:Pid``), sends SIGTERM to every rank (``scancel --signal=TERM JOB.STEP``), waits the grace
 period, then sends SIGKILL. A second signal sends SIGKILL at once. A distlaunch killed outright (SIGKILL, the OOM
 killer) takes srun with it: srun gets SIGTERM when its parent dies, and ends its tasks.
+
+The save signal (``--save-signal``, USR1: Slurm's warning ahead of a time limit) is passed on to every rank
+(``slurm/savesignal.py``), which saves a checkpoint and exits 0. A SIGTERM to ranks that save on it (the bundled
+engine, or ``--save-signal`` typed) passes it on first and gives them the grace period to save and end; then
+SIGTERM and SIGKILL as above. Whether the job is then requeued is ``slurm/requeue.py``'s.
 """
 
 from __future__ import annotations
@@ -17,26 +22,23 @@ import ctypes
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TextIO
 
 from pydantic import BaseModel
 
+from distlaunch.contract.report import REQUEUE_CODE
 from distlaunch.errors import HostError
 from distlaunch.launcher.signals import SignalTrap, catch
 from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
+from distlaunch.slurm.savesignal import SaveForwarder
+from distlaunch.slurm.stopper import StepRef, StepStopper
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
-STEP_LOOKUP_S = 10.0  # how long to look for srun's step after a signal (it may still be starting)
-STEP_POLL_S = 0.5  # between two looks (each one asks slurmctld)
 
-_QUEUED = re.compile(r"^srun: job \d+ queued and waiting for resources")
-_ALLOCATED = re.compile(r"^srun: job \d+ has been allocated resources")
 
 _REPORT = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+)$")
 _EXITED = re.compile(r"Exited with exit code (\d+)")
@@ -62,106 +64,14 @@ class SrunResult(BaseModel):
     failure: TaskFailure | None = None
     interrupted: str | None = None
     stopped: str | None = None  # after an interruption: what distlaunch did to stop the ranks, as it happened
-
-
-_STEP = re.compile(r"\bStepId=(?P<step>\d+\.\d+)\b")
-_SRUN = re.compile(r"\bSrunHost:Pid=(?P<host>[^:\s]+):(?P<pid>\d+)\b")
-
-
-def find_step(srun_pid: int, host: str | None = None) -> str | None:
-    """``JOB.STEP`` of the step that srun ``srun_pid`` on this host runs, from ``scontrol show steps``."""
-    host = (host or socket.gethostname()).split(".")[0]
-    try:
-        done = subprocess.run(
-            ["scontrol", "show", "steps", "-o"], capture_output=True, text=True, timeout=SLURM_CMD_TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in done.stdout.splitlines():
-        step, srun = _STEP.search(line), _SRUN.search(line)
-        if step and srun and int(srun["pid"]) == srun_pid and srun["host"].split(".")[0] == host:
-            return step["step"]
-    return None
-
-
-def scancel(step: str, signal_name: str) -> bool:
-    """``scancel --signal=NAME JOB.STEP``; True when scancel accepted it."""
-    try:
-        done = subprocess.run(
-            ["scancel", f"--signal={signal_name}", step], capture_output=True, text=True, timeout=SLURM_CMD_TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
-class StepStopper:
-    """On the first signal: SIGTERM to every rank of srun's step, the grace period, then SIGKILL (in a thread, so
-    srun's output keeps flowing). A second signal skips the rest of the grace period. ``report`` says what was done."""
-
-    def __init__(self, proc: subprocess.Popen, grace_period: float):
-        self.proc, self.grace_period = proc, grace_period
-        self.hurry = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.done: list[str] = []
-        self.queued = False  # srun said its job waits for resources, and not yet that it has them
-
-    def heard(self, line: str) -> None:
-        """Follow srun's own words about its allocation (``srun: job 42 queued and waiting for resources``)."""
-        if _QUEUED.match(line):
-            self.queued = True
-        elif _ALLOCATED.match(line):
-            self.queued = False
-
-    def on_signal(self, signum: int) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._stop, name="distlaunch-step-stopper", daemon=True)
-            self.thread.start()
-        else:
-            self.hurry.set()
-
-    def _srun_ended(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while self.proc.poll() is None:
-            if self.hurry.is_set() or time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def _stop(self) -> None:
-        step = None
-        deadline = time.monotonic() + STEP_LOOKUP_S
-        # No step while the job waits for its allocation: srun withdraws the request on SIGTERM, at once.
-        while not self.queued and step is None and self.proc.poll() is None and time.monotonic() < deadline:
-            step = find_step(self.proc.pid)
-            if step is None and not self._srun_ended(STEP_POLL_S) and self.hurry.is_set():
-                break  # a second signal: no more looking
-        if self.proc.poll() is not None:
-            self.done.append("srun had already ended")
-            return
-        if self.queued:
-            self.proc.send_signal(signal.SIGTERM)
-            self.done.append("srun still waited for its allocation; it was sent SIGTERM, and no rank started")
-            return
-        if step is None or not scancel(step, "TERM"):
-            # no step (not started yet), or Slurm refused: srun's own stop is all there is
-            self.proc.send_signal(signal.SIGTERM)
-            why = "no running step of this srun was found" if step is None else f"scancel refused to signal step {step}"
-            self.done.append(f"{why}; srun was sent SIGTERM (it SIGKILLs its tasks)")
-            return
-        self.done.append(f"sent SIGTERM to every rank of step {step}")
-        if self._srun_ended(self.grace_period):
-            self.done.append(f"the ranks ended within the {self.grace_period:g} s grace period")
-            return
-        why = "a second signal" if self.hurry.is_set() else f"after the {self.grace_period:g} s grace period"
-        sent = scancel(step, "KILL")
-        self.done.append(f"{why}, sent SIGKILL" if sent else f"{why}, scancel --signal=KILL {step} failed")
-
-    def report(self) -> str | None:
-        if self.thread is None:
-            return None
-        self.thread.join(timeout=SLURM_CMD_TIMEOUT_S)
-        return "; ".join(self.done) or None
+    save_signal: str | None = None  # USR1: every rank's DISTLAUNCH_SAVE_SIGNAL (None: --save-signal none)
+    save_asked_by: str | None = None  # what had distlaunch pass it on: the save signal itself, or SIGTERM
+    save_sent: str | None = None  # what was done with it, in words
+    saved_step: int | None = None  # the step a rank said it saved ("saved the checkpoint of step S")
+    saved_by_rank: int | None = None  # the rank that said so (the engine's rank 0)
+    saved: bool = False  # asked, a rank said it saved, and every rank then exited 0: it can resume there
+    requeued: bool = False  # slurm/requeue.py: Slurm took the requeue
+    requeue_error: str | None = None  # slurm/requeue.py: why the job was not requeued, when it was to be
 
 
 def parse_failure(line: str) -> TaskFailure | None:
@@ -230,20 +140,76 @@ def _ended_with_parent() -> Callable[[], None] | None:
     return in_child
 
 
+class SaveSignal(BaseModel):
+    """How ``run_srun`` treats the save signal: its name (USR1), and whether the ranks save on it (then a SIGTERM
+    passes it on first)."""
+
+    name: str
+    saves_first_on_term: bool = False
+
+
+def _copy_lines(lines: TextIO, to: TextIO, heard: Callable[[str], None]) -> threading.Thread:
+    """Copy srun's stdout to ``to`` line by line in a thread, each line heard on its way (a rank's saved line)."""
+
+    def copy() -> None:
+        for line in lines:
+            to.write(line)
+            to.flush()
+            heard(line)
+
+    thread = threading.Thread(target=copy, name="distlaunch-srun-stdout", daemon=True)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def _trapped(signal_name: str | None, handler: Callable[[int], None]) -> Iterator[None]:
+    """The save signal calls ``handler`` meanwhile (its default action would end distlaunch, and srun with it)."""
+    if signal_name is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sig = signal.Signals[f"SIG{signal_name}"]
+    saved = signal.signal(sig, lambda signum, frame: handler(signum))
+    try:
+        yield
+    finally:
+        signal.signal(sig, saved)
+
+
 def run_srun(
     argv: list[str],
     err: TextIO | None = None,
     out: TextIO | None = None,
     env: Mapping[str, str] | None = None,
     grace_period: float = 10.0,
+    save: SaveSignal | None = None,
 ) -> SrunResult:
-    """Run srun with stdout passed through (to ``out``) and stderr echoed line by line while its report lines are read."""
-    err = err or sys.stderr
+    """Run srun with stdout copied (to ``out``) and stderr echoed line by line while its report lines are read.
+
+    ``save``: the save signal, passed on to every rank when distlaunch gets it (and first on a SIGTERM when the ranks
+    save on it); ``env`` then carries it to every rank as DISTLAUNCH_SAVE_SIGNAL (the caller puts it there)."""
+    err, out = err or sys.stderr, out or sys.stdout
+    saver = SaveForwarder(save.name) if save else None
+    # trapped from before srun starts: Slurm's warning may come at any moment of the run
+    with _trapped(save.name if save else None, lambda signum: saver.ask(signal.Signals(signum).name)):
+        proc = _start_srun(argv, env)
+        steps = StepRef(proc.pid)
+        if saver:
+            saver.attach(proc, steps.find)
+        stopper = StepStopper(proc, grace_period, steps, saver if save and save.saves_first_on_term else None)
+        failures, first = _follow(proc, err, out, stopper, saver)
+    if saver:
+        saver.join()
+    return _result(proc.returncode, root_cause(failures), first, stopper, saver)
+
+
+def _start_srun(argv: list[str], env: Mapping[str, str] | None) -> subprocess.Popen:
+    """srun with both streams piped, in its own process group, ended with distlaunch."""
     try:
         # env: the --env values, handed to srun through its environment (never its argv)
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
-            stdout=out,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
@@ -260,22 +226,50 @@ def run_srun(
             f"{argv[0]!r} not found: Slurm's client commands are not installed here",
             "run on a Slurm login node, or install slurm-client",
         ) from None
-    failures: list[TaskFailure] = []
 
-    stopper = StepStopper(proc, grace_period)
+
+def _follow(
+    proc: subprocess.Popen, err: TextIO, out: TextIO, stopper: StepStopper, saver: SaveForwarder | None
+) -> tuple[list[TaskFailure], int | None]:
+    """Copy srun's output until it ends, reading its report lines; INT, TERM and HUP stop the step meanwhile.
+    The failures srun reported, and the first stopping signal (None: none came)."""
+    failures: list[TaskFailure] = []
+    heard = saver.heard if saver else lambda line: None
+    copier = _copy_lines(proc.stdout, out, heard)
     with SignalTrap(stopper.on_signal) as forward, _on_hangup(stopper.on_signal) as hangup:
         for line in proc.stderr:
             err.write(line)
             err.flush()
             stopper.heard(line)
+            heard(line)
             failure = parse_failure(line)
             if failure:
                 failures.append(failure)
-        code = proc.wait()
-    cause = root_cause(failures)
-    first = forward.first or (hangup[0] if hangup else None)
+        proc.wait()
+        copier.join(timeout=SLURM_CMD_TIMEOUT_S)
+    return failures, forward.first or (hangup[0] if hangup else None)
+
+
+def _result(
+    code: int, cause: TaskFailure | None, first: int | None, stopper: StepStopper, saver: SaveForwarder | None
+) -> SrunResult:
+    """How the step ended. Saved: the ranks were asked, one said it saved, and every one exited 0 (75, or 143
+    after a SIGTERM: whether it is requeued is the caller's)."""
     interrupted = signal.Signals(first).name if first else None
-    exit_code = 128 + first if first else (cause.exit_code if cause else code)
+    asked = saver is not None and saver.asked_by is not None
+    saved = asked and saver.saved is not None and code == 0 and cause is None
+    ended = REQUEUE_CODE if saved else cause.exit_code if cause else code
+    exit_code = 128 + first if first else ended
     return SrunResult(
-        exit_code=exit_code, srun_exit_code=code, failure=cause, interrupted=interrupted, stopped=stopper.report()
+        exit_code=exit_code,
+        srun_exit_code=code,
+        failure=cause,
+        interrupted=interrupted,
+        stopped=stopper.report(),
+        save_signal=saver.name if saver else None,
+        save_asked_by=saver.asked_by if asked else None,
+        save_sent=saver.words() if asked else None,
+        saved_step=saver.saved[1] if saver and saver.saved else None,
+        saved_by_rank=saver.saved[0] if saver and saver.saved else None,
+        saved=saved,
     )

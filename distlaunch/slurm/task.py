@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from typing import NoReturn
@@ -68,6 +69,18 @@ def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -
     return env
 
 
+def ignore_save_signal(environ: Mapping[str, str]) -> None:
+    """The save signal (``DISTLAUNCH_SAVE_SIGNAL``, from ``distlaunch slurm run``) is ignored until the program
+    traps it (an ignored signal stays ignored across the exec; a handler the program sets replaces that): a rank
+    still importing torch when Slurm's warning comes must not die of it (it is sent again: slurm/savesignal.py),
+    nor a program that never looks at it. The bundled engine traps it from its start, a script at its first
+    ``distlaunch.checkpoint_requested()``."""
+    name = environ.get("DISTLAUNCH_SAVE_SIGNAL", "").strip().upper().removeprefix("SIG")
+    sig = getattr(signal, f"SIG{name}", None) if name and name != "NONE" else None
+    if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> NoReturn:
     """Replace this process by the rank's program: no extra process sits between srun and the script."""
     command = rank.argv
@@ -77,6 +90,7 @@ def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) 
         "use a path every node can see (a shared filesystem), or -m MODULE",
     )
     env = task_env(rank, opts, environ)
+    ignore_save_signal(env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -14,6 +14,11 @@
 #SBATCH --account={{account}}
 #SBATCH --output={{output}}
 #SBATCH --export={{export}}
+# {{requeue_note}}
+# LEAD: {{lead_how}}
+#SBATCH --signal={{signal}}
+#SBATCH {{requeue}}
+#SBATCH --open-mode={{open_mode}}
 set -euo pipefail
 
 # `distlaunch slurm run` reads nodes, tasks, GPUs and CPUs per node from the #SBATCH lines above (through

@@ -1,6 +1,7 @@
 """``distlaunch k8s``: the objects it prints, and the pods' command run here as Kubernetes would run it."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,8 +11,10 @@ import yaml
 
 import distlaunch.examples
 from distlaunch.contract.endpoint import free_port
+from distlaunch.engine.planner.saving import DEFAULT_SAVE_S, engine_save_estimate
 from distlaunch.k8s.manifest import expand
 from distlaunch.k8s.yaml import dump_all
+from distlaunch.launcher.saves import FIT_MARGIN
 from tests.helpers import distlaunch_cmd, finish, invoke
 
 ALLREDUCE = str(Path(distlaunch.examples.__file__).parent / "allreduce.py")
@@ -153,3 +156,53 @@ def test_manifest_and_per_node_dry_run_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "TORCH False" in out
+
+
+def pod_spec(*args: str) -> dict:
+    r = invoke([*BASE, "--json", *args])
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)[1]["spec"]["template"]["spec"]
+
+
+def test_pods_get_the_time_to_save_a_checkpoint_before_sigkill():
+    """terminationGracePeriodSeconds: the bundled engine's save estimate (as for Slurm's warning, without Slurm's
+    60 s resolution) plus the pods' launcher grace period, which itself holds the save (its SIGTERM save needs it)."""
+    engine = ["-m", "--", "distlaunch.engine", "--set", "model.preset='125m'", "--set", "checkpoint.dir=/ckpt"]
+    pod = pod_spec(*engine)
+    found = engine_save_estimate(["--set", "model.preset='125m'", "--set", "checkpoint.dir=/ckpt"], None, 8, 4, False)
+    estimate = found[0]
+    grace = max(10, math.ceil(estimate.seconds * FIT_MARGIN))
+    assert pod["terminationGracePeriodSeconds"] == math.ceil(estimate.seconds) + grace
+    (c,) = pod["containers"]
+    assert c["args"][c["args"].index("--grace-period") + 1] == str(grace)
+    assert c["args"][c["args"].index("--") - 1 :][:3] == ["-m", "--", "distlaunch.engine"]
+    # a script distlaunch cannot look into: the documented default save time, and the launcher's own 10 s
+    script = pod_spec("--", "train.py")
+    assert script["terminationGracePeriodSeconds"] == DEFAULT_SAVE_S + 10
+    assert script["containers"][0]["args"][script["containers"][0]["args"].index("--grace-period") + 1] == "10"
+    given = pod_spec("--grace-period", "45", "--", "train.py")
+    assert given["terminationGracePeriodSeconds"] == DEFAULT_SAVE_S + 45
+
+
+def test_the_grace_time_is_explained_on_the_job():
+    _, job = objects()
+    how = job["metadata"]["annotations"]["distlaunch/termination-grace"]
+    assert how == "ceil(120 s to save (not the bundled engine: a default)) + 10 s --grace-period = 130 s"
+
+
+def test_the_pods_run_the_engine_as_a_module():
+    """-m reaches the pods' distlaunch run before the program: the per-node dry run of pod 1 shows the engine."""
+    pod = pod_spec("-m", "--", "distlaunch.engine", "--set", "train.steps=5")
+    (c,) = pod["containers"]
+    args = expand(c["args"], {"JOB_COMPLETION_INDEX": "1", "DISTLAUNCH_MASTER_ADDR": "127.0.0.1"})
+    cut = args.index("--")
+    r = invoke([*args[:cut], "--dry-run", "--json", *args[cut:]])
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout)
+    argv = plan["nodes"][0]["ranks"][0]["argv"]
+    assert argv[-4:] == ["-m", "distlaunch.engine", "--set", "train.steps=5"], argv
+
+
+def test_a_bad_grace_period_is_one_line():
+    r = invoke([*BASE, "--grace-period", "-1", "--", "train.py"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--grace-period -1 is out of range" in r.stderr

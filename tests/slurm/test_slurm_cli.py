@@ -63,12 +63,19 @@ def check_golden(name: str, text: str) -> None:
     "name, args",
     [
         ("sbatch_gpt.sh", ["--output", "logs/%x-%j.out", *GPT_JOB]),
-        (
+        (  # --no-requeue: the script as it was before the time-limit requeue (same golden file)
             "sbatch_minimal.sh",
-            ["-N", "2", "--ntasks-per-node", "2", "--python", "python3", "-m", "distlaunch.examples.allreduce"],
+            ["-N", "2", "--ntasks-per-node", "2", "--no-requeue", "--python", "python3",
+             "-m", "distlaunch.examples.allreduce"],
+        ),
+        (  # the bundled engine: LEAD from its config (checkpoint bytes, step FLOPs), see test_slurm_requeue_cli.py
+            "sbatch_engine.sh",
+            ["-N", "2", "--ntasks-per-node", "4", "--gpus-per-node", "4", "-t", "12:00:00", "--python", "python3",
+             "-m", "distlaunch.engine", "--set", "model.preset='125m'", "--set", "train.precision='bf16'",
+             "--set", "checkpoint.dir=/shared/ckpt"],
         ),
     ],
-)
+)  # fmt: skip
 def test_sbatch_dry_run_matches_golden(in_tmp, name, args):
     r = invoke(["slurm", "sbatch", "--dry-run", *args])
     assert r.exit_code == 0, r.stderr

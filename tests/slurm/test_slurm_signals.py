@@ -50,6 +50,22 @@ def test_one_signal_gives_every_rank_sigterm_and_they_end_in_the_grace_period(sl
     assert report[0].endswith(f"; the ranks ended within the 30 s grace period (exit {code})")
 
 
+def test_the_save_signal_leaves_a_program_that_does_not_trap_it_running(slurm_cluster, tmp_path):
+    """SIGUSR1 (the save signal) is passed on to every rank; a rank that never traps it ignores it (it starts with
+    the signal ignored) instead of dying of it. Its SIGTERM handler still runs on a SIGTERM, which is not preceded
+    by the save signal: a plain script is not known to save on it."""
+    proc = start(slurm_cluster, tmp_path, "exit", "30")
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(3)  # the save signal reached every rank (scancel --signal=USR1 takes well under a second)
+    assert proc.poll() is None and all(rank_alive(tmp_path, r) for r in RANKS)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out + err
+    assert all((tmp_path / f"term-{r}").exists() for r in RANKS), err
+    report = [line for line in err.splitlines() if line.startswith("distlaunch: interrupted by")]
+    assert len(report) == 1 and report[0].startswith("distlaunch: interrupted by SIGTERM; sent SIGTERM to every rank")
+
+
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(slurm_cluster, tmp_path):
     proc = start(slurm_cluster, tmp_path, "ignore", "2")
     proc.send_signal(signal.SIGINT)

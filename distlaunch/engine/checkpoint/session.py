@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import distlaunch
+from distlaunch import saverequest
 from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, verify_share
 from distlaunch.engine.checkpoint.manifest import CheckpointMeta
 from distlaunch.engine.checkpoint.resume import nothing_left, resume_candidates, resume_source, steps_left
@@ -112,6 +113,7 @@ class Checkpointing:
         ``train.steps + 1`` when the checkpoint already reaches the last step (nothing left to train)."""
         candidates, self.tag = self._agree()
         distlaunch.checkpoint_requested()  # arms the save signal now: it may come before the first step ends
+        saverequest.save_on_sigterm()  # under srun: a SIGTERM sent straight to the ranks saves too (the loop stops)
         if dist.get_backend() != "gloo":  # on the host, beside NCCL: the flag must not wait for the device's queue
             self.asks_group = dist.new_group(backend="gloo")
         if not candidates:

@@ -14,6 +14,11 @@
 #SBATCH --account=proj42
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --export=ALL,NCCL_DEBUG
+# Slurm sends SIGUSR1 to distlaunch slurm run LEAD seconds before the time limit: every rank saves a checkpoint, then the job requeues itself (exit 75) and resumes there
+# LEAD: ceil(120 s to save (not the bundled engine: a default) + 60 s Slurm's signal resolution) = 180 s
+#SBATCH --signal=B:USR1@180
+#SBATCH --requeue
+#SBATCH --open-mode=append
 set -euo pipefail
 
 # `distlaunch slurm run` reads nodes, tasks, GPUs and CPUs per node from the #SBATCH lines above (through
@@ -22,4 +27,4 @@ set -euo pipefail
 # Every task maps its SLURM_* variables to MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE ... and
 # execs the script. One failing rank stops the step; the job exits with that rank's exit code.
 # --env values are not written here: sbatch takes them from the environment distlaunch submits with.
-exec /opt/venv/bin/python -m distlaunch slurm run --parallel dp=auto,tp=2,pp=2 -- train.py --config 'my cfg.toml'
+exec /opt/venv/bin/python -m distlaunch slurm run --requeue --parallel dp=auto,tp=2,pp=2 -- train.py --config 'my cfg.toml'
