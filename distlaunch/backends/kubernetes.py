@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from distlaunch.backends.base import Backend, LastKnown, remember
+from distlaunch.backends.base import Backend, CheckpointSaved, LastKnown, remember
 from distlaunch.backends.output import keep_ranks
 from distlaunch.errors import HostError, UsageError
 from distlaunch.jobs.store import FINAL_STATES, STOP_FILE, JobRecord, jobs_dir, write_record
@@ -80,6 +80,15 @@ class Kubernetes(Backend):
         now = record.model_copy(update={"state": state, "exit_code": code, "error": error, "ended_at": time.time()})
         write_record(now)  # final: later reads need no kubectl
         return now
+
+    def checkpoint(self, record: JobRecord, then: str, timeout: float) -> CheckpointSaved:
+        """Each pod's distlaunch (the container's first process) saves on its save signal, then stops (exit 75),
+        as a pod's SIGTERM saves when the save fits; distlaunch does not reach into the pods for it."""
+        raise UsageError(
+            f"job {record.job_id} is a Kubernetes job: distlaunch does not signal its pods",
+            "in every pod, kubectl exec POD -- kill -USR1 1 asks its distlaunch for a checkpoint, then a stop (exit 75); "
+            f"distlaunch stop {record.job_id} deletes the pods, whose SIGTERM saves first when the save fits",
+        )
 
     def request_stop(self, record: JobRecord) -> None:
         from distlaunch.k8s.kubectl import kubectl, with_namespace

@@ -32,6 +32,7 @@ LOOP = textwrap.dedent(
         asked = torch.tensor([int(distlaunch.checkpoint_requested())])
         dist.all_reduce(asked, op=dist.ReduceOp.MAX)
         if asked.item():
+            distlaunch.save_request()  # this rank's own request, read now if it came a moment after another's
             torch.save({"step": step}, f"{out}/ckpt-{step}-rank{rank}.pt")
             distlaunch.progress(step=step, saved_step=step)
         else:
@@ -73,7 +74,8 @@ def test_a_plain_loop_saves_when_asked_then_is_stopped_after_its_save(tmp_path, 
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert stopped.stdout.strip() == f"job {job_id} stopped (exit 75)"
         saved = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("ckpt-*-rank0.pt"))
-        assert len(saved) == 2 and saved[0] == step and saved[1] > step
+        assert saved[0] == step and saved[-1] > step  # the stop's own save came after the first
+        assert saved == sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("ckpt-*-rank1.pt"))  # same steps
     finally:
         run_cli("stop", job_id, env=state, cwd=tmp_path)
 
