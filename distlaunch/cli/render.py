@@ -161,11 +161,10 @@ def render_report(report: RunReport, console: Console) -> None:
         console.print(
             f"[yellow]{cause or f'interrupted by {report.interrupted}'}[/yellow]: {how} (exit {report.exit_code})"
         )
-    if report.stopped_by and report.exit_code == REQUEUE_CODE:
-        console.print(
-            f"[yellow]saved and stopped[/yellow]: {report.stopped_by}; run the job again (or requeue it) and it "
-            f"resumes there (exit {report.exit_code})"
-        )
+    saved = next((s for s in reversed(report.saved_on_request) if s.then == "stop"), None)
+    if report.stopped_by and report.exit_code == REQUEUE_CODE and saved is not None:
+        console.print(f"[yellow]saved and stopped[/yellow] at step {saved.step}, asked by {saved.why} (exit 75)")
+        console.print("run the job again, or requeue it, and it resumes there")
     elif report.stopped_by:
         console.print(
             f"[yellow]stopped because {report.stopped_by}[/yellow]: every rank here was stopped (exit {report.exit_code})"

@@ -135,7 +135,7 @@ def test_the_save_signal_saves_every_rank_at_one_step_then_exits_75(tmp_path, en
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, out[-2000:] + err[-2000:]
     saved = latest_step(tmp_path / "ckpt")
-    assert f"saved and stopped: the checkpoint of step {saved} was saved as asked by SIGUSR1" in out + err
+    assert f"saved and stopped at step {saved}, asked by SIGUSR1 (exit 75)" in out + err
     assert f"saved the checkpoint of step {saved} (asked by SIGUSR1); stopping here" in out + err
     assert metrics_steps(tmp_path / "m.jsonl") == list(range(1, saved + 1))
 
