@@ -7,7 +7,8 @@ Requests reach a rank by one of two ways, both read here (standard library only:
   ``continue`` (``distlaunch checkpoint JOB``: save and train on) or ``stop`` (a save signal, SIGTERM with time to
   save, ``distlaunch stop --checkpoint``: save, then the job stops).
 - Under srun, where no agent stands between Slurm and the rank, ``$DISTLAUNCH_SAVE_SIGNAL`` names a signal (USR1)
-  that ``distlaunch slurm run`` forwards to every rank: a request to save, then stop. The first look arms it.
+  that ``distlaunch slurm run`` forwards to every rank: a request to save, then stop; ``$DISTLAUNCH_CHECKPOINT_SIGNAL``
+  (USR2) one to save and train on. The first look arms them.
 
 A request stays pending until the rank reports a newer checkpoint (``distlaunch.progress(saved_step=...)``) after it
 saw the request. Each rank sees a request on its own time: a loop whose ranks must save the same step agrees
@@ -48,12 +49,11 @@ class _Requests:
         if self.armed or threading.current_thread() is not threading.main_thread():
             return
         self.armed = True
-        name = os.environ.get("DISTLAUNCH_SAVE_SIGNAL", "").strip().upper()
-        if not name or name == "NONE":
-            return
-        sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
-        if isinstance(sig, signal.Signals):
-            signal.signal(sig, lambda signum, frame: self._on_signal(signum))
+        for var, then in (("DISTLAUNCH_SAVE_SIGNAL", STOP), ("DISTLAUNCH_CHECKPOINT_SIGNAL", CONTINUE)):
+            name = os.environ.get(var, "").strip().upper()
+            sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None) if name != "NONE" else None
+            if name and isinstance(sig, signal.Signals):
+                signal.signal(sig, lambda signum, frame, then=then: self._on_signal(signum, then))
 
     def arm_term(self) -> None:
         """Under srun, SIGTERM too asks for a save and a stop (Slurm sends it straight to every rank at a time limit
@@ -71,9 +71,9 @@ class _Requests:
         self.termed = True
         self._on_signal(signal.SIGTERM)
 
-    def _on_signal(self, signum: int) -> None:
-        if self.signalled is None:
-            self.signalled = SaveRequest(-1, STOP, signal.Signals(signum).name)
+    def _on_signal(self, signum: int, then: str = STOP) -> None:
+        if self.signalled is None or (then == STOP and self.signalled.then != STOP):
+            self.signalled = SaveRequest(-1, then, signal.Signals(signum).name)
 
     def pending(self) -> SaveRequest | None:
         """The request waiting for a save, if any (the signal's first: it comes with a deadline)."""

@@ -143,39 +143,39 @@ class SlurmBatch(FileOutput):
             )
 
     def checkpoint(self, record: JobRecord, then: str, timeout: float) -> CheckpointSaved:
-        """``stop --checkpoint``: the batch script's ``distlaunch slurm run`` gets the save signal, as before a time
-        limit; its ranks save one step and it requeues the job (or, with --no-requeue, ends it with 75). A job
-        requeued so is then cancelled while it waits: saved, then stopped. The step comes from the output file."""
-        if then != "stop":
-            raise UsageError(
-                f"job {record.job_id} is a Slurm job: its ranks save when asked only to stop or requeue",
-                f"distlaunch stop --checkpoint {record.job_id} saves, then stops; scancel --batch --signal=USR1 "
-                f"{record.native_id} saves, then requeues",
-            )
+        """The batch script's ``distlaunch slurm run`` passes a signal on to every rank: the checkpoint signal (USR2:
+        save, train on) or, for ``stop --checkpoint``, the save signal (USR1), as before a time limit: the ranks save
+        one step and the job requeues itself (or, with --no-requeue, ends with 75); a job requeued so is cancelled
+        while it waits: saved, then stopped. The step comes from the job's output file."""
+        from distlaunch.slurm.job import checkpoint_signal
+        from distlaunch.slurm.jobstate import slurm_command
+
         if record.state != "running":
             raise UsageError(f"job {record.job_id} is {record.state}: no rank runs to save", "distlaunch stop stops it")
-        from distlaunch.slurm.jobstate import slurm_command
-        from distlaunch.slurm.savesignal import saved_step
-
-        signal_name = _save_signal(record.command)
-        if signal_name.lower() == "none":
+        save_signal = _save_signal(record.command)
+        if save_signal.lower() == "none":
             raise UsageError(
                 f"job {record.job_id} was submitted with --save-signal none: its ranks are never asked to save",
                 f"distlaunch stop {record.job_id} stops it without a save",
             )
+        signal_name = save_signal if then == "stop" else checkpoint_signal(save_signal)
+        before = len(_saved_steps(record))
         done = slurm_command(["scancel", "--batch", f"--signal={signal_name}", record.native_id or ""])
         if done.returncode:
             raise HostError(f"scancel --batch --signal={signal_name} {record.native_id} failed", done.stderr.strip())
         deadline = time.monotonic() + timeout
         now = record
-        while time.monotonic() < deadline and now.state == "running":
+        while time.monotonic() < deadline and now.state == "running" and len(_saved_steps(record)) <= before:
             time.sleep(0.5)
             now = self.reread(record)
-        if now.state == "pending":  # requeued after its save: it would start again and resume; it is to stop
-            self.request_stop(record)
-        text = Path(record.output).read_text(errors="replace") if record.output and Path(record.output).exists() else ""
-        steps = [found[1] for line in text.splitlines() if (found := saved_step(line))]
-        if not steps:
+        if then == "stop":
+            while time.monotonic() < deadline and now.state == "running":  # saved: the requeue (or the end) follows
+                time.sleep(0.5)
+                now = self.reread(record)
+            if now.state == "pending":  # requeued after its save: it would start again and resume; it is to stop
+                self.request_stop(record)
+        steps = _saved_steps(record)
+        if len(steps) <= before:
             raise NoAnswer(
                 f"job {record.job_id} reported no checkpoint saved within {timeout:g}s",
                 f"see 'distlaunch logs {record.job_id}'",
@@ -188,6 +188,15 @@ class SlurmBatch(FileOutput):
         if not record.output:
             raise UsageError(f"job {record.job_id} writes per-node or per-task files", "look at its --output files")
         return Path(record.output)
+
+
+def _saved_steps(record: JobRecord) -> list[int]:
+    """The steps the job's ranks said they saved (``saved the checkpoint of step S``), from its output file."""
+    from distlaunch.slurm.savesignal import saved_step
+
+    path = Path(record.output) if record.output else None
+    text = path.read_text(errors="replace") if path is not None and path.exists() else ""
+    return [found[1] for line in text.splitlines() if (found := saved_step(line))]
 
 
 def _save_signal(command: list[str]) -> str:

@@ -19,7 +19,14 @@ from distlaunch.cli.options import given_flags
 from distlaunch.cli.render import print_json
 from distlaunch.contract.env import parse_env
 from distlaunch.errors import UsageError
-from distlaunch.slurm.job import SAVE_SIGNAL_VAR, SlurmJob, SlurmJobOptions, resolve_job
+from distlaunch.slurm.job import (
+    CHECKPOINT_SIGNAL_VAR,
+    SAVE_SIGNAL_VAR,
+    SlurmJob,
+    SlurmJobOptions,
+    checkpoint_signal,
+    resolve_job,
+)
 from distlaunch.slurm.lead import MAX_LEAD_S
 from distlaunch.slurm.requeue import settle
 from distlaunch.slurm.srun import SaveSignal, SrunResult, run_srun
@@ -189,6 +196,7 @@ def slurm_run(
         env=_srun_env(opts, job),
         grace_period=opts.grace_period,
         save=SaveSignal(name=job.save_signal, saves_first_on_term=job.saves_on_signal) if job.save_signal else None,
+        checkpoint=checkpoint_signal(job.save_signal),
     )
     result = settle(result, job.requeue, os.environ)
     _report(result)
@@ -202,6 +210,7 @@ def _srun_env(opts: SlurmJobOptions, job: SlurmJob) -> dict[str, str]:
     env = parse_env(opts.env)
     if job.save_signal:
         env[SAVE_SIGNAL_VAR] = job.save_signal
+        env[CHECKPOINT_SIGNAL_VAR] = checkpoint_signal(job.save_signal)
     return env
 
 

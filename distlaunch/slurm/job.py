@@ -23,6 +23,15 @@ from distlaunch.slurm.lead import is_engine
 
 SAVE_SIGNAL_VAR = "DISTLAUNCH_SAVE_SIGNAL"  # every rank's: the signal it saves a checkpoint on (then it stops)
 DEFAULT_SAVE_SIGNAL = "USR1"
+# every rank's: the signal it saves a checkpoint on and trains on (distlaunch checkpoint slurm-N)
+CHECKPOINT_SIGNAL_VAR = "DISTLAUNCH_CHECKPOINT_SIGNAL"
+
+
+def checkpoint_signal(save_signal: str | None) -> str | None:
+    """The signal for a checkpoint on demand beside the save signal: USR2, or USR1 where USR2 saves and stops."""
+    if save_signal is None:
+        return None
+    return "USR1" if save_signal == "USR2" else "USR2"
 
 
 class SlurmJobOptions(ProgramOptions, SharedOptions):
@@ -192,7 +201,7 @@ def export_names(opts: SlurmJobOptions, default: str | None) -> list[str]:
     names = list(parse_env(opts.env))
     base = (default or "ALL").split(",")[0].upper()
     if opts.save_signal and base != "ALL":
-        names.append(SAVE_SIGNAL_VAR)
+        names += [SAVE_SIGNAL_VAR, CHECKPOINT_SIGNAL_VAR]
     return names
 
 

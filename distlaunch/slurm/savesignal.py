@@ -60,7 +60,7 @@ class SaveForwarder:
 
     def heard(self, line: str) -> None:
         """A line of the ranks' output: the first that says a checkpoint was saved ends the sending."""
-        if self.saved is None:
+        if self.saved is None and self.asked_by is not None:  # not a save before it (a checkpoint on demand)
             self.saved = saved_step(line)
 
     def ask(self, why: str) -> None:
@@ -107,3 +107,23 @@ class SaveForwarder:
         if self.saved is None:
             return f"{sent}; no rank said it saved a checkpoint"
         return f"{sent}; rank {self.saved[0]} saved the checkpoint of step {self.saved[1]}"
+
+
+class CheckpointForwarder:
+    """The checkpoint signal (``distlaunch checkpoint slurm-N``: save, and train on), passed on once to every rank of
+    srun's step, in a thread. One that comes before the ranks run is dropped: there is nothing to save yet."""
+
+    def __init__(self, signal_name: str):
+        self.name = signal_name
+        self.find_step: Callable[[], str | None] = lambda: None
+
+    def attach(self, find_step: Callable[[], str | None]) -> None:
+        self.find_step = find_step
+
+    def ask(self) -> None:
+        threading.Thread(target=self._send, name="distlaunch-checkpoint-signal", daemon=True).start()
+
+    def _send(self) -> None:
+        step = self.find_step()
+        if step is not None:
+            scancel(step, self.name)

@@ -34,7 +34,7 @@ from distlaunch.contract.report import REQUEUE_CODE
 from distlaunch.errors import HostError
 from distlaunch.launcher.signals import SignalTrap, catch
 from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
-from distlaunch.slurm.savesignal import SaveForwarder
+from distlaunch.slurm.savesignal import CheckpointForwarder, SaveForwarder
 from distlaunch.slurm.stopper import StepRef, StepStopper
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -183,17 +183,25 @@ def run_srun(
     env: Mapping[str, str] | None = None,
     grace_period: float = 10.0,
     save: SaveSignal | None = None,
+    checkpoint: str | None = None,
 ) -> SrunResult:
     """Run srun with stdout copied (to ``out``) and stderr echoed line by line while its report lines are read.
 
     ``save``: the save signal, passed on to every rank when distlaunch gets it (and first on a SIGTERM when the ranks
-    save on it); ``env`` then carries it to every rank as DISTLAUNCH_SAVE_SIGNAL (the caller puts it there)."""
+    save on it); ``env`` then carries it to every rank as DISTLAUNCH_SAVE_SIGNAL (the caller puts it there).
+    ``checkpoint``: the signal passed on to every rank as a checkpoint on demand (they save and train on)."""
     err, out = err or sys.stderr, out or sys.stdout
     saver = SaveForwarder(save.name) if save else None
     # trapped from before srun starts: Slurm's warning may come at any moment of the run
-    with _trapped(save.name if save else None, lambda signum: saver.ask(signal.Signals(signum).name)):
+    on_demand = CheckpointForwarder(checkpoint) if checkpoint else None
+    with (
+        _trapped(save.name if save else None, lambda signum: saver.ask(signal.Signals(signum).name)),
+        _trapped(checkpoint, lambda signum: on_demand.ask()),
+    ):
         proc = _start_srun(argv, env)
         steps = StepRef(proc.pid)
+        if on_demand:
+            on_demand.attach(steps.find)
         if saver:
             saver.attach(proc, steps.find)
         stopper = StepStopper(proc, grace_period, steps, saver if save and save.saves_first_on_term else None)

@@ -222,16 +222,22 @@ def test_the_save_signal_to_slurm_run_saves_and_exits_75_and_a_second_run_resume
     assert job.steps() == list(range(1, 31))
 
 
-def test_stop_with_a_checkpoint_saves_then_ends_the_job_instead_of_its_requeue(slurm_cluster, tmp_path):
-    """``distlaunch stop --checkpoint slurm-N``: the batch script's distlaunch gets the save signal, every rank saves
-    one step and the job requeues itself, as before a time limit; the requeued job is cancelled while it waits."""
+def test_a_checkpoint_on_demand_then_stop_with_a_checkpoint(slurm_cluster, tmp_path):
+    """``distlaunch checkpoint slurm-N``: every rank saves one step (the checkpoint signal, USR2, through the batch
+    script's distlaunch) and trains on. ``distlaunch stop --checkpoint slurm-N``: the save signal, every rank saves
+    and the job requeues itself, as before a time limit; the requeued job is cancelled while it waits."""
     job = Job(slurm_cluster, tmp_path, steps=100000)
     job.submit()
     assert wait_until(lambda: len(job.steps()) >= 2, 180, interval=0.2), job.output()[-3000:]
+    asked = job.cli("checkpoint", f"slurm-{job.slurm_id}", "--json", timeout=300)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    first = json.loads(asked.stdout)["step"]
+    assert (job.ckpt / f"step_{first:06d}").is_dir()
+    assert wait_until(lambda: len(job.steps()) >= first + 2, 120, interval=0.2)  # it trains on
     done = job.cli("stop", "--checkpoint", f"slurm-{job.slurm_id}", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().startswith(f"job slurm-{job.slurm_id} stopped"), done.stdout
     [step] = stopped_at(job)
-    assert (job.ckpt / "latest").read_text().strip() == f"step_{step:06d}"
+    assert step > first and (job.ckpt / "latest").read_text().strip() == f"step_{step:06d}"
     assert job.steps() == list(range(1, step + 1))
     assert job.fields()["JobState"] == "CANCELLED"

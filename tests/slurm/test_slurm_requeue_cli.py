@@ -159,9 +159,9 @@ def test_slurm_run_gives_every_rank_the_save_signal(in_tmp):
     assert (typed["save_signal"], typed["saves_on_signal"]) == ("USR2", True)  # typed: the script saves on it
     off = json.loads(invoke(["slurm", "run", "--dry-run", "--json", "--save-signal", "none", *ENGINE]).stdout)
     assert (off["save_signal"], off["saves_on_signal"]) == (None, False)
-    # where srun would not export everything, the save signal's variable is named (never a value on the line)
+    # where srun would not export everything, the save and checkpoint signals' variables are named (never a value)
     r = invoke(["slurm", "run", "--dry-run", "train.py"], env={"SLURM_EXPORT_ENV": "NONE"})
-    assert " --export=DISTLAUNCH_SAVE_SIGNAL " in r.stdout, r.stdout
+    assert " --export=DISTLAUNCH_SAVE_SIGNAL,DISTLAUNCH_CHECKPOINT_SIGNAL " in r.stdout, r.stdout
     assert "--export" not in invoke(["slurm", "run", "--dry-run", "train.py"]).stdout
 
 
