@@ -35,6 +35,18 @@ class SaveRequest(NamedTuple):
     why: str
 
 
+def rank_signals(environ) -> dict[signal.Signals, str]:
+    """The signals a rank saves on under srun, each with what follows the save: ``$DISTLAUNCH_SAVE_SIGNAL`` (stop)
+    and ``$DISTLAUNCH_CHECKPOINT_SIGNAL`` (continue), as ``distlaunch slurm run`` names them (USR1, SIGUSR2)."""
+    found = {}
+    for var, then in (("DISTLAUNCH_SAVE_SIGNAL", STOP), ("DISTLAUNCH_CHECKPOINT_SIGNAL", CONTINUE)):
+        name = environ.get(var, "").strip().upper().removeprefix("SIG")
+        sig = getattr(signal, f"SIG{name}", None) if name and name != "NONE" else None
+        if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
+            found[sig] = then
+    return found
+
+
 class _Requests:
     def __init__(self) -> None:
         self.answered = 0  # the newest request id a reported save answered
@@ -49,17 +61,14 @@ class _Requests:
         if self.armed or threading.current_thread() is not threading.main_thread():
             return
         self.armed = True
-        for var, then in (("DISTLAUNCH_SAVE_SIGNAL", STOP), ("DISTLAUNCH_CHECKPOINT_SIGNAL", CONTINUE)):
-            name = os.environ.get(var, "").strip().upper()
-            sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None) if name != "NONE" else None
-            if name and isinstance(sig, signal.Signals):
-                signal.signal(sig, lambda signum, frame, then=then: self._on_signal(signum, then))
+        for sig, then in rank_signals(os.environ).items():
+            signal.signal(sig, lambda signum, frame, then=then: self._on_signal(signum, then))
 
     def arm_term(self) -> None:
         """Under srun, SIGTERM too asks for a save and a stop (Slurm sends it straight to every rank at a time limit
         it gave no warning of, on ``scancel``, on a preemption); a second SIGTERM ends the rank as SIGTERM does."""
-        name = os.environ.get("DISTLAUNCH_SAVE_SIGNAL", "").strip().upper()
-        if not name or name == "NONE" or threading.current_thread() is not threading.main_thread():
+        saves_and_stops = STOP in rank_signals(os.environ).values()
+        if not saves_and_stops or threading.current_thread() is not threading.main_thread():
             return
         signal.signal(signal.SIGTERM, lambda signum, frame: self._on_term())
 

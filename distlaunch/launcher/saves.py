@@ -65,6 +65,11 @@ class SaveWatch(Watch):
             if isinstance(report, dict):
                 self.reports[int(rank)] = report
 
+    def save_s(self) -> float | None:
+        """The newest save as the slowest rank timed it (None: no rank timed one)."""
+        times = [r["save_s"] for r in self.reports.values() if isinstance(r.get("save_s"), int | float)]
+        return max(times) if times else None
+
     def saved_steps(self) -> dict[int, int | None]:
         """Each reporting rank's newest saved step (None: it reports steps but no checkpoint yet)."""
         steps = {rank: report.get("saved_step") for rank, report in self.reports.items()}
@@ -123,8 +128,7 @@ class SaveWatch(Watch):
 
     def _done(self, pending: _Pending, step: int, now: float) -> None:
         self.pending = None
-        times = [r.get("save_s") for r in self.reports.values() if isinstance(r.get("save_s"), int | float)]
-        save_s = max(times) if times else None
+        save_s = self.save_s()
         record = SavedOnRequest(
             step=step, why=pending.why, then=pending.then, save_s=save_s, waited_s=round(now - pending.asked_at, 3)
         )
@@ -167,10 +171,9 @@ class SaveWatch(Watch):
         saved = [step for step in self.saved_steps().values() if step is not None]
         if not saved:
             return "no rank reports checkpoints"
-        times = [r.get("save_s") for r in self.reports.values() if isinstance(r.get("save_s"), int | float)]
-        if not times:
+        save_s, step_s = self.save_s(), self.steps.step_s or 0.0
+        if save_s is None:
             return "no save of this job has been timed yet"
-        save_s, step_s = max(times), self.steps.step_s or 0.0
         need = (save_s + step_s) * FIT_MARGIN
         if need > budget_s:
             return (

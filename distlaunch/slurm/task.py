@@ -15,6 +15,7 @@ from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.program import build_command, check_script
 from distlaunch.launcher.spec import local_gpu_count
+from distlaunch.saverequest import rank_signals
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
 from distlaunch.slurm.step import read_step
@@ -75,11 +76,8 @@ def ignore_save_signal(environ: Mapping[str, str]) -> None:
     still importing torch when Slurm's warning comes must not die of it (it is sent again: slurm/savesignal.py),
     nor a program that never looks at it. The bundled engine traps it from its start, a script at its first
     ``distlaunch.checkpoint_requested()``."""
-    for var in ("DISTLAUNCH_SAVE_SIGNAL", "DISTLAUNCH_CHECKPOINT_SIGNAL"):  # save and stop; save and train on
-        name = environ.get(var, "").strip().upper().removeprefix("SIG")
-        sig = getattr(signal, f"SIG{name}", None) if name and name != "NONE" else None
-        if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_IGN)
+    for sig in rank_signals(environ):  # save and stop; save and train on
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> NoReturn:
