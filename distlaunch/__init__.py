@@ -16,6 +16,7 @@ from distlaunch.saverequest import SaveRequest, save_request
 
 PROGRESS_WINDOW = 50  # compute_s samples a rank's report summarises (its median): the straggler watch's window
 _PROGRESS_EVERY_S = 0.1  # a rank's file is rewritten at most this often, except when a checkpoint was saved
+MAX_METRICS, MAX_NAME, MAX_STATUS = 8, 32, 48  # a report stays small: the agent reads at most 4 KiB of it
 
 
 class _ProgressFile:
@@ -30,11 +31,27 @@ class _ProgressFile:
         self.window: _deque[float] = _deque(maxlen=PROGRESS_WINDOW)
         self.save_s: float | None = None  # how long the newest save took (the launcher's SIGTERM budget reads it)
         self.answered = 0  # the newest save request (its id) a reported save answered
+        self.total_steps: int | None = None
+        self.metrics: dict[str, float] = {}  # what the launcher's status line shows (loss, tokens/s, MFU)
+        self.status: str | None = None  # what the rank is doing before its next step ("compiling")
         self.written_at = -_math.inf
 
-    def note(self, step, compute_s, saved_step, save_s=None) -> None:
-        if step is not None:
+    def note(self, step, compute_s, saved_step, save_s=None, total_steps=None, metrics=None, status=None) -> None:
+        if step is not None and int(step) != self.step:
             self.step = int(step)
+            self.status = None  # a step done: whatever came before it is over
+        if total_steps is not None:
+            self.total_steps = int(total_steps)
+        if metrics:
+            self.metrics = {
+                str(k)[:MAX_NAME]: round(float(v), 6)
+                for k, v in list(metrics.items())[:MAX_METRICS]
+                if isinstance(v, (int, float)) and _math.isfinite(v)
+            }
+        # a new status goes out at once, like a save: it is said once, before a long silence (compiling)
+        said = status is not None and (str(status)[:MAX_STATUS] or None) != self.status
+        if said:
+            self.status = str(status)[:MAX_STATUS] or None  # "": the rank says it is done with it
         if compute_s is not None and _math.isfinite(compute_s) and compute_s >= 0:
             self.window.append(float(compute_s))
         # a new checkpoint goes out at once: it is what a replacement resumes from (--on-straggler replace)
@@ -46,7 +63,7 @@ class _ProgressFile:
             self.save_s = float(save_s)
         path = _os.environ.get("DISTLAUNCH_PROGRESS_FILE")
         now = _time.monotonic()
-        if not path or (not saved and now - self.written_at < _PROGRESS_EVERY_S):
+        if not path or (not (saved or said) and now - self.written_at < _PROGRESS_EVERY_S):
             return
         self.written_at = now
         self.write(path)
@@ -62,6 +79,9 @@ class _ProgressFile:
             "saved_step": self.saved_step,
             "save_s": None if self.save_s is None else round(self.save_s, 3),
             "answered": self.answered,
+            "total_steps": self.total_steps,
+            "metrics": self.metrics,
+            "status": self.status,
             "at": _time.time(),
         }
 
@@ -82,6 +102,10 @@ def progress(
     compute_s: float | None = None,
     saved_step: int | None = None,
     save_s: float | None = None,
+    *,
+    total_steps: int | None = None,
+    metrics: dict[str, float] | None = None,
+    status: str | None = None,
 ) -> None:
     """Tell distlaunch that this rank is making progress; cheap: call it every step.
 
@@ -89,9 +113,14 @@ def progress(
     spent on it outside collectives (its own compute, not waiting for the others), which ``distlaunch`` compares
     across ranks to name a straggler; ``saved_step``: the step of the newest checkpoint saved (it answers a pending
     save request, see ``checkpoint_requested``); ``save_s``: how long that save took, which decides whether a save
-    fits in the grace period after a SIGTERM. Never raises."""
+    fits in the grace period after a SIGTERM.
+
+    What the launcher's status line shows on a terminal (rank 0's, or the lowest rank's that reports them):
+    ``total_steps`` (for step/total and the ETA); ``metrics``, a few numbers by name, of which it shows ``loss``,
+    ``tokens_per_s`` and ``mfu`` (a fraction); ``status``, a few words of what the rank does before its next step
+    ("loading data", "compiling"), shown until it reports a new step. Never raises."""
     with _contextlib.suppress(Exception):  # progress reports are best effort: never fail the rank over one
-        _progress.note(step, compute_s, saved_step, save_s)
+        _progress.note(step, compute_s, saved_step, save_s, total_steps, metrics, status)
 
 
 def checkpoint_requested() -> bool:

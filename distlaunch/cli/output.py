@@ -17,7 +17,9 @@ import time
 from collections import deque
 from typing import TextIO
 
+from distlaunch.cli.statusline import status_text
 from distlaunch.files import os_error_words
+from distlaunch.launcher.liveview import JobStatus
 
 _PALETTE = (36, 32, 33, 35, 34, 96, 92, 93, 95, 94)  # ANSI foreground colours, cycled by rank
 PENDING_BYTES = 4 << 20  # per stream: what may wait for a slow terminal before lines are dropped
@@ -38,9 +40,13 @@ class StreamWriter:
     ``os.write``, so a write stuck on a full pipe holds no Python lock (the interpreter can still exit).
     """
 
-    def __init__(self, stream: TextIO, limit: int = PENDING_BYTES):
+    def __init__(self, stream: TextIO, limit: int = PENDING_BYTES, status: StatusLine | None = None):
         self.stream, self.limit = stream, limit
         self.fd = _fileno(stream)
+        # a terminal's status line, shared by the writers of one terminal: each write erases it first and draws it
+        # again after its lines, so rank lines scroll above it and never land on it
+        self.status = status
+        self.redraw = False  # the status changed: draw it even with no line to write
         self.pending: deque[str] = deque()
         self.pending_bytes = 0
         self.dropped_lines = 0
@@ -64,21 +70,31 @@ class StreamWriter:
             self.pending_bytes += len(text)
             self.cond.notify()
 
+    def redraw_status(self) -> None:
+        """The status line changed: draw it again (once, however many changes came while the terminal was slow)."""
+        with self.cond:
+            if self.status is not None and self.failed is None:
+                self.redraw = True
+                self.cond.notify()
+
     def _take(self) -> str | None:
         with self.cond:
-            while not self.pending and not self.closed:
+            while not self.pending and not self.closed and not self.redraw:
                 self.cond.wait()
-            if not self.pending:
+            if not self.pending and not self.redraw:
                 return None
             text = "".join(self.pending)
             self.pending.clear()
             self.pending_bytes = 0
+            self.redraw = False
             if self.dropped_lines:  # say what was lost, where it was lost
                 text = (
                     f"distlaunch: dropped {self.dropped_lines} lines ({self.dropped_bytes} bytes) of rank output:"
                     f" this stream did not keep up (--log-dir keeps every line)\n{text}"
                 )
                 self.dropped_lines = self.dropped_bytes = 0
+            if self.status is not None:
+                text = self.status.around(text, final=self.closed)
             return text
 
     def _run(self) -> None:
@@ -124,6 +140,7 @@ class StreamWriter:
         """Let the thread write what is pending while the stream keeps moving; True if everything went out."""
         with self.cond:
             self.closed = True
+            self.redraw = self.status is not None  # one last write erases the status line
             self.written_at = time.monotonic()  # the stall is counted from now
             self.cond.notify()
         while self.thread.is_alive():
@@ -131,6 +148,35 @@ class StreamWriter:
             if time.monotonic() - self.written_at > stall_s:
                 return False
         return True
+
+
+class StatusLine:
+    """The status line at the bottom of a terminal (cli/statusline.py says what it shows). Every write to the
+    terminal starts by erasing it and ends by drawing it again, so it stays the last line; the last write of a job
+    only erases it. Shared by the writers of stdout and stderr when both are that terminal."""
+
+    ERASE = "\r\x1b[K"  # to the start of the line, clear to its end: harmless on an empty line
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.ended = False
+        self.lock = threading.Lock()
+
+    def around(self, text: str, final: bool) -> str:
+        """``text`` as written with the status line under it (``final``: the job's output ends here)."""
+        with self.lock:
+            self.ended = self.ended or final
+            return self.ERASE + text + ("" if self.ended else self.text)
+
+
+def terminal_width(stream: TextIO) -> int | None:
+    """Columns of the terminal ``stream`` is, None when it is not one (a pipe, a file, TERM=dumb)."""
+    if os.environ.get("TERM") == "dumb":
+        return None
+    try:
+        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else None
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _fileno(stream: TextIO) -> int | None:
@@ -152,8 +198,11 @@ class RankPrinter:
         err = err or sys.stderr
         self.color = use_color(out) if color is None else color
         self.err_color = use_color(err) if color is None else color
-        self.out = StreamWriter(out)
-        self.err = self.out if err is out else StreamWriter(err)
+        # the status line goes to a terminal: stderr's (stdout may be a pipe into a pager or tee), else stdout's
+        self.status_on = err if terminal_width(err) else out if terminal_width(out) else None
+        status = StatusLine() if self.status_on is not None else None
+        self.out = StreamWriter(out, status=status if terminal_width(out) else None)
+        self.err = self.out if err is out else StreamWriter(err, status=status if terminal_width(err) else None)
 
     def rank_line(self, host: str, rank: int, fd: int, line: str) -> None:
         prefix = f"[{host} rank {rank}]" if self.multi_host else f"[rank {rank}]"
@@ -164,6 +213,15 @@ class RankPrinter:
     def notice(self, text: str) -> None:
         msg = f"\x1b[1;33mdistlaunch:\x1b[0m {text}" if self.err_color else f"distlaunch: {text}"
         self.err.put(msg + "\n", droppable=False)
+
+    def status(self, state: JobStatus) -> None:
+        """Redraw the status line (only on a terminal: a pipe or a file gets none)."""
+        if self.status_on is None:
+            return
+        writer = self.err if self.status_on is self.err.stream else self.out
+        width = terminal_width(self.status_on) or 80
+        writer.status.text = status_text(state, width)  # a str is swapped whole: no lock needed to set it
+        writer.redraw_status()
 
     def close(self) -> None:
         """Flush what the terminal still takes (never waiting on a stalled one), and say on stderr what a

@@ -52,6 +52,9 @@ class _Collector:
     def notice(self, text: str) -> None:
         self.tail = ([*self.tail, text])[-5:]
 
+    def status(self, state: object) -> None:
+        """The sweep draws no status line: doctor shows its own result."""
+
 
 def run_bench(results: list[HostResult], opts: DoctorOptions, master_addr: str) -> BenchResult | Check:
     """Run the sweep on every slot of every host; a Check when it cannot run or fails."""

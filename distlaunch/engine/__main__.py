@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = parse_args(argv)
     try:
+        import distlaunch
+
+        distlaunch.progress(status="importing torch")  # seconds on a cold disk: the launcher's status line says so
         # imported here so that --help answers without loading torch
         import torch
 
@@ -53,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         check_torch(torch.__version__)
         from distlaunch.engine.config import load_config
         from distlaunch.engine.loop import run
-        from distlaunch.engine.metrics import metrics_path
         from distlaunch.engine.parallel.mesh import read_env
+        from distlaunch.engine.places import metrics_path
 
         env = read_env()
         cfg = load_config(args.config, args.set, os.environ.get("DISTLAUNCH_PARALLEL"))

@@ -19,6 +19,7 @@ from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.memory import device_peak_bytes
 from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
 from distlaunch.engine.model import num_params
+from distlaunch.engine.parallel.compile import compile_enabled
 from distlaunch.engine.parallel.dims import ParallelDims, resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_group, pick_device
 from distlaunch.engine.places import create_checkpoint_dir, hold_checkpoint_dir
@@ -122,6 +123,11 @@ def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | 
     }
 
 
+def status_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """What of a step's record the launcher's status line shows (distlaunch.progress's ``metrics``)."""
+    return {k: record[k] for k in ("loss", "tokens_per_s", "mfu") if record.get(k) is not None}
+
+
 def answer_request(asked: distlaunch.SaveRequest, step: int, writer: MetricsWriter, progress: ProgressReport) -> None:
     """Say that the checkpoint of ``step`` was saved as asked: a line on rank 0's output and in the metrics (an
     event, without a ``step`` key: a reader of the curve counts each step once)."""
@@ -150,6 +156,7 @@ def train(
     pending: list[tuple[StepResult, dict[str, Any]]] = []
     interval_start = time.perf_counter()
     clock = StepClock(engine.device)
+    shown: dict[str, float] = {}  # the newest read step's figures, for the launcher's status line
     # the checkpoint a replacement would resume from: the one resumed, 0 (the start) before the first save
     saved_step = first_step - 1 if cfg.checkpoint.dir is not None else None
     for step in range(first_step, cfg.train.steps + 1):
@@ -168,11 +175,19 @@ def train(
                 writer.write(done)
                 progress.update(done)
             pending.clear()
+            shown = status_metrics(records[-1])
         checkpoints.after_step(step, asked=asked is not None)
         saved_step = step if saving else saved_step
         # every rank: the launcher's --hang-timeout counts from the last step, its straggler watch compares compute
         compute_s = None if measured is None else measured + added  # the slow fault's spin is compute too
-        distlaunch.progress(step=step, compute_s=compute_s, saved_step=saved_step, save_s=checkpoints.save_s)
+        distlaunch.progress(
+            step=step,
+            compute_s=compute_s,
+            saved_step=saved_step,
+            save_s=checkpoints.save_s,
+            total_steps=cfg.train.steps,
+            metrics=shown,
+        )
         if asked is not None:
             answer_request(asked, step, writer, progress)
             if asked.then == "stop":
@@ -221,13 +236,21 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
     metrics: its last summary stays the run's), or when the ranks stopped after a save asked of them."""
     dims: ParallelDims = resolve_parallel_dims(cfg, model_config(cfg.model.preset, cfg.data.path), env.world_size)
     device = pick_device(env.local_rank, env.backend)
+    distlaunch.progress(status="joining the process group")
     init_process_group(env, device)
     writer, lock = MetricsWriter(None, enabled=False), None
     try:
         writer, lock = open_outputs(cfg, env.rank, metrics_file)
+        distlaunch.progress(status="building the model")
         engine = Engine(cfg, dims, build_mesh(dims, device), device)
         checkpoints = Checkpointing(engine, env.rank)
-        first_step = checkpoints.start()  # resumes from a checkpoint when there is one to resume
+        if cfg.checkpoint.dir is not None:
+            distlaunch.progress(status="reading the checkpoint")
+        first_step = checkpoints.start()
+        # what the status line says until the first step is done: torch.compile does its work there
+        distlaunch.progress(
+            status="first step, compiling" if compile_enabled(cfg.train.compile, device) else "first step"
+        )  # resumes from a checkpoint when there is one to resume
         if first_step > cfg.train.steps:  # the checkpoint already reaches the last step (start said so)
             return None
         writer.write(

@@ -13,24 +13,37 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from distlaunch.readable import rate, time_left
 
-def _eta(seconds: float) -> str:
-    seconds = int(max(0.0, seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+LINE_WIDTH = 71  # a piped line, with the launcher's "[rank 0] " before it, stays inside 80 columns
 
 
 def compact_line(record: dict[str, Any], steps: int, eta_s: float) -> str:
-    """One step as a single line (what a piped rank 0 prints every ``train.log_every`` steps)."""
-    line = (
-        f"step {record['step']}/{steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e}"
-        f" | grad_norm {record['grad_norm']:.3f} | {record['tokens_per_s']:.0f} tok/s"
-        f" | eta {_eta(eta_s)} | state {record['mem_bytes'] / 2**20:.1f} MiB"
-    )
+    """One step as a single line (what a piped rank 0 prints every ``train.log_every`` steps), at most
+    ``LINE_WIDTH`` characters: the last figures (lr, grad norm) are left out when a long step count leaves no
+    room for them (metrics.jsonl has every figure of every step).
+    The eval loss and an fp16 skip get lines of their own (``event_lines``)."""
+    fields = [
+        f"step {record['step']}/{steps}",
+        f"loss {record['loss']:.4f}",
+        f"{rate(record['tokens_per_s'])} tok/s",
+        f"eta {time_left(eta_s)}",
+        f"lr {record['lr']:.1e}",
+        f"gnorm {record['grad_norm']:.2f}",
+    ]
+    while len("  ".join(fields)) > LINE_WIDTH and len(fields) > 2:
+        fields.pop()
+    return "  ".join(fields)
+
+
+def event_lines(record: dict[str, Any]) -> list[str]:
+    """What a step adds besides its figures: the eval loss, a step skipped on fp16 overflow."""
+    lines = []
     if record.get("val_loss") is not None:
-        line += f" | val_loss {record['val_loss']:.4f}"
+        lines.append(f"step {record['step']}: val_loss {record['val_loss']:.4f}")
     if record.get("skipped"):
-        line += " | skipped (fp16 overflow, loss scale halved)"
-    return line
+        lines.append(f"step {record['step']}: skipped (fp16 overflow, loss scale halved)")
+    return lines
 
 
 class ProgressReport:
@@ -79,10 +92,11 @@ class ProgressReport:
                 lr=f"{record['lr']:.2e}",
                 tps=f"{record['tokens_per_s']:.0f}",
             )
-            if record.get("val_loss") is not None:
-                self.bar.console.print(f"step {step}: val_loss {record['val_loss']:.4f}")
-        elif step % self.log_every == 0 or step == self.steps or record.get("val_loss") is not None:
-            print(compact_line(record, self.steps, self.eta_s(step)), file=self.out, flush=True)
+            for line in event_lines(record):
+                self.bar.console.print(line, highlight=False, markup=False)
+        elif step % self.log_every == 0 or step == self.steps or event_lines(record):
+            lines = [compact_line(record, self.steps, self.eta_s(step)), *event_lines(record)]
+            print("\n".join(lines), file=self.out, flush=True)
 
     def say(self, text: str, stop: bool = False) -> None:
         """A line of its own on rank 0 (above the bar on a terminal); ``stop``: the run ends here, the bar too."""

@@ -28,6 +28,7 @@ from distlaunch.launcher.dumps import AttemptFolder, FlightRecorderDumps
 from distlaunch.launcher.goodput import AttemptTimes, StepTimeline, account
 from distlaunch.launcher.hangwatch import HangWatch, StacksOnRequest
 from distlaunch.launcher.heartbeats import HeartbeatWatch
+from distlaunch.launcher.liveview import JobStatus, LiveView, starting_line
 from distlaunch.launcher.output import RankOutput
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
 from distlaunch.launcher.ranklogs import RankLogs
@@ -51,6 +52,9 @@ class Sink(Protocol):
     def rank_line(self, host: str, rank: int, fd: int, line: str) -> None: ...
 
     def notice(self, text: str) -> None: ...
+
+    def status(self, state: JobStatus) -> None:
+        """The job as it is now (twice a second): a terminal draws it under the output; anything else ignores it."""
 
 
 class ExecOptions(BaseModel):
@@ -164,6 +168,7 @@ class _Attempt:
             self.straggling,
             self.saves,
             ForwardSignals(self.agents, requests),
+            LiveView(plan, sink.status),
         ]
 
     def payload(self, node: NodePlan) -> dict:
@@ -416,6 +421,7 @@ def execute(
     ``stop_request`` a stop asked by distlaunch itself; ``progress`` is handed the report so far after each
     attempt (the job record's)."""
     _make_log_dir(options.log_dir)
+    sink.notice(starting_line(plan))  # at once: importing torch on every rank takes seconds that look like a hang
     recovery = recovery or Restarts(options.max_restarts, sink.notice)
     started = time.monotonic()
     attempts: list[_Attempt] = []

@@ -34,7 +34,7 @@ def test_embedded_default_trains_on_4_processes(tmp_path):
         env={**os.environ, "NO_COLOR": "1"},
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "[rank 0] step 20/20 | loss" in run.stdout and "training summary" in run.stdout
+    assert "[rank 0] step 20/20  loss" in run.stdout and "training summary" in run.stdout
     assert "[rank 1]" not in run.stdout  # only rank 0 reports
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "step" in r]
