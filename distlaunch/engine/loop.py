@@ -25,6 +25,7 @@ from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_gr
 from distlaunch.engine.places import create_checkpoint_dir, hold_checkpoint_dir
 from distlaunch.engine.presets import model_config
 from distlaunch.engine.progress import ProgressReport, write_loss_curve
+from distlaunch.engine.tracking import open_tracking
 from distlaunch.engine.trainer import Engine, StepResult, read_results
 from distlaunch.errors import DistlaunchError
 
@@ -218,7 +219,8 @@ def open_outputs(cfg: TrainingConfig, rank: int, metrics_file: Path | None) -> t
                 lock = hold_checkpoint_dir(
                     root, f"{f'job {job}' if job else 'a job'} (rank 0, pid {os.getpid()} on {socket.gethostname()})"
                 )
-            writer = MetricsWriter(metrics_file, enabled=True)
+            tracking = open_tracking(cfg.train.report_to, metrics_file, cfg.checkpoint.dir)
+            writer = MetricsWriter(metrics_file, enabled=True, tracking=tracking)
         except DistlaunchError as err:
             refusal = err
     shared = [refusal]
@@ -246,16 +248,16 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
         checkpoints = Checkpointing(engine, env.rank)
         if cfg.checkpoint.dir is not None:
             distlaunch.progress(status="reading the checkpoint")
-        first_step = checkpoints.start()
+        first_step = checkpoints.start()  # resumes from a checkpoint when there is one to resume
         # what the status line says until the first step is done: torch.compile does its work there
-        distlaunch.progress(
-            status="first step, compiling" if compile_enabled(cfg.train.compile, device) else "first step"
-        )  # resumes from a checkpoint when there is one to resume
+        compiling = compile_enabled(cfg.train.compile, device)
+        distlaunch.progress(status="first step, compiling" if compiling else "first step")
         if first_step > cfg.train.steps:  # the checkpoint already reaches the last step (start said so)
             return None
         writer.write(
             {
                 "event": "start",
+                "first_step": first_step,  # 1, or the step after the checkpoint resumed (each tracker starts there)
                 "layout": dims.describe(),
                 "world_size": dims.world_size,
                 "device": str(device),
