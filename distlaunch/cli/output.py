@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import threading
 import time
 from collections import deque
@@ -211,6 +212,14 @@ class RankPrinter:
         (self.err if fd == 2 else self.out).put(f"{prefix} {line}\n")  # one piece: ranks' lines never mix
 
     def notice(self, text: str) -> None:
+        """One notice; on a terminal, wrapped at its width between words (a path or a command stays whole), in a
+        pipe or a file one line, as grep finds it."""
+        width = terminal_width(self.err.stream)
+        if width:
+            text = textwrap.fill(
+                text, width - 1, initial_indent="distlaunch: ", subsequent_indent="  ", break_long_words=False,
+                break_on_hyphens=False,
+            )[len("distlaunch: "):]  # fmt: skip
         msg = f"\x1b[1;33mdistlaunch:\x1b[0m {text}" if self.err_color else f"distlaunch: {text}"
         self.err.put(msg + "\n", droppable=False)
 
