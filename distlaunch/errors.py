@@ -6,7 +6,9 @@ it. Exactly one place (``distlaunch.cli.app.main``) turns these into a printed l
 
 from __future__ import annotations
 
+import difflib
 import signal
+from collections.abc import Iterable
 from enum import IntEnum
 
 
@@ -25,6 +27,9 @@ class ExitCode(IntEnum):
     SAVED_TO_REQUEUE = 75
     SIGINT = 130
     SIGTERM = 143
+    # the reader of a pipe went away (``distlaunch jobs | head``): a quiet end with the status of a process that
+    # died of SIGPIPE, as cat and grep end. A running job's launcher never ends so: its output survives that
+    SIGPIPE = 141
 
 
 class DistlaunchError(Exception):
@@ -60,6 +65,13 @@ class NoAnswer(DistlaunchError):
     """A running job did not answer within the time given (exit 1): not bad input, and it may still answer."""
 
     exit_code = ExitCode.NO_ANSWER
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice a typo most likely meant (``train.stepz`` -> ``train.steps``), None when none is close: the hint
+    then names one key, not all of them."""
+    found = difflib.get_close_matches(word, list(choices), n=1)
+    return found[0] if found else None
 
 
 def validation_problem(err) -> str:

@@ -4,9 +4,12 @@ durations, time left, rates. Standard library only: the engine and the launcher 
 from __future__ import annotations
 
 
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """``1 rank``, ``4 ranks``; ``many``: the plural where adding an s is wrong (``1 process``, ``2 processes``)."""
-    return f"{count} {noun if count == 1 else many or noun + 's'}"
+def plural(count: int, noun: str, many: str | None = None, *, grouped: bool = False) -> str:
+    """``1 rank``, ``4 ranks``; ``many``: the plural where adding an s is wrong (``1 process``, ``2 processes``);
+    ``grouped``: the count with thousands separators (``1,204,311 tokens``). Every count distlaunch prints with
+    its noun goes through here, so that none says "1 ranks" or hedges with "rank(s)"."""
+    shown = f"{count:,}" if grouped else str(count)
+    return f"{shown} {noun if count == 1 else many or noun + 's'}"
 
 
 def clock(seconds: float) -> str:

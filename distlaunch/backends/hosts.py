@@ -1,7 +1,8 @@
 """This machine and SSH hosts from a hostfile: one agent per host, driven by a distlaunch launcher process.
 
 The launcher (in a terminal, or a detached job's supervisor) owns the job and keeps its record; ``stop`` signals
-it, ``logs`` reads what a detached job printed, ``stacks`` asks it for every rank's stack.
+it, ``logs`` reads what a detached job printed (or, for a job run in a terminal, its rank logs), ``stacks`` asks it
+for every rank's stack.
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distlaunch.backends.base import CheckpointSaved, LaunchRequest
 from distlaunch.backends.output import FileOutput
+from distlaunch.backends.ranklog_lines import rank_log_lines
 from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE, STOP_FILE, JobRecord, free_space, jobs_dir
 from distlaunch.launcher.job import Sink
@@ -60,12 +63,23 @@ class LauncherDriven(FileOutput):
         return CheckpointSaved(job_id=record.job_id, step=answer["saved_step"], save_s=answer.get("save_s"), then=then)
 
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
+        return jobs_dir() / record.job_id / (ERRORS_FILE if stderr else OUTPUT_FILE)
+
+    def lines(
+        self,
+        record: JobRecord,
+        follow: bool,
+        ranks: set[int],
+        tail: int | None,
+        stderr: bool,
+        on_end: Callable[[JobRecord], None] | None = None,
+    ) -> Iterator[str]:
+        """A detached job's output as its terminal would have shown it (with distlaunch's notices and the report);
+        a job run in a terminal has only its rank logs."""
         folder = jobs_dir() / record.job_id
-        path = folder / (ERRORS_FILE if stderr else OUTPUT_FILE)
-        if not os.path.lexists(path) and not os.path.lexists(folder / LAUNCH_FILE):
-            hint = f"its ranks' logs are in {record.log_dir}" if record.log_dir else "start jobs with --detach"
-            raise UsageError(f"job {record.job_id} ran in a terminal: distlaunch kept no output of it", hint)
-        return path
+        if os.path.lexists(folder / OUTPUT_FILE) or os.path.lexists(folder / LAUNCH_FILE):
+            return super().lines(record, follow, ranks, tail, stderr, on_end)
+        return rank_log_lines(record, follow, ranks, tail, stderr, self.reread, on_end)
 
     def stacks(self, record: JobRecord, timeout: float) -> StacksSnapshot:
         from distlaunch.launcher.snapshots import request_stacks

@@ -55,6 +55,31 @@ def keep_ranks(ranks: set[int]) -> Callable[[str], bool]:
     return lambda line: not ranks or rank_of(line) in ranks
 
 
+class JobEnd:
+    """Whether a followed job has ended and its writer is done: ``end`` is then the record as it ended."""
+
+    def __init__(self, record: JobRecord, reread: Callable[[JobRecord], JobRecord]):
+        self.record, self.reread = record, reread
+        self.end: JobRecord | None = None
+        self.final_at: float | None = None
+
+    def __call__(self) -> bool:
+        # Final, and its owner done writing: a detached job's supervisor records the end first, then prints
+        # the failure report into the output (waited for at most WRITER_WAIT_S, should it hang).
+        now = self.reread(self.record)
+        if now.final and self.final_at is None:
+            self.final_at = time.monotonic()
+        owner = now.owner if now.owner is not None and now.owner.hostname == os.uname().nodename else None
+        writing = owner is not None and owner.alive() and time.monotonic() - (self.final_at or 0) < WRITER_WAIT_S
+        self.end = now if now.final and not writing else None
+        return self.end is not None
+
+    def tell(self, on_end: Callable[[JobRecord], None] | None) -> None:
+        """``on_end`` hears of the record as the job ended, if it was seen to end."""
+        if on_end is not None and self.end is not None:
+            on_end(self.end)
+
+
 def file_lines(
     record: JobRecord,
     path: Path,
@@ -66,20 +91,7 @@ def file_lines(
 ) -> Iterator[str]:
     """The kept lines of ``path`` (the last ``tail``); with ``follow``, every new one until ``reread`` says the
     job has ended and its writer is done (then ``on_end`` hears of the record as it ended)."""
-    end: JobRecord | None = None
-    final_at: float | None = None
-
-    def ended() -> bool:
-        # Final, and its owner done writing: a detached job's supervisor records the end first, then prints
-        # the failure report into the output (waited for at most WRITER_WAIT_S, should it hang).
-        nonlocal end, final_at
-        now = reread(record)
-        if now.final and final_at is None:
-            final_at = time.monotonic()
-        owner = now.owner if now.owner is not None and now.owner.hostname == os.uname().nodename else None
-        writing = owner is not None and owner.alive() and time.monotonic() - (final_at or 0) < WRITER_WAIT_S
-        end = now if now.final and not writing else None
-        return end is not None
+    ended = JobEnd(record, reread)
 
     if not path.exists():
         if record.final:  # nothing more will come: --follow would print nothing and wait for nothing
@@ -92,8 +104,7 @@ def file_lines(
         while not path.exists() and not ended():
             time.sleep(POLL_S)
         if not path.exists():
-            if on_end is not None and end is not None:
-                on_end(end)
+            ended.tell(on_end)
             return
     try:
         f = open(open_regular(path), encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by the with below
@@ -133,5 +144,4 @@ def file_lines(
             yield from (line for line in lines if keep(line))
         if pending and keep(pending):
             yield pending
-    if on_end is not None and end is not None:
-        on_end(end)
+    ended.tell(on_end)

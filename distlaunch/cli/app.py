@@ -21,9 +21,11 @@ from distlaunch.cli.helpfmt import plain_help
 from distlaunch.cli.jobs import jobs, logs, stacks, status, stop
 from distlaunch.cli.k8s import k8s_app
 from distlaunch.cli.peers import check_peer_spellings, peer_equivalent
+from distlaunch.cli.pipes import drop_unread_output, reader_gone
 from distlaunch.cli.run import run
 from distlaunch.cli.slurm import slurm_app
 from distlaunch.cli.train import train
+from distlaunch.cli.train_flags import trainer_flag
 from distlaunch.errors import DistlaunchError, ExitCode, Interrupted
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -131,11 +133,31 @@ def _internal_error(exc: BaseException) -> int:
     return ExitCode.CHECK_FAILED
 
 
+def _closed_pipe() -> int:
+    """The reader of stdout or stderr went away (``| head``): end quietly with SIGPIPE's status, as coreutils do."""
+    drop_unread_output()
+    return ExitCode.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return the exit code; user errors are one line, never a traceback."""
+    code = _run(argv)
     try:
-        check_peer_spellings(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # a reader that left early is found here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return _closed_pipe()
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        check_peer_spellings(args)
         result = app(args=argv, prog_name="distlaunch", standalone_mode=False)
+    except (BrokenPipeError, SystemExit) as exc:  # typer and rich end a closed pipe with a silent exit 1
+        if reader_gone(exc):
+            return _closed_pipe()
+        raise
     except DistlaunchError as exc:
         _error(str(exc))
         return exc.exit_code
@@ -143,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # typer has printed the help already
     except cx.NoSuchOption as exc:
         where = exc.ctx.command_path if exc.ctx else "distlaunch"
-        _error(peer_equivalent(exc.option_name, where))
+        named = trainer_flag(exc.option_name, args) if exc.ctx and exc.ctx.info_name == "train" else None
+        _error(named or peer_equivalent(exc.option_name, where))
         return ExitCode.USAGE
     except cx.UsageError as exc:
         where = f" '{exc.ctx.command_path} --help'" if exc.ctx else " 'distlaunch --help'"
-        _error(f"{exc.format_message()}{_given(exc, sys.argv[1:] if argv is None else argv)} (hint: see{where})")
+        _error(f"{exc.format_message()}{_given(exc, args)} (hint: see{where})")
         return ExitCode.USAGE
     except cx.ClickException as exc:
         _error(exc.format_message())

@@ -12,9 +12,10 @@ from typer.core import TyperGroup
 
 from distlaunch.backends.recorded import find_job
 from distlaunch.backends.registry import of_record
-from distlaunch.cli.render import plural, print_json
+from distlaunch.cli.render import print_json
 from distlaunch.data.source import describe_data
 from distlaunch.engine.checkpoint.report import CheckpointReport, inspect_checkpoint, verify_folder
+from distlaunch.readable import plural
 
 
 class _JobOrCommand(TyperGroup):
@@ -73,7 +74,7 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
     console.print(f"train state parts: {', '.join(meta.extras) or 'none'}")
     if report.checksums:
         console.print(
-            f"{report.checksums} files with recorded sizes and SHA-256 (check them: distlaunch checkpoint verify)"
+            f"{plural(report.checksums, 'file')} with recorded sizes and SHA-256 (check them: distlaunch checkpoint verify)"
         )
     else:
         console.print("[yellow]no checksums recorded[/yellow] (written by an older distlaunch)")
@@ -143,11 +144,11 @@ def verify(
             if c.problems:
                 console.print(f"[red]damaged[/red] {c.path}: {'; '.join(c.problems)}")
             elif c.files:
-                console.print(f"[green]ok[/green] {c.path} ({c.files} files, {_mib(c.bytes)})")
+                console.print(f"[green]ok[/green] {c.path} ({plural(c.files, 'file')}, {_mib(c.bytes)})")
             else:
                 console.print(
                     f"[yellow]unverified[/yellow] {c.path}: no checksums recorded (written by an older distlaunch), "
-                    f"so its {c.unverified} files could not be verified; their sizes fit the index"
+                    f"so its {plural(c.unverified, 'file')} could not be verified; their sizes fit the index"
                 )
     return 0 if report.ok else 1
 

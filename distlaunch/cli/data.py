@@ -15,6 +15,7 @@ from distlaunch.data.prepare import DEFAULT_SHARD_TOKENS, PrepareReport, Prepare
 from distlaunch.data.verify import verify_dataset
 from distlaunch.errors import DistlaunchError, Interrupted
 from distlaunch.launcher.signals import interrupts_unwind
+from distlaunch.readable import plural
 
 data_app = typer.Typer(
     name="data",
@@ -26,7 +27,9 @@ data_app = typer.Typer(
 def render_prepare(report: PrepareReport, console: Console) -> None:
     """The tokenizer, the totals and one row per shard."""
     index = report.index
-    console.print(f"[bold]{report.out}[/bold]: {index.documents:,} documents, {index.tokens:,} tokens ({index.dtype})")
+    console.print(
+        f"[bold]{report.out}[/bold]: {plural(index.documents, 'document', grouped=True)}, {plural(index.tokens, 'token', grouped=True)} ({index.dtype})"
+    )
     console.print(
         f"tokenizer {index.tokenizer.name}: vocabulary {index.vocab_size:,} "
         f"(the model pads it to {report.padded_vocab_size:,}), end-of-text id {index.tokenizer.eos_id}"
@@ -109,7 +112,7 @@ def verify_command(
         console.print(f"[red]damaged[/red] {problem}")
     if report.ok:
         console.print(
-            f"[green]ok[/green] {report.folder} ({report.shards} shards, {report.tokens:,} tokens, "
+            f"[green]ok[/green] {report.folder} ({plural(report.shards, 'shard')}, {plural(report.tokens, 'token', grouped=True)}, "
             f"{report.bytes / 2**20:.1f} MiB)"
             + ("" if report.verified == report.shards else "; checked as a whole (prepared before per-shard checksums)")
         )

@@ -20,6 +20,7 @@ from distlaunch.cli.render import print_json, render_recovery, render_report
 from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
 from distlaunch.launcher.stacks import ranges
+from distlaunch.readable import plural
 
 RECENT = 20  # what 'distlaunch jobs' shows without --all
 _STATE_STYLE = {"pending": "yellow", "running": "cyan", "succeeded": "green", "failed": "red", "lost": "magenta"}
@@ -101,7 +102,7 @@ def logs(
         bool, typer.Option("--stderr", help="Only the ranks' stderr lines (and distlaunch's notices).")
     ] = False,
 ) -> int:
-    """Print a job's rank-prefixed output (a detached job's, a Slurm job's output file, a Kubernetes job's pods)."""
+    """Print a job's rank-prefixed output (its rank logs, a detached job's output, a Slurm job's output file, a Kubernetes job's pods)."""
     record = find_job(job, last_known_ok=True)  # a Slurm job's output file is here even when slurmctld is not
     lines = read_lines(record, follow, set(rank or []), tail, stderr, on_end=_say_if_lost)
     for line in lines:
@@ -208,7 +209,7 @@ def render_status(r: JobRecord, console: Console) -> None:
         "time": f"started {_clock(r.created_at)}{ended}",
         "exit code": "" if r.exit_code is None else str(r.exit_code),
         "restarts": str(r.restarts),
-        "logs": r.log_dir or "",
+        "logs": r.rank_logs or r.log_dir or "",
         "error": r.error or "",
         "straggler": "; ".join(s.what for s in r.stragglers_found),
     }
@@ -240,16 +241,16 @@ def render_status(r: JobRecord, console: Console) -> None:
 
 
 def _places(r: JobRecord) -> str:
-    """'2 host(s)', or a scheduler's '2 node(s)' / '2 pod(s)': counted from the per-node plan, else the node
+    """'2 hosts', or a scheduler's '2 nodes' / '2 pods': counted from the per-node plan, else the node
     count the job asked for (a Slurm or Kubernetes job before it has its nodes)."""
-    unit = {"slurm": "node(s)", "k8s": "pod(s)"}.get(r.backend)
+    unit = {"slurm": "node", "k8s": "pod"}.get(r.backend)
     if unit is None:
-        return f"{len(r.hosts)} host(s)"
+        return plural(len(r.hosts), "host")
     count = len(r.plan.get("nodes") or []) or r.plan.get("nnodes")
     if not count:  # a record written before its scheduler was asked: hosts reads ["(2 nodes)"]
         label = re.fullmatch(r"\((\d+) (?:node|pod)s?\)", r.hosts[0]) if len(r.hosts) == 1 else None
         count = int(label.group(1)) if label else len(r.hosts)
-    return f"{count} {unit}"
+    return plural(count, unit)
 
 
 def _lost_why(r: JobRecord) -> str:

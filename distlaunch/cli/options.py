@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 from distlaunch.contract.hostname import host_problem
 from distlaunch.errors import UsageError
 from distlaunch.launcher.requests import parse_forward_signals, parse_save_signal
-from distlaunch.launcher.spec import parse_backend, parse_nproc, parse_seconds
+from distlaunch.launcher.spec import parse_backend, parse_log_size, parse_nproc, parse_seconds
 
 LAUNCH = "Launch options"
 
@@ -163,7 +163,19 @@ LogDir = Annotated[
         "--log-dir",
         metavar="DIR",
         parser=user_path("--log-dir", "a folder, e.g. --log-dir logs"),
-        help="Keep every line of every rank in LOG_DIR/<job id>/rank<N>.log (time-stamped, with a header).",
+        help="Keep every rank's log in LOG_DIR/<job id>/rank<N>.log (time-stamped, with a header) instead of the"
+        " job's folder in the job store (DISTLAUNCH_STATE_DIR), where only the 20 newest jobs keep theirs.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+LogMaxSize = Annotated[
+    int,
+    typer.Option(
+        "--log-max-size",
+        metavar="SIZE",
+        parser=parse_log_size,
+        help="A rank's log this big is rotated to rank<N>.log.1 (replacing the part before), so each rank keeps"
+        " at most twice SIZE, its newest lines: 64MiB, 1GiB, ... at least 64KiB; 0: no limit.",
         rich_help_panel=LAUNCH,
     ),
 ]
@@ -275,7 +287,7 @@ LocalRanksFilter = Annotated[
     typer.Option(
         "--local-ranks-filter",
         metavar="RANKS",
-        help="Show only these local ranks' output on the terminal, e.g. 0 or 0,1 (--log-dir files keep all).",
+        help="Show only these local ranks' output on the terminal, e.g. 0 or 0,1 (the rank logs keep all).",
         rich_help_panel=LAUNCH,
         show_default=False,
     ),
@@ -289,6 +301,19 @@ HangTimeout = Annotated[
         help="Seconds without progress (no rank output, no distlaunch.progress() call) before the job counts as"
         " hung: every rank's Python stack is gathered and summarised, saved to the job folder, then the job"
         " stops with exit 124. 0 turns it off.",
+        rich_help_panel=LAUNCH,
+    ),
+]
+
+HangReport = Annotated[
+    float,
+    typer.Option(
+        "--hang-report",
+        metavar="SECONDS",
+        min=0,
+        help="Seconds without progress (as for --hang-timeout) before every rank's Python stack is gathered and"
+        " printed once, grouped, and saved to the job folder; the job runs on, and new progress re-arms it."
+        " 0 turns it off.",
         rich_help_panel=LAUNCH,
     ),
 ]
@@ -412,6 +437,8 @@ SUPERVISION = (
     "grace_period",
     "heartbeat_timeout",
     "hang_timeout",
+    "hang_report",
+    "log_max_size",
     "on_straggler",
     "local_ranks_filter",
     "save_signal",

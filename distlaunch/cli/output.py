@@ -5,7 +5,7 @@ suspended pager) would otherwise stop fail-fast, signals and exit codes. So line
 buffer per stream that a writer thread empties; when the buffer is full, rank lines are dropped and
 counted, and the count is printed as soon as the stream moves again. A stream that fails (a file on a full
 disk, a closed pipe) takes nothing more; what it lost is counted and said at the end, with why, and the job
-goes on. ``--log-dir`` keeps every line.
+goes on. The job's rank logs keep every line (``distlaunch logs JOB``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TextIO
 from distlaunch.cli.statusline import status_text
 from distlaunch.files import os_error_words
 from distlaunch.launcher.liveview import JobStatus
+from distlaunch.readable import plural
 
 _PALETTE = (36, 32, 33, 35, 34, 96, 92, 93, 95, 94)  # ANSI foreground colours, cycled by rank
 PENDING_BYTES = 4 << 20  # per stream: what may wait for a slow terminal before lines are dropped
@@ -47,6 +48,7 @@ class StreamWriter:
         # a terminal's status line, shared by the writers of one terminal: each write erases it first and draws it
         # again after its lines, so rank lines scroll above it and never land on it
         self.status = status
+        self.kept = "every line is kept: distlaunch logs JOB"  # where the dropped lines can still be read
         self.redraw = False  # the status changed: draw it even with no line to write
         self.pending: deque[str] = deque()
         self.pending_bytes = 0
@@ -90,8 +92,8 @@ class StreamWriter:
             self.redraw = False
             if self.dropped_lines:  # say what was lost, where it was lost
                 text = (
-                    f"distlaunch: dropped {self.dropped_lines} lines ({self.dropped_bytes} bytes) of rank output:"
-                    f" this stream did not keep up (--log-dir keeps every line)\n{text}"
+                    f"distlaunch: dropped {plural(self.dropped_lines, 'line')} ({plural(self.dropped_bytes, 'byte')}) of rank output:"
+                    f" this stream did not keep up ({self.kept})\n{text}"
                 )
                 self.dropped_lines = self.dropped_bytes = 0
             if self.status is not None:
@@ -192,7 +194,12 @@ class RankPrinter:
     """A launcher sink that prefixes every rank line; multi-host jobs also name the host."""
 
     def __init__(
-        self, multi_host: bool, out: TextIO | None = None, err: TextIO | None = None, color: bool | None = None
+        self,
+        multi_host: bool,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        color: bool | None = None,
+        job_id: str = "JOB",
     ):
         self.multi_host = multi_host
         out = out or sys.stdout
@@ -204,6 +211,8 @@ class RankPrinter:
         status = StatusLine() if self.status_on is not None else None
         self.out = StreamWriter(out, status=status if terminal_width(out) else None)
         self.err = self.out if err is out else StreamWriter(err, status=status if terminal_width(err) else None)
+        for writer in (self.out, self.err):
+            writer.kept = f"every line is kept: distlaunch logs {job_id}"
 
     def rank_line(self, host: str, rank: int, fd: int, line: str) -> None:
         prefix = f"[{host} rank {rank}]" if self.multi_host else f"[rank {rank}]"
@@ -249,4 +258,4 @@ class RankPrinter:
         if not lines:
             return None
         why = f", as writing it failed: {self.out.failed}" if self.out.failed else ": it did not keep up"
-        return f"{lines} lines ({size} bytes) of rank output never reached stdout{why} (--log-dir keeps every line)"
+        return f"{plural(lines, 'line')} ({plural(size, 'byte')}) of rank output never reached stdout{why} ({self.out.kept})"

@@ -15,8 +15,8 @@ PEER_FLAGS: dict[str, tuple[str, str]] = {
     "--rdzv-endpoint": ("torchrun", "use --master-addr ADDR --master-port PORT, or 'distlaunch run --rdzv-endpoint'"),
     "--rdzv-backend": ("torchrun", "not needed: ranks meet at --master-addr/--master-port"),
     "--rdzv-id": ("torchrun", "not needed: distlaunch draws a job id (TORCHELASTIC_RUN_ID)"),
-    "--tee": ("torchrun", "not needed: rank output is always shown; --log-dir DIR also keeps it in files"),
-    "--redirects": ("torchrun", "use --log-dir DIR"),
+    "--tee": ("torchrun", "not needed: rank output is always shown and kept in files: distlaunch logs JOB"),
+    "--redirects": ("torchrun", "not needed: each rank's output is kept in a file of its own (--log-dir DIR)"),
     "--run-path": ("torchrun", "not needed: distlaunch runs SCRIPT as python does (or -m MODULE)"),
     "--use-env": ("torch.distributed.launch", "not needed: every rank finds LOCAL_RANK in its environment"),
     "--local-rank": (

@@ -10,10 +10,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from distlaunch.cli.lines import print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
 from distlaunch.launcher.plan import LaunchPlan
 from distlaunch.launcher.stacks import ranges
+from distlaunch.readable import plural
 from distlaunch.slurm.env import SlurmRank
 
 HOST_ROWS = 32  # the dry run's table shows this many hosts at most: the first ones and the last HOST_ROWS_LAST
@@ -63,48 +65,47 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
     """The dry-run view: one row per host, then the process groups."""
     plan = plan.masked()
     p = plan.parallel
-    hosts = f"{plan.nnodes} host" + ("s" if plan.nnodes > 1 else "")
+    hosts = plural(plan.nnodes, "host")
     console.print(
         f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
         f"master {escape(host_port(plan.master_addr, plan.master_port))}, backend {plan.backend}"  # [v6] is no markup
     )
     console.print("  parallel " + str(p).replace(",", " "))
-    for label, field in (("workdir", "workdir"), ("agent", "agent_python")):  # where and with what each host starts
-        per_host = {n.host: getattr(n, field) for n in plan.nodes}
-        values = set(per_host.values())
-        shown = values.pop() if len(values) == 1 else "; ".join(f"{h}: {v}" for h, v in per_host.items())
-        console.print(Text(f"  {label} {shown}"))
+    # where, with what and what each host starts: lines of their own, so that no path is cut by a table cell
+    for label, field in (("workdir", "workdir"), ("agent", "agent_python"), ("command", "argv")):
+        per_host = {n.host: n.ranks[0].argv if field == "argv" else getattr(n, field) for n in plan.nodes}
+        _print_per_host(console, label, per_host)
+    visible = {n.host: n.ranks[0].env.get("CUDA_VISIBLE_DEVICES", "(not set)") for n in plan.nodes}
+    if set(visible.values()) != {"(not set)"}:  # the GPUs a host's cuda:N devices are
+        _print_per_host(console, "CUDA_VISIBLE_DEVICES", visible)
     table = Table(show_lines=False)
-    for col in ("host", "node", "ranks", "devices", "command"):
-        table.add_column(col, overflow="fold")
+    table.add_column("host", overflow="fold", ratio=1)  # a host name breaks only when longer than the screen
+    table.add_column("node", no_wrap=True)
+    table.add_column("ranks", overflow="fold")
+    table.add_column("devices", no_wrap=True)
     for i, node in enumerate(plan.nodes):
         if len(plan.nodes) > HOST_ROWS and i == HOST_ROWS - HOST_ROWS_LAST:  # a big cluster: its start and its end
             hidden = plan.nodes[i : len(plan.nodes) - HOST_ROWS_LAST]
             first, last = hidden[0].ranks[0].rank, hidden[-1].ranks[-1].rank
-            table.add_row("…", "…", f"{first}-{last}", "", f"{len(hidden)} more hosts (--json lists every one)")
+            more = Text(f"{len(hidden)} more hosts (--json lists every one)")
+            table.add_row(more, "…", f"{first}-{last}", "…")
         if len(plan.nodes) > HOST_ROWS and HOST_ROWS - HOST_ROWS_LAST <= i < len(plan.nodes) - HOST_ROWS_LAST:
             continue
-        ranks = [r.rank for r in node.ranks]
-        devices = sorted({r.device for r in node.ranks})
-        cvd = node.ranks[0].env.get("CUDA_VISIBLE_DEVICES")
-        dev = ", ".join(devices) + (f" (CUDA_VISIBLE_DEVICES={cvd})" if cvd else "")
         table.add_row(
             Text(node.host if node.address == node.host else f"{node.host} ({node.address})"),
             str(node.node_rank),
-            ranges(ranks),
-            dev,
-            Text(shlex.join(node.ranks[0].argv)),  # the user's arguments are data, not rich markup
+            ranges([r.rank for r in node.ranks]),
+            devices_text([r.device for r in node.ranks]),
         )
     console.print(table)
     for axis in ("tp", "dp", "pp"):
-        console.print(f"  {axis} groups: {_fmt_groups(plan.groups[axis])}")
+        print_indented(console, f"{axis} groups: {_fmt_groups(plan.groups[axis])}")
     if plan.spares is not None:
         spares = ", ".join(h.host for h in plan.spares.hosts) or "none"
-        console.print(
-            Text(
-                f"  spares: {spares} (they replace failed hosts; with none left the job shrinks, down to "
-                f"{plural(plan.spares.min_nodes, 'host')})"
-            )
+        print_indented(
+            console,
+            f"spares: {spares} (they replace failed hosts; with none left the job shrinks, down to "
+            f"{plural(plan.spares.min_nodes, 'host')})",
         )
     user_env = {
         k: v
@@ -112,7 +113,33 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
         if not k.startswith(("DISTLAUNCH_", "TORCHELASTIC_", "ROLE_")) and k not in _CONTRACT
     }
     if user_env:
-        console.print("  env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in user_env.items()), markup=False)
+        print_indented(console, "env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in user_env.items()))
+
+
+def _print_per_host(console: Console, label: str, per_host: dict[str, str | list[str]]) -> None:
+    """One line when every host has the same value, else the label and a line per host; a list is a command."""
+    values = list({repr(v): v for v in per_host.values()}.values())
+    shown = {label: values[0]} if len(values) == 1 else {f"  {host}:": value for host, value in per_host.items()}
+    if len(values) > 1:
+        console.print(Text(f"  {label}"))
+    for name, value in shown.items():
+        if isinstance(value, list):
+            print_command(console, value, name)
+        else:
+            print_value(console, name, value)
+
+
+def devices_text(devices: list[str]) -> str:
+    """A host's devices, short: ``cuda:0-7``, ``cpu``."""
+    kinds: dict[str, list[int]] = {}
+    others: list[str] = []
+    for device in devices:
+        kind, _, index = device.partition(":")
+        if index.isdigit():
+            kinds.setdefault(kind, []).append(int(index))
+        elif device not in others:
+            others.append(device)
+    return ", ".join([*(f"{kind}:{ranges(indices)}" for kind, indices in kinds.items()), *others])
 
 
 _CONTRACT = {
@@ -133,11 +160,6 @@ _CONTRACT = {
 # Rows of the failure table: the root cause and what failed right after it. When one rank crashes, its peers
 # on every host fail within milliseconds, before the stop reaches them; a 64-rank job would fill a screen.
 FAILURE_ROWS = 8
-
-
-def plural(count: int, noun: str) -> str:
-    """'1 rank', '4 ranks'."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def failure_text(failure: RankExit) -> str:
@@ -176,15 +198,16 @@ def render_report(report: RunReport, console: Console) -> None:
     if report.lost_work:
         console.print(f"[yellow]lost work[/yellow]: {report.lost_work}")
     if report.hang is not None:
-        console.print(
-            f"[red]job {report.job_id} hung[/red] (no progress for {report.hang.timeout_s:g}s): {report.hang.summary}"
-        )
+        hung = f" (no progress for {report.hang.timeout_s:g}s): {report.hang.summary}"  # its paths are no markup
+        print_indented(console, Text.assemble((f"job {report.job_id} hung", "red"), hung), indent=0)
         if report.hang.folder:
-            console.print(f"every rank's stack: {report.hang.folder}")
+            print_value(console, "every rank's stack:", report.hang.folder, indent="")
     if report.stragglers:
-        console.print(f"ended {report.stragglers} stray process(es) the ranks left behind (DISTLAUNCH_JOB_ID)")
+        console.print(
+            f"ended {plural(report.stragglers, 'stray process', 'stray processes')} the ranks left behind (DISTLAUNCH_JOB_ID)"
+        )
     for found in report.stragglers_found:
-        console.print(Text.assemble(("straggler", "yellow"), f": {found.what}"), soft_wrap=True)
+        console.print(Text.assemble(("straggler", "yellow"), f": {found.what}"))
     for silent in report.silent_hosts:
         console.print(f"[red]{silent.host} went silent[/red]: no message for {silent.silent_s:.1f}s (exit 3)")
     if report.unconfirmed_hosts:
@@ -193,33 +216,52 @@ def render_report(report: RunReport, console: Console) -> None:
             "(their ranks may still run: check with ps there)"
         )
     if report.failures:
-        table = Table(title=f"[red]job {report.job_id} failed[/red] (root cause first)", show_lines=True)
-        for col in ("rank", "host", "exit", "time", "error / last output"):
-            table.add_column(col, overflow="fold")
+        # a line above the table, not its title: a narrow table would wrap a title to its own width
+        console.print(Text.assemble((f"job {report.job_id} failed", "red"), " (root cause first)"))
+        table = Table()
+        table.add_column("rank", no_wrap=True)
+        table.add_column("host", overflow="fold", ratio=1)  # a host name breaks only when longer than the screen
+        table.add_column("exit", no_wrap=True)
+        table.add_column("time", no_wrap=True, justify="right")
         shown, more = report.failures[:FAILURE_ROWS], report.failures[FAILURE_ROWS:]
         for i, f in enumerate(shown):
             exit_text = f"{f.exit_code} ({f.signal})" if f.signal else str(f.exit_code)
-            style = "bold red" if i == 0 else ""
-            # A rank's output and a host name are data, never rich markup: gloo prints "[/path/x.cc:12]".
-            table.add_row(str(f.rank), Text(f.host), exit_text, f"{f.time_s:.1f}s", Text(failure_text(f)), style=style)
+            # a host name is data, never rich markup
+            table.add_row(str(f.rank), Text(f.host), exit_text, f"{f.time_s:.1f}s", style="bold red" if i == 0 else "")
         console.print(table)
+        render_failure_texts(shown, console)
         if more:
             console.print(
                 f"{plural(len(more), 'more rank')} failed after those ({ranges([f.rank for f in more])}): "
-                "--json lists every failure, --log-dir keeps every rank's output"
+                f"--json lists every failure, 'distlaunch logs {report.job_id} --rank N' every rank's output"
             )
         explained = next((f for f in report.failures if f.cause), None)
         if explained is not None:
             console.print(Text.assemble(("cause", "bold"), f" (rank {explained.rank}): {explained.cause}"))
         if report.restarts:
-            console.print(f"gave up after {report.restarts} restart(s)")
+            console.print(f"gave up after {plural(report.restarts, 'restart')}")
     elif not report.interrupted and not report.stopped_by and report.hang is None:
-        extra = f" after {report.restarts} restart(s)" if report.restarts else ""
+        extra = f" after {plural(report.restarts, 'restart')}" if report.restarts else ""
         console.print(
             f"[green]job {report.job_id} finished[/green]: {plural(report.world_size, 'rank')} exited 0 in "
             f"{report.wall_s:.1f}s{extra}"
         )
     render_recovery(report.attempts, report.goodput, console)
+
+
+def render_failure_texts(failures: list[RankExit], console: Console) -> None:
+    """Under the root-cause table, what each rank ended with (its error, else its last lines of output) on lines of
+    their own: a traceback's paths fit no table cell at 80 columns. Ranks that ended with the same text share it,
+    the root cause's first."""
+    texts: dict[str, list[RankExit]] = {}
+    for f in failures:
+        texts.setdefault(failure_text(f), []).append(f)
+    for i, (text, same) in enumerate(texts.items()):
+        who = f"rank {same[0].rank}" if len(same) == 1 else f"ranks {ranges([f.rank for f in same])}"
+        what = "error" if same[0].error or text.startswith("error: ") else "last output"
+        console.print(Text(f"{who}, its {what}:", style="bold red" if i == 0 else "bold"))
+        # A rank's output is data, never rich markup: gloo prints "[/path/x.cc:12]".
+        print_indented(console, Text(text))
 
 
 def render_recovery(attempts: list[AttemptReport], goodput: Goodput | None, console: Console) -> None:
@@ -231,13 +273,11 @@ def render_recovery(attempts: list[AttemptReport], goodput: Goodput | None, cons
             change = "".join(f"; -{host} ({why})" for host, why in a.dropped.items())
             change += "".join(f"; +{host}" for host in a.added)
             steps = f", steps {a.first_step}-{a.last_step}" if a.first_step is not None else ""
-            console.print(
-                Text(f"  {a.restart}: {', '.join(a.hosts)} ({a.layout}){change}{steps}: {a.ended}"), soft_wrap=True
-            )
+            print_indented(console, Text(f"{a.restart}: {', '.join(a.hosts)} ({a.layout}){change}{steps}: {a.ended}"))
     if goodput is None:
         return
     for fault in goodput.faults:
-        console.print(Text(f"  lost {fault.lost_s:.1f}s to {fault.fault}: {cost_parts(fault)}"), soft_wrap=True)
+        print_indented(console, Text(f"lost {fault.lost_s:.1f}s to {fault.fault}: {cost_parts(fault)}"))
     if goodput.ettr is not None:
         console.print(
             f"goodput: {goodput.productive_s:.1f}s of {goodput.wall_s:.1f}s were kept training steps "

@@ -12,8 +12,10 @@ from distlaunch.backends.base import LaunchRequest
 from distlaunch.backends.registry import select
 from distlaunch.cli import groups as g
 from distlaunch.cli.output import RankPrinter
+from distlaunch.cli.pipes import drop_unread_output, reader_gone
 from distlaunch.cli.render import masked, print_json, render_plan, render_report
 from distlaunch.jobs.store import JobRecord
+from distlaunch.readable import plural
 
 
 @g.launch_options(g.PROGRAM, g.LAUNCH_OPTIONS, g.NODE_OPTIONS)
@@ -53,14 +55,23 @@ def start(
     if detach:
         return report_detached(backend.detach(request, plan), json_output)
     # With --json, stdout carries only the report: rank output goes to stderr.
-    sink = RankPrinter(multi_host=getattr(plan, "nnodes", 1) > 1, out=sys.stderr if json_output else None)
+    sink = RankPrinter(
+        multi_host=getattr(plan, "nnodes", 1) > 1,
+        out=sys.stderr if json_output else None,
+        job_id=getattr(plan, "job_id", "JOB"),
+    )
     try:
         report = backend.run(request, plan, sink)
     finally:
         sink.close()  # what the terminal still takes, never waiting on a stalled one
-    render_report(report, Console(stderr=True))
-    if json_output:
-        print_json(report)
+    try:
+        render_report(report, Console(stderr=True))
+        if json_output:
+            print_json(report)
+    except (BrokenPipeError, SystemExit) as exc:  # nobody reads the report: the job's exit code still says how it ended
+        if not reader_gone(exc):
+            raise
+        drop_unread_output()
     return report.exit_code
 
 
@@ -71,7 +82,7 @@ def report_detached(record: JobRecord, json_output: bool) -> int:
     else:
         print(record.job_id)
         Console(stderr=True).print(
-            f"job {record.job_id} runs in the background ({record.world_size} ranks, supervisor pid "
+            f"job {record.job_id} runs in the background ({plural(record.world_size, 'rank')}, supervisor pid "
             f"{record.owner.pid}): distlaunch logs {record.job_id} --follow | status | stop",
             highlight=False,
         )

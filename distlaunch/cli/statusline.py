@@ -9,9 +9,8 @@ status line: what a job prints there is its ranks' lines, whole."""
 
 from __future__ import annotations
 
-from distlaunch.cli.render import plural
 from distlaunch.launcher.liveview import JobStatus
-from distlaunch.readable import clock, rate, time_left
+from distlaunch.readable import clock, plural, rate, time_left
 
 SEP = " · "
 STALL_S = 10.0  # a silence this long is said on the line: a person sees a stall, not only a frozen number

@@ -30,7 +30,9 @@ def supervise(folder: Path) -> int:
     # and distlaunch's notices alone, for 'distlaunch logs --stderr'.
     with open(folder / ERRORS_FILE, "a", encoding="utf-8") as errors:
         err = _Tee(sys.stdout, errors)
-        sink = RankPrinter(multi_host=spec.plan.nnodes > 1, out=sys.stdout, err=err, color=False)
+        sink = RankPrinter(
+            multi_host=spec.plan.nnodes > 1, out=sys.stdout, err=err, color=False, job_id=spec.plan.job_id
+        )
         try:
             report = launch(spec.plan, spec.opts, spec.exec_opts, sink, command=spec.command)
         except DistlaunchError as exc:

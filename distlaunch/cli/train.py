@@ -10,10 +10,13 @@ from typing import Annotated
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from distlaunch.cli import groups as g
 from distlaunch.cli import options as o
+from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
 from distlaunch.engine.planner import MemoryPlan
 from distlaunch.errors import UsageError
@@ -22,6 +25,7 @@ from distlaunch.launcher.spec import local_gpu_count
 from distlaunch.launcher.stacks import ranges
 from distlaunch.launcher.train import (
     TrainPlan,
+    check_tracking,
     check_training_files,
     default_nproc,
     engine_program,
@@ -93,6 +97,7 @@ def train(
     )
     metrics = metrics_file or (launch.log_dir / "metrics.jsonl" if launch.log_dir else None)
     check_training_files(cfg, launch.hostfile, launch.workdir, metrics)
+    check_tracking(cfg, launch.hostfile, metrics, launch.env)
     nproc = default_nproc(cfg, launch.hostfile, launch.nproc_per_node)
     backend, why = train_backend(launch.backend, launch.hostfile, nproc, local_gpu_count())
     if why:
@@ -128,33 +133,47 @@ def _gib(n: int) -> str:
 
 
 def render_memory(memory: MemoryPlan, console: Console) -> None:
-    """Per-rank memory estimate; ranks with identical numbers share one row."""
-    table = Table(
-        title=f"memory per rank ({memory.precision}, zero={memory.zero}, micro-batch {memory.micro_batch_size}"
-        f"{', activation checkpointing' if memory.activation_checkpointing else ''})",
-        caption="params, grads, optimizer: kept between steps; activations, buffers: the most each takes in a step; "
-        "step peak: the most alive at once, at the moment named",
-    )
-    columns = ("ranks", "params", "grads", "optimizer", "activations (est.)", "buffers", "step peak", "at", "fits")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("ranks", "at") else "right")
+    """Per-rank memory estimate; ranks with identical numbers share one row. The numbers are in one unit, named
+    in the title, and the moment of each peak is said under the table: so the table fits 80 columns."""
     rows: dict[tuple, list[int]] = {}
     for r in memory.ranks:
         key = (r.params, r.grads, r.optimizer, r.activations, r.buffers, r.peak, r.peak_at, r.fits)
         rows.setdefault(key, []).append(r.rank)
+    unit, size = ("GiB", 2**30) if max((r.peak for r in memory.ranks), default=0) >= 2**28 else ("MiB", 2**20)
+    table = Table(
+        title=f"memory per rank in {unit} ({memory.precision}, zero={memory.zero}, micro-batch "
+        f"{memory.micro_batch_size}{', activation checkpointing' if memory.activation_checkpointing else ''})",
+        title_justify="left",
+        caption="params, grads, optimizer: kept between steps; activations, buffers: the most each takes in a step; "
+        "step peak: the most alive at once, at the moment said below",
+        caption_justify="left",
+    )
+    table.add_column("ranks", overflow="fold")
+    # two-line headers where a header is wider than its numbers: the table stays inside 80 columns
+    for col in ("params", "grads", "optimizer", "activations\n(est.)", "buffers", "step\npeak", "fits"):
+        table.add_column(col, justify="right", no_wrap=True)
+    digits = 2 if unit == "GiB" else 1
+    moments: dict[str, list[int]] = {}
     for (params, grads, opt, act, buffers, peak, peak_at, fits), ranks in rows.items():
         verdict = "?" if fits is None else ("yes" if fits else "[red]no[/red]")
-        sizes = (_gib(n) for n in (params, grads, opt, act, buffers, peak))
-        table.add_row(ranges(ranks), *sizes, peak_at, verdict)
+        sizes = (f"{n / size:.{digits}f}" for n in (params, grads, opt, act, buffers, peak))
+        table.add_row(ranges(ranks), *sizes, verdict)
+        moments.setdefault(peak_at, []).extend(ranks)
     console.print(table)
+    at = [f"{moment} (ranks {ranges(ranks)})" for moment, ranks in moments.items()] if len(moments) > 1 else moments
+    print_indented(console, f"step peak at: {', '.join(at)}")
     if memory.capacity_bytes is None:
-        console.print(
-            f"  device: {memory.device}, memory per rank unknown (pass --gpu-memory, e.g. --gpu-memory 80GiB); "
-            "cannot tell whether the step peak fits"
+        print_indented(
+            console,
+            f"device: {memory.device}, memory per rank unknown (pass --gpu-memory, e.g. --gpu-memory 80GiB); "
+            "cannot tell whether the step peak fits",
         )
         return
     verdict = "[green]fits[/green]" if memory.fits else "[red]does not fit[/red]"
-    console.print(
-        f"  device: {memory.device}, {_gib(memory.capacity_bytes)} per rank ({memory.capacity_source}); "
-        f"the step peak {verdict} within 90% of it"
+    print_indented(
+        console,
+        Text.from_markup(
+            f"device: {escape(memory.device)}, {_gib(memory.capacity_bytes)} per rank "
+            f"({escape(memory.capacity_source)}); the step peak {verdict} within 90% of it"
+        ),
     )

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, computed_field
 
 from distlaunch.contract.causes import explain
 from distlaunch.errors import ExitCode
+from distlaunch.readable import plural
 
 
 class RankExit(BaseModel):
@@ -125,7 +126,7 @@ class Straggler(BaseModel):
         """'rank 1 on node2 computes 2.1× the median of the other ranks over its last 50 steps'."""
         return (
             f"rank {self.rank} on {self.host} computes {self.factor:.1f}× the median of the other ranks "
-            f"over its last {self.steps} steps"
+            f"over its last {plural(self.steps, 'step')}"
         )
 
 

@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from distlaunch.errors import UsageError, validation_problem
 from distlaunch.files import open_regular
+from distlaunch.readable import plural
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
@@ -150,11 +151,11 @@ def dataset_problems(root: Path, index: DatasetIndex) -> list[str]:
     problems = []
     if index.tokens != sum(s.tokens for s in index.shards):
         problems.append(
-            f"{where} says {index.tokens} tokens, but its shards add up to {sum(s.tokens for s in index.shards)}"
+            f"{where} says {plural(index.tokens, 'token')}, but its shards add up to {sum(s.tokens for s in index.shards)}"
         )
     if index.documents != sum(s.documents for s in index.shards):
         problems.append(
-            f"{where} says {index.documents} documents, but its shards add up to {sum(s.documents for s in index.shards)}"
+            f"{where} says {plural(index.documents, 'document')}, but its shards add up to {sum(s.documents for s in index.shards)}"
         )
     if index.dtype != token_dtype(index.vocab_size) and index.dtype == "uint16":
         problems.append(f"{where}: dtype uint16 cannot hold the ids of vocab_size {index.vocab_size}")
@@ -166,8 +167,10 @@ def dataset_problems(root: Path, index: DatasetIndex) -> list[str]:
         problems += filter(
             None,
             (
-                _file_problem(root, shard.file, shard.tokens * itemsize, f"{shard.tokens} {index.dtype} tokens"),
-                _file_problem(root, shard.docs_file, shard.documents * DOC_OFFSET_SIZE, f"{shard.documents} documents"),
+                _file_problem(root, shard.file, shard.tokens * itemsize, plural(shard.tokens, f"{index.dtype} token")),
+                _file_problem(
+                    root, shard.docs_file, shard.documents * DOC_OFFSET_SIZE, plural(shard.documents, "document")
+                ),
             ),
         )
     return problems

@@ -32,6 +32,7 @@ from distlaunch.data.outdir import check_out, publish, staged
 from distlaunch.data.tokenizer import Tokenizer, bpe_vocab, make_tokenizer, parse_spec, train_bpe
 from distlaunch.data.verify import docs_problem, read_offsets
 from distlaunch.errors import DistlaunchError, ExitCode, Interrupted, UsageError
+from distlaunch.readable import plural
 
 ENCODE_BATCH = 256  # pieces per encode_batch call
 # Encoding a text holds a few hundred bytes per token (HF keeps offsets and token strings), so a long
@@ -166,7 +167,8 @@ def _write_dataset(folder: Path, tokenizer: Tokenizer, spec: PrepareSpec, progre
         for piece, ids in zip(batch, _encode(tokenizer, batch), strict=True):
             writer.add(ids + eos if piece.ends else ids, starts=piece.starts)
             count += piece.ends
-        progress(f"encoding: {count:,} documents, {sum(s.tokens for s in writer.shards) + len(writer.tokens):,} tokens")
+        tokens = sum(s.tokens for s in writer.shards) + len(writer.tokens)
+        progress(f"encoding: {plural(count, 'document', grouped=True)}, {plural(tokens, 'token', grouped=True)}")
     writer.flush()
     index = DatasetIndex(
         dtype=dtype,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from distlaunch.data.index import TokenizerInfo
 from distlaunch.errors import UsageError
+from distlaunch.extras import install_command
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 ENDOFTEXT = "<|endoftext|>"
@@ -38,7 +39,7 @@ def _require(module: str):
     except ImportError:
         raise UsageError(
             f"{module} is not installed (distlaunch data prepare needs it for this --tokenizer)",
-            "pip install 'distlaunch[data]'",
+            install_command("data"),
         ) from None
 
 

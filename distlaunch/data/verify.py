@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, computed_field
 
 from distlaunch.data.index import INDEX_FILE, DatasetIndex, Shard, dataset_problems, read_index
+from distlaunch.readable import plural
 
 HASH_CHUNK = 1 << 24
 COPY_AGAIN = "copy the folder again from where it was prepared, or prepare it again with distlaunch data prepare"
@@ -67,7 +68,7 @@ def _offsets_problem(offsets: array, tokens: int) -> str | None:
         return f"its first document starts at token {offsets[0]}, not 0"
     past = next((i for i, start in enumerate(offsets) if start > tokens), None)
     if past is not None:
-        return f"document {past} starts at token {offsets[past]}, past the shard's {tokens} tokens"
+        return f"document {past} starts at token {offsets[past]}, past the shard's {plural(tokens, 'token')}"
     back = next((i for i in range(1, len(offsets)) if offsets[i] < offsets[i - 1]), None)
     if back is not None:
         return (

@@ -11,6 +11,7 @@ from distlaunch.doctor.model import LOCAL, BenchResult, BenchRow, Check, DoctorO
 from distlaunch.errors import DistlaunchError, UsageError
 from distlaunch.launcher.job import ExecOptions
 from distlaunch.launcher.launch import launch, plan_for
+from distlaunch.readable import plural
 
 RESULT_PREFIX = "distlaunch-bench "  # as allreduce_bench prints it (that module imports torch, so not imported here)
 GPU_MAX_BYTES = 256 << 20
@@ -113,6 +114,6 @@ def bench_check(result: BenchResult) -> Check:
         LOCAL,
         "pass",
         f"all-reduce peak busbw {best.busbw_gbs:.2f} GB/s (algbw {best.algbw_gbs:.2f}) at "
-        f"{best.bytes >> 10} KiB; {result.backend}, {result.world_size} ranks on {result.hosts} host(s)"
+        f"{best.bytes >> 10} KiB; {result.backend}, {plural(result.world_size, 'rank')} on {plural(result.hosts, 'host')}"
         + (f"; {result.note}" if result.note else ""),
     )

@@ -11,6 +11,7 @@ from distlaunch.errors import UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.listener_script import describe_holders
 from distlaunch.launcher.plan import host_layout
+from distlaunch.readable import plural
 from distlaunch.remote import sshlog
 from distlaunch.remote.ssh import SshError
 
@@ -22,10 +23,10 @@ def hostfile_check(hosts: list[HostSlots], source: str | None) -> Check:
     """The hostfile parsed (errors come as UsageError, turned into a failed check by the caller)."""
     slots = sum(h.nslots for h in hosts)
     if source is None:
-        return check("hostfile", LOCAL, "pass", f"no hostfile: this machine only, {slots} slot(s)")
+        return check("hostfile", LOCAL, "pass", f"no hostfile: this machine only, {plural(slots, 'slot')}")
     bare = [h.host for h in hosts if not h.explicit]
     note = f"; {', '.join(bare)} without slots=N: 1 slot or -n" if bare else ""
-    return check("hostfile", LOCAL, "pass", f"{source}: {len(hosts)} host(s), {slots} slot(s){note}")
+    return check("hostfile", LOCAL, "pass", f"{source}: {plural(len(hosts), 'host')}, {plural(slots, 'slot')}{note}")
 
 
 def hostfile_error(exc: UsageError) -> Check:

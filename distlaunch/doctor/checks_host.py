@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from distlaunch.doctor.model import Check, HostFacts, check
+from distlaunch.readable import plural
 
 GIB = 1 << 30
 SHM_MIN_BYTES = 1 * GIB  # below this, DataLoader workers and NCCL's shared-memory transport die with SIGBUS
@@ -96,7 +97,7 @@ def nccl_check(host: str, facts: HostFacts, reference: HostFacts | None) -> Chec
             "nccl",
             host,
             "fail",
-            f"{facts.gpu_count} GPU(s) but torch {torch['version']} is a CPU-only build",
+            f"{plural(facts.gpu_count, 'GPU')} but torch {torch['version']} is a CPU-only build",
             "install a CUDA build of torch (pip install torch --index-url https://download.pytorch.org/whl/cu124)",
         )
     if not torch.get("nccl"):
@@ -132,10 +133,10 @@ def gpus_check(host: str, facts: HostFacts, slots: int, explicit_slots: bool, an
                 "install the NVIDIA driver here (nvidia-smi must work), or leave this host out (--exclude)",
             )
         return check(
-            "gpus", host, "pass", f"no GPUs (nvidia-smi/driver not found): {slots} rank(s) run on CPU with gloo"
+            "gpus", host, "pass", f"no GPUs (nvidia-smi/driver not found): {plural(slots, 'rank')} on CPU with gloo"
         )
     names = sorted(set(facts.gpus["names"]))
-    found = f"{count} GPU(s) ({', '.join(names)}) via {facts.gpus.get('source')}"
+    found = f"{plural(count, 'GPU')} ({', '.join(names)}) via {facts.gpus.get('source')}"
     if explicit_slots and slots > count:
         return check(
             "gpus",
@@ -144,7 +145,7 @@ def gpus_check(host: str, facts: HostFacts, slots: int, explicit_slots: bool, an
             f"slots={slots} but only {found}: ranks would share GPUs",
             f"set slots={count} for {host} in the hostfile",
         )
-    return check("gpus", host, "pass", f"{found}; {slots} slot(s) used")
+    return check("gpus", host, "pass", f"{found}; {plural(slots, 'slot')} used")
 
 
 def shm_check(host: str, facts: HostFacts) -> Check:

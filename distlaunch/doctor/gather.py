@@ -22,6 +22,7 @@ from distlaunch.doctor.model import DoctorOptions, HostFacts
 from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession, StartGate
 from distlaunch.launcher import listener_script
 from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.readable import plural
 from distlaunch.remote import sshlog
 from distlaunch.remote.command import SHELL_FILES, shell_hang, without_shell_ready
 from distlaunch.remote.ssh import SshError, connect
@@ -211,7 +212,7 @@ def run_probe(session: HostSession, result: HostResult, opts: DoctorOptions, pro
     try:
         result.facts = HostFacts.model_validate({**found, "sent_at": sent, "received_at": received})
     except ValidationError as exc:
-        result.probe_error = f"unexpected probe output ({exc.error_count()} field error(s)): {str(found)[:200]}"
+        result.probe_error = f"unexpected probe output ({plural(exc.error_count(), 'field error')}): {str(found)[:200]}"
 
 
 def measure_clock(session: HostSession, result: HostResult, python: str) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from distlaunch.contract.layout import Schedule, ZeroStage, parse_layout
-from distlaunch.errors import UsageError
+from distlaunch.engine.aliases import KEY_ALIASES
+from distlaunch.errors import UsageError, closest
 from distlaunch.files import os_error_words, read_settings
 
 if sys.version_info >= (3, 11):
@@ -25,6 +26,8 @@ Preset = Literal["tiny", "small", "125m", "350m", "1.3b"]
 Precision = Literal["fp32", "bf16", "fp16"]
 FaultKind = Literal["crash", "hang", "crash-in-save", "slow"]
 LrSchedule = Literal["cosine", "constant"]
+Tracker = Literal["tensorboard", "wandb"]  # train.report_to, the Hugging Face Trainer's name (engine/tracking.py)
+TRACKERS: tuple[str, ...] = get_args(Tracker)
 
 
 def _not_bool(value: Any) -> Any:
@@ -41,6 +44,21 @@ def _only_bool(value: Any) -> Any:
     if value is not None and not isinstance(value, bool):
         raise ValueError("true or false is needed here")
     return value
+
+
+def _trackers(value: Any) -> Any:
+    """``train.report_to``: a TOML list, or the comma-separated string ``--set train.report_to=tensorboard,wandb``
+    gives; each name once. An unknown name is refused here, with the whole value: pydantic's own error would
+    name a list index (train.report_to.1) instead of the key the user wrote."""
+    names = [name.strip() for name in value.split(",") if name.strip()] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        raise ValueError(f"a list of {', '.join(TRACKERS)} is needed here")
+    for name in names:
+        if name not in TRACKERS:
+            raise ValueError(
+                f"{name!r} is not one of: {', '.join(TRACKERS)} (one or both, e.g. train.report_to=tensorboard,wandb)"
+            )
+    return list(dict.fromkeys(names))
 
 
 def _switch_or_auto(value: Any) -> Any:
@@ -130,6 +148,8 @@ class TrainSection(_Section):
     step_timeout: Float = Field(900.0, ge=0, le=MAX_TIMEOUT_S, description=TIMEOUT_HINT)
     eval_every: Int = Field(0, ge=0)  # evaluate the held-out split every N steps; 0: never
     eval_batches: Int = Field(4, ge=1)  # global batches per evaluation
+    # where rank 0 also sends the metrics: TensorBoard event files, a W&B run; none by default
+    report_to: Annotated[list[Tracker], BeforeValidator(_trackers)] = Field(default_factory=list)
 
     def check_min_lr(self) -> None:
         """The cosine decays from lr to min_lr: a min_lr above lr would make it climb."""
@@ -238,13 +258,7 @@ def _error_from_validation(err: ValidationError) -> UsageError:
     first = err.errors()[0]
     key = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
-        section = str(first["loc"][0])
-        owner = TrainingConfig.model_fields.get(section)
-        if owner is None or len(first["loc"]) == 1:
-            allowed = ", ".join(TrainingConfig.model_fields)
-            return UsageError(f"unknown config section {key!r}", f"sections are: {allowed}")
-        allowed = ", ".join(f"{section}.{k}" for k in owner.annotation.model_fields)
-        return UsageError(f"unknown config key {key!r}", f"keys in [{section}] are: {allowed}")
+        return _unknown_key(key, [str(part) for part in first["loc"]])
     value = first.get("input")
     expected = first.get("ctx", {}).get("expected")
     hint = f"allowed values: {expected}" if expected else first["msg"].removeprefix("Value error, ")
@@ -255,6 +269,28 @@ def _error_from_validation(err: ValidationError) -> UsageError:
         if field is not None and field.description:
             hint += f" ({field.description})"
     return UsageError(f"bad value for {key}: {value!r}", hint)
+
+
+def _unknown_key(key: str, loc: list[str]) -> UsageError:
+    """An unknown section or key, with the one it most likely meant: a key of another section (``train.preset``
+    is model.preset), else the closest spelling (``train.stepz``); the whole list only when none is close."""
+    sections = TrainingConfig.model_fields
+    owner = sections.get(loc[0])
+    if owner is None or len(loc) == 1:
+        near = closest(loc[0], sections)
+        hint = f"did you mean [{near}]?" if near else f"sections are: {', '.join(sections)}"
+        return UsageError(f"unknown config section {key!r}", hint)
+    keys = [f"{name}.{k}" for name, section in sections.items() for k in section.annotation.model_fields]
+    moved = [full for full in keys if full.split(".")[1] == loc[1]]  # in another section
+    near = moved[0] if moved else KEY_ALIASES.get(loc[1])  # another trainer's name for it
+    if near is None:  # a typo of the name, in its own section first (whole keys would all share "train.")
+        typo = closest(loc[1], owner.annotation.model_fields)
+        everywhere = {k.split(".")[1]: k for k in reversed(keys)}  # a name two sections share: the first one's
+        near = f"{loc[0]}.{typo}" if typo else everywhere.get(closest(loc[1], everywhere) or "")
+    if near is None:
+        allowed = ", ".join(f"{loc[0]}.{k}" for k in owner.annotation.model_fields)
+        return UsageError(f"unknown config key {key!r}", f"keys in [{loc[0]}] are: {allowed}")
+    return UsageError(f"unknown config key {key!r}", f"did you mean {near}?")
 
 
 def validate_config(raw: dict) -> TrainingConfig:

@@ -32,6 +32,7 @@ from distlaunch.data.source import data_file, data_fingerprint, other_data, same
 from distlaunch.data.verify import COPY_AGAIN, changed_shards
 from distlaunch.engine.parallel.mesh import read_env
 from distlaunch.errors import UsageError
+from distlaunch.readable import plural
 
 VOCAB_SIZE = 256
 
@@ -67,7 +68,7 @@ def map_token_file(path: str, token_dtype: str) -> torch.Tensor:
     itemsize = dtype.itemsize
     if nbytes % itemsize:
         raise UsageError(
-            f"token file {source} has {nbytes} bytes, not a whole number of {token_dtype} tokens",
+            f"token file {source} has {plural(nbytes, 'byte')}, not a whole number of {token_dtype} tokens",
             "write the tokens as a flat little-endian array, or set data.token_dtype",
         )
     # shared=False maps the file copy-on-write: nothing is written back, nothing read up front
@@ -188,7 +189,7 @@ class BatchSampler:
         if int(self.ends[-1]) < 1:
             total = sum(seg.numel() for seg in self.segments)
             raise UsageError(
-                f"the {split} data has {total} tokens, fewer than seq_len+2={seq_len + 2}"
+                f"the {split} data has {plural(total, 'token')}, fewer than seq_len+2={seq_len + 2}"
                 + (" in any one shard" if len(self.segments) > 1 else ""),
                 "use a longer file, a smaller train.seq_len or another data.val_fraction",
             )

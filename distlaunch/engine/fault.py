@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from distlaunch.engine.compute import spin
 from distlaunch.engine.config import FaultSection
 from distlaunch.errors import UsageError
+from distlaunch.readable import plural
 
 FAULT_EXIT = 42  # exit code of an injected crash, distinct from Python's 1 and signals' 128+N
 
@@ -52,7 +53,8 @@ def check_fault(section: FaultSection, world_size: int, step_timeout: float) -> 
         )
     if section.rank >= world_size:
         raise UsageError(
-            f"fault.rank={section.rank} but the job has {world_size} rank(s)", f"use a rank in [0, {world_size})"
+            f"fault.rank={section.rank} but the job has {plural(world_size, 'rank')}",
+            f"use a rank in [0, {world_size})",
         )
     if section.kind == "slow" and section.factor <= 1:
         raise UsageError(

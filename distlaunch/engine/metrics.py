@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
 from distlaunch.engine.checkpoint.folder import os_reason
 from distlaunch.engine.model import GPTConfig, num_params
 from distlaunch.engine.places import METRICS_FILE, check_place, place_refusal
+
+if TYPE_CHECKING:
+    from distlaunch.engine.tracking import Tracking
 
 # Dense (no sparsity) peaks per GPU, from NVIDIA's data sheets: (bf16/fp16 tensor cores, fp32 without
 # TF32). The most specific name first: an "H100 PCIe" is an H100 too, and the word match keeps an
@@ -37,18 +39,6 @@ PEAK_FLOPS: list[tuple[str, float, float]] = [
     ("L40S", 362e12, 91.6e12),
     ("A10", 125e12, 31.2e12),
 ]
-
-
-def metrics_path(cli_value: str | None, environ: dict[str, str] | None = None) -> Path | None:
-    """Where rank 0 writes metrics.jsonl (see the module docstring for the order)."""
-    env = os.environ if environ is None else environ
-    if cli_value:
-        return Path(cli_value)
-    if env.get("DISTLAUNCH_METRICS_FILE"):
-        return Path(env["DISTLAUNCH_METRICS_FILE"])
-    if env.get("DISTLAUNCH_LOG_DIR"):
-        return Path(env["DISTLAUNCH_LOG_DIR"]) / "metrics.jsonl"
-    return None
 
 
 def flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
@@ -91,17 +81,21 @@ def open_metrics_file(path: Path) -> IO[str]:
 
 
 class MetricsWriter:
-    """Appends JSON lines on rank 0; every other rank holds a writer that does nothing."""
+    """Appends JSON lines on rank 0; every other rank holds a writer that does nothing. ``tracking``
+    (``train.report_to``) gets every record too, written to the file or not."""
 
-    def __init__(self, path: Path | None, enabled: bool):
+    def __init__(self, path: Path | None, enabled: bool, tracking: Tracking | None = None):
         self._file: IO[str] | None = None
         self.path = path if enabled else None
+        self.tracking = tracking
         if enabled and path is not None:
             self._file = open_metrics_file(path)
 
     def write(self, record: dict[str, Any]) -> None:
         """One JSON object per line, flushed so a tail -f sees it at once. A write that fails (a full disk)
         is one warning, and the metrics stop there: the training goes on, as it is worth more than its log."""
+        if self.tracking is not None:
+            self.tracking.write(record)
         if self._file is None:
             return
         try:
@@ -118,7 +112,9 @@ class MetricsWriter:
             self.path = None  # nor a loss curve beside it
 
     def close(self) -> None:
-        """Close the file (safe to call twice; what a failed write left unflushed is dropped)."""
+        """Close the file and the trackers (safe to call twice; what a failed write left unflushed is dropped)."""
+        if self.tracking is not None:
+            self.tracking.close()
         if self._file is not None:
             file, self._file = self._file, None
             with contextlib.suppress(OSError):

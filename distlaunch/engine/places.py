@@ -5,6 +5,7 @@ start, and at every save) refuse them in the same words."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from distlaunch.engine.checkpoint.folder import LATEST_FILE, LATEST_TMP, is_checkpoint, os_reason
@@ -19,6 +20,19 @@ PLACE_FIXES = {
     CHECKPOINT_DIR: "point checkpoint.dir at a folder you can write; missing folders are created",
     METRICS_FILE: "point --metrics-file or --log-dir at a place you can write; missing folders are created",
 }
+
+
+def metrics_path(cli_value: str | Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where rank 0 writes metrics.jsonl (the order: engine/metrics.py's docstring); torch-free, so
+    ``distlaunch train`` finds the place as its rank 0 will."""
+    env = os.environ if environ is None else environ
+    if cli_value:
+        return Path(cli_value)
+    if env.get("DISTLAUNCH_METRICS_FILE"):
+        return Path(env["DISTLAUNCH_METRICS_FILE"])
+    if env.get("DISTLAUNCH_LOG_DIR"):
+        return Path(env["DISTLAUNCH_LOG_DIR"]) / "metrics.jsonl"
+    return None
 
 
 def place_problem(path: Path, folder: bool) -> str | None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from distlaunch.readable import rate, time_left
+from distlaunch.readable import plural, rate, time_left
 
 LINE_WIDTH = 71  # a piped line, with the launcher's "[rank 0] " before it, stays inside 80 columns
 
@@ -128,10 +128,12 @@ def summary_table(summary: dict[str, Any]):
     from rich.table import Table
 
     table = Table(title="training summary", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     first, final = summary.get("first_loss"), summary.get("final_loss")
     loss = "-" if first is None or final is None else f"{first:.4f} -> {final:.4f}"  # "-": no step was run
     rows = [
-        ("layout", f"{summary['layout']} ({summary['world_size']} ranks)"),
+        ("layout", f"{summary['layout'].replace(',', ' ')} ({plural(summary['world_size'], 'rank')})"),
         ("model", f"{summary['preset']} ({summary['n_params'] / 1e6:.2f}M parameters), {summary['precision']}"),
         ("steps", str(summary["steps"])),
         ("loss", loss),

@@ -2,7 +2,8 @@
 
     $DISTLAUNCH_STATE_DIR            (default $XDG_STATE_HOME/distlaunch, else ~/.local/state/distlaunch)
     └── jobs/dl-3f9a0c1d2e4b/
-        └── job.json                 (a JobRecord; replaced atomically on every change)
+        ├── job.json                 (a JobRecord; replaced atomically on every change)
+        └── rank0.log, rank0.log.1   (each rank's output and its previous part, without --log-dir: jobs/logs.py)
 
 Writers replace the file with ``os.replace`` of a fully written temporary file, so a reader sees the
 old record or the new one, never half of one. A record that cannot be parsed anyway (a full disk, a
@@ -114,7 +115,8 @@ class JobRecord(BaseModel):
     exit_code: int | None = None
     restarts: int = 0
     owner: Owner | None = None
-    log_dir: str | None = None
+    log_dir: str | None = None  # --log-dir as given
+    rank_logs: str | None = None  # the folder of its rank<N>.log files (its --log-dir folder, or its own here)
     plan: Annotated[dict, _checked_as(_RecordPlan)] = Field(default_factory=dict)  # the masked LaunchPlan
     report: Annotated[dict | None, _checked_as(RunReport)] = None  # the RunReport once the job ended
     # While it runs, after each attempt that did not finish: every attempt so far and what the faults cost

@@ -15,19 +15,19 @@ from distlaunch.launcher.watch import Watch
 
 
 class AttemptFolder:
-    """Where this attempt's stacks and NCCL flight recorder dumps go: one folder, made once, when first needed
-    (without --log-dir the job's folder is a fresh temporary one)."""
+    """Where this attempt's stacks and NCCL flight recorder dumps go, in the job's folder (<log-dir>/<job id>,
+    else the job's folder in the job store): ``stacks``, ``stacks-restart1`` for the first restart, and so on."""
 
     def __init__(self, plan: LaunchPlan, log_dir: Path | None, restart_count: int):
         self.plan, self.log_dir, self.restart_count = plan, log_dir, restart_count
-        self._path: Path | None = None
+        self._job: Path | None = None
 
-    def path(self) -> Path:
-        """The folder's path (its job folder is made on the first call)."""
-        if self._path is None:
-            restart = self.restart_count
-            self._path = job_folder(self.plan, self.log_dir) / (f"stacks-restart{restart}" if restart else "stacks")
-        return self._path
+    def path(self, name: str = "stacks") -> Path:
+        """This attempt's folder called ``name`` (its job folder is made on the first call)."""
+        if self._job is None:
+            self._job = job_folder(self.plan, self.log_dir)
+        restart = self.restart_count
+        return self._job / (f"{name}-restart{restart}" if restart else name)
 
 
 class FlightRecorderDumps(Watch):

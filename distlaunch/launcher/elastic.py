@@ -30,6 +30,7 @@ from distlaunch.errors import HostError, UsageError
 from distlaunch.launcher.hostfile import HostSlots
 from distlaunch.launcher.job import LOST_AGENT_CODE, NextAttempt
 from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.readable import plural
 
 if TYPE_CHECKING:
     from distlaunch.launcher.job import Connect, _Attempt
@@ -64,7 +65,7 @@ def split_spares(hosts: list[HostSlots], nodes: NodeRange, hostfile: object) -> 
     """The hosts a job with ``--nnodes MIN:MAX`` starts on (the first MAX), and its spares (the rest)."""
     if len(hosts) < nodes.min_nodes:
         raise UsageError(
-            f"--nnodes {nodes} needs at least {nodes.min_nodes} hosts, but {hostfile} has {len(hosts)}",
+            f"--nnodes {nodes} needs at least {plural(nodes.min_nodes, 'host')}, but {hostfile} has {len(hosts)}",
             f"lower MIN to {len(hosts)}, or add hosts to the hostfile",
         )
     return hosts[: nodes.max_nodes], hosts[nodes.max_nodes :]
@@ -129,7 +130,7 @@ class Pool:
         if len(self.active) < self.nodes.min_nodes:
             gone = ", ".join(f"{h} ({why})" for h, why in self.quarantined.items())
             raise HostError(
-                f"only {len(self.active)} healthy host(s) left, fewer than --nnodes {self.nodes}: {gone}",
+                f"only {plural(len(self.active), 'healthy host')} left, fewer than --nnodes {self.nodes}: {gone}",
                 "fix or replace those hosts (or lower MIN), then resume the job from its checkpoint",
             )
         return added
@@ -151,7 +152,7 @@ def fitted(
             return _trimmed(hosts, dp * per_replica), candidate
         problems.append(f"dp={dp}: {problem}")
     raise HostError(
-        f"the {len(hosts)} host(s) left ({slots} slots) cannot hold a layout with tp={layout.tp}, pp={layout.pp}"
+        f"the {plural(len(hosts), 'host')} left ({plural(slots, 'slot')}) cannot hold a layout with tp={layout.tp}, pp={layout.pp}"
         + (f" ({problems[0]})" if problems else ""),
         "add hosts to the hostfile as spares, or resume later on enough hosts",
     )

@@ -1,5 +1,6 @@
 """Every rank's stack, gathered from the agents: on a hang (--hang-timeout: no rank made progress for that
-long), which then stops the job with a HangReport, and when 'distlaunch stacks' asks, the job running on."""
+long), which then stops the job with a HangReport; on a long stall (--hang-report), said once and the job
+running on; and when 'distlaunch stacks' asks, the job running on."""
 
 from __future__ import annotations
 
@@ -36,15 +37,31 @@ class StackGathering:
         return not self.agents.waiting_ranks() - set(self.stacks) or now >= self.deadline
 
 
-class HangWatch(Watch):
-    """No output and no distlaunch.progress() from any rank for --hang-timeout: gather every rank's stack, say
-    where the ranks wait (``report``), and stop the job."""
+def report_after(hang_report: float, hang_timeout: float) -> float:
+    """When the report-only watch speaks (0: never): a --hang-timeout that stops the job first leaves it nothing."""
+    return hang_report if not hang_timeout or hang_report < hang_timeout else 0.0
 
-    def __init__(self, agents: Agents, timeout: float, folder: AttemptFolder, notice: Callable[[str], None]):
+
+class HangWatch(Watch):
+    """No output and no distlaunch.progress() from any rank for ``timeout`` seconds: gather every rank's stack and
+    say where the ranks wait. With ``stops`` (--hang-timeout) the job then stops (``report``, exit 124); without
+    (--hang-report) it runs on, and the next stall, after new progress, is reported again."""
+
+    def __init__(
+        self,
+        agents: Agents,
+        timeout: float,
+        folder: AttemptFolder,
+        notice: Callable[[str], None],
+        stops: bool = True,
+    ):
         self.agents, self.timeout, self.folder, self.notice = agents, timeout, folder, notice  # timeout 0: off
+        self.stops = stops
         self.progress_at = time.monotonic()  # the last output or progress() of any rank
         self.gathering: StackGathering | None = None  # once a hang was seen
-        self.report: HangReport | None = None
+        self.report: HangReport | None = None  # the hang that stopped the job
+        self.stalls: list[HangReport] = []  # reported with the job running on (not ``stops``)
+        self.reported_for: float | None = None  # the progress_at of the stall reported last
 
     def on_event(self, node_rank: int, event: dict) -> None:
         """Output and progress() are progress; stacks are collected while a hang is looked at."""
@@ -55,13 +72,19 @@ class HangWatch(Watch):
             self.gathering.add(event)
 
     def tick(self, now: float) -> Stop | None:
-        """No progress for the timeout: ask every agent for its ranks' stacks; once they are in, stop."""
+        """No progress for the timeout: ask every agent for its ranks' stacks; once they are in, stop (or, not
+        ``stops``, say where the ranks wait and run on)."""
         if self.gathering is None:
-            if self.timeout and not self.agents.stopping and now - self.progress_at > self.timeout:
+            stalled = self.timeout and now - self.progress_at > self.timeout
+            if stalled and not self.agents.stopping and self.progress_at != self.reported_for:
                 self.notice(f"no rank made progress for {now - self.progress_at:.0f}s: gathering every rank's stack")
                 self.gathering = StackGathering(self.agents, now)
+                self.reported_for = self.progress_at  # one report per stall: new progress re-arms the watch
             return None
         if self.report is not None or not self.gathering.complete(now):
+            return None
+        if not self.stops:
+            self.report_stall(self.gathering.stacks)
             return None
         self.report = self.hang_report(self.gathering.stacks)
         self.notice(f"hang: {self.report.summary}")
@@ -69,13 +92,23 @@ class HangWatch(Watch):
             self.notice(f"full stacks: {self.report.folder}")
         return Stop(f"the job hung (no progress for {self.timeout:g}s, --hang-timeout)")
 
-    def hang_report(self, stacks: dict[int, dict]) -> HangReport:
-        """Where the ranks wait, and every rank's full stack written in this attempt's folder (a full disk costs
-        the files, never the report)."""
+    def report_stall(self, stacks: dict[int, dict]) -> None:
+        """Say where the ranks wait, keep their stacks (``stall-N`` beside a hang's ``stacks``), and let the job
+        run on."""
+        self.gathering = None
+        stall = self.hang_report(stacks, f"stall-{len(self.stalls) + 1}")
+        self.stalls.append(stall)
+        self.notice(f"stalled: {stall.summary} (no progress for {self.timeout:g}s; the job runs on)")
+        if stall.folder:
+            self.notice(f"full stacks: {stall.folder}")
+
+    def hang_report(self, stacks: dict[int, dict], name: str = "stacks") -> HangReport:
+        """Where the ranks wait, and every rank's full stack written in this attempt's folder ``name`` (a full
+        disk costs the files, never the report)."""
         groups, text = summarise_stacks(stacks, self.agents.host_of)
         folder = None
         try:
-            folder = self.folder.path()
+            folder = self.folder.path(name)
             write_rank_stacks(folder, stacks, self.agents.host_of)
         except OSError as exc:
             where = f" in {folder}" if folder else ""

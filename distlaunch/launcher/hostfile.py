@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from distlaunch.contract.hostname import host_key, host_problem, ip_address, split_host
-from distlaunch.errors import UsageError
+from distlaunch.errors import UsageError, closest
 from distlaunch.files import os_error_words, read_settings
 
 DEFAULT_MAX_RANKS = 65536
@@ -128,6 +128,8 @@ def _parse_fields(fields: list[str], where: str, lineno: int, line: str) -> int:
         elif key in ("slot", "slot_count", "gpus", "ngpus", "procs", "np") or key.isdigit():
             guess = value if eq else key
             raise _err(where, lineno, line, f"unknown field {field!r}", f"did you mean slots={guess}?")
+        elif eq and (near := closest(name, ("slots", "max_slots"))):  # a typo: slts=8
+            raise _err(where, lineno, line, f"unknown field {field!r}", f"did you mean {near}={value}?")
         else:
             raise _err(
                 where, lineno, line, f"unknown field {field!r}", "write 'host slots=N', 'host:N' or a bare 'host'"

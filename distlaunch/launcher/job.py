@@ -26,18 +26,19 @@ from distlaunch.contract.report import (
 from distlaunch.errors import UsageError
 from distlaunch.launcher.dumps import AttemptFolder, FlightRecorderDumps
 from distlaunch.launcher.goodput import AttemptTimes, StepTimeline, account
-from distlaunch.launcher.hangwatch import HangWatch, StacksOnRequest
+from distlaunch.launcher.hangwatch import HangWatch, StacksOnRequest, report_after
 from distlaunch.launcher.heartbeats import HeartbeatWatch
 from distlaunch.launcher.liveview import JobStatus, LiveView, starting_line
 from distlaunch.launcher.output import RankOutput
 from distlaunch.launcher.plan import LaunchPlan, NodePlan
-from distlaunch.launcher.ranklogs import RankLogs
+from distlaunch.launcher.ranklogs import DEFAULT_MAX_BYTES, RankLogs
 from distlaunch.launcher.requests import ForwardSignals, JobRequests, SaveAsk
 from distlaunch.launcher.saves import SaveWatch, lost_work, time_limit_hint
 from distlaunch.launcher.signals import SignalTrap, StopRequest
 from distlaunch.launcher.stragglers import OnStraggler, StragglerWatch
 from distlaunch.launcher.watch import Agents, Stop, Watch
 from distlaunch.protocol import AgentConnection
+from distlaunch.readable import plural
 
 # Agents' events wait here for the supervision loop. Bounded: when rank output outruns the loop, the
 # reader threads wait, the agents' pipes fill and the ranks are slowed, and the launcher's memory stays flat.
@@ -60,11 +61,13 @@ class Sink(Protocol):
 class ExecOptions(BaseModel):
     grace_period: float = p.GRACE_PERIOD_S  # seconds between SIGTERM and SIGKILL when stopping ranks
     max_restarts: int = 0
-    log_dir: Path | None = None
+    log_dir: Path | None = None  # the rank logs' folder is <log_dir>/<job id>; None: the job's folder in the job store
+    log_max_size: int = DEFAULT_MAX_BYTES  # a rank log this big is rotated (one previous part kept); 0: never
     workdir: str | None = None
     heartbeat_timeout: float = 30.0  # a host silent this long is given up (exit 3); 0: never
     local_ranks_filter: list[int] | None = None  # show only these local ranks' output (log files keep all)
     hang_timeout: float = 0.0  # no output and no distlaunch.progress() this long: stacks, stop, exit 124; 0: off
+    hang_report: float = 1800.0  # the same, but the stacks are only printed (once per stall), the job runs on; 0: off
     on_straggler: OnStraggler = "warn"  # a rank named a straggler: say so; replace: also take its host out
     save_signal: str | None = "USR1"  # asks every rank for a checkpoint, then a stop (exit 75); None: not trapped
     forward_signals: list[str] = []  # signals passed on to every rank (USR2, ...)
@@ -149,6 +152,8 @@ class _Attempt:
         self.output = RankOutput(plan, sink, logs, options.local_ranks_filter)
         self.heartbeats = HeartbeatWatch(self.agents, options.heartbeat_timeout)
         self.hangs = HangWatch(self.agents, options.hang_timeout, folder, sink.notice)
+        stalls_after = report_after(options.hang_report, options.hang_timeout)
+        self.stalls = HangWatch(self.agents, stalls_after, folder, sink.notice, stops=False)
         asked = StacksOnRequest(self.agents, requests, plan.job_id, sink.notice)
         dumps = FlightRecorderDumps(folder, sink.notice)
         job_folder = requests.folder if requests is not None else None
@@ -162,6 +167,7 @@ class _Attempt:
             self.output,
             self.heartbeats,
             self.hangs,
+            self.stalls,
             asked,
             dumps,
             self.steps,
@@ -237,7 +243,9 @@ class _Attempt:
             self.on_exit(event, self.agents.by_node[node_rank])
         elif kind == p.STRAGGLERS:
             self.stragglers += event["count"]
-            self.sink.notice(f"ended {event['count']} stray process(es) of this job on {host}: {event['pids']}")
+            self.sink.notice(
+                f"ended {plural(event['count'], 'stray process', 'stray processes')} of this job on {host}: {event['pids']}"
+            )
         elif kind in (p.DONE, p.LOST) and node_rank in self.agents.pending:
             self.agents.done_with(node_rank)
             if kind == p.LOST:
@@ -425,7 +433,7 @@ def execute(
     recovery = recovery or Restarts(options.max_restarts, sink.notice)
     started = time.monotonic()
     attempts: list[_Attempt] = []
-    logs = RankLogs(plan, options.log_dir, sink.notice)
+    logs = RankLogs(plan, options.log_dir, sink.notice, options.log_max_size)
     step: NextAttempt | None = NextAttempt(plan, connect)
     with SignalTrap() as interrupts:  # first: stop in order; a second ^C: kill at once
         restart_count = 0

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from distlaunch.contract.report import REQUEUE_CODE, RunReport
+from distlaunch.jobs.logs import prune_logs
 from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, free_space, hold_space, jobs_dir, write_record
 from distlaunch.launcher.plan import LaunchPlan
+from distlaunch.launcher.ranklogs import logs_folder
 
 log = logging.getLogger("distlaunch")
 
@@ -40,12 +44,15 @@ class Journal:
             world_size=plan.world_size,
             owner=Owner.me(),
             log_dir=log_dir,
+            rank_logs=str(logs_folder(plan.job_id, None if log_dir is None else Path(log_dir))),
             plan=plan.masked().model_dump(mode="json"),
         )
         journal = cls(record, warn)
         journal._save()
         if not journal.broken:
             hold_space(record.job_id, RESERVE_BYTES + 2 * len(record.model_dump_json()))
+            with contextlib.suppress(OSError):  # the store's bound on old logs: never at this job's cost
+                prune_logs()
         return journal
 
     def end(self, report: RunReport | None = None, exit_code: int | None = None, error: str | None = None) -> None:

@@ -19,6 +19,7 @@ from distlaunch.contract.report import SavedOnRequest
 from distlaunch.launcher.goodput import StepTimeline
 from distlaunch.launcher.requests import JobRequests, SaveAsk
 from distlaunch.launcher.watch import Agents, Stop, Watch
+from distlaunch.readable import plural
 
 SAVE_WAIT_S = 600.0  # a save asked with no deadline of its own: reported within this, or given up
 FIT_MARGIN = 1.25  # a save fits in a grace period when a step and the measured save, times this, do
@@ -205,7 +206,7 @@ def lost_work(steps: StepTimeline) -> str | None:
         else f", about {seconds:.0f}s of training"
     )
     where = f"the checkpoint of step {since}" if since else "the start (no checkpoint yet)"
-    return f"the {lost} step(s) since {where} are lost{about}"
+    return f"the {plural(lost, 'step')} since {where} {'is' if lost == 1 else 'are'} lost{about}"
 
 
 def time_limit_hint() -> str:

@@ -27,6 +27,7 @@ from distlaunch.launcher.hostfile import (
 )
 from distlaunch.launcher.plan import LaunchSpec
 from distlaunch.launcher.program import build_command
+from distlaunch.readable import plural
 from distlaunch.remote.env import file_env, forwarded_env
 
 log = logging.getLogger("distlaunch")
@@ -95,6 +96,35 @@ def parse_seconds(text: str | float) -> float:
     return value
 
 
+# A size as people write one: decimal (40GB) and binary (80GiB) units, any case, or plain bytes.
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS |= {"k": 2**10, "m": 2**20, "g": 2**30, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def size_in_bytes(text: str) -> int | None:
+    """``80GiB``, ``40GB``, ``64M``, ``81920MiB`` or plain bytes as a whole number of bytes; None for no size."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        return None
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+LOG_SIZE_FLOOR = 64 << 10  # a rank's line may be 16 KiB: a smaller part would hold a handful of lines
+
+
+def parse_log_size(text: str | int) -> int:
+    """``--log-max-size``: the size a rank log reaches before it is rotated (0: never rotated)."""
+    value = text if isinstance(text, int) else size_in_bytes(text)
+    if value is None:
+        raise UsageError(f"--log-max-size {text!r} is not a size", "write e.g. 64MiB, 1GiB or 0 (no limit)")
+    if 0 < value < LOG_SIZE_FLOOR:
+        raise UsageError(
+            f"--log-max-size {text} is below {LOG_SIZE_FLOOR >> 10}KiB: a part would hold only a few lines",
+            "give at least 64KiB, or 0 for no limit",
+        )
+    return value
+
+
 def inline_hosts(path: Path) -> list[HostSlots] | None:
     """Horovod's ``-H node1:2,node2:2``: a host list written in place of a hostfile that does not exist."""
     text = str(path)
@@ -124,7 +154,7 @@ def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
         for h in hosts:
             if h.explicit and n > h.nslots:
                 raise UsageError(
-                    f"--nproc-per-node {n} is more than the {h.nslots} slots of {h.host} in {opts.hostfile}",
+                    f"--nproc-per-node {n} is more than the {plural(h.nslots, 'slot')} of {h.host} in {opts.hostfile}",
                     f"use -n {h.nslots} or less, or raise slots of {h.host}",
                 )
         check_rank_count(n * len(hosts), f"the world size ({len(hosts)} hosts × -n {n})")

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from distlaunch.contract.env import parse_env
 from distlaunch.contract.layout import LAYOUT_KEYS, SHAPE_KEYS, Layout, LayoutSpec, parse_layout
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.engine.checkpoint.resume import check_before_launch
@@ -26,26 +26,16 @@ from distlaunch.engine.config import (
 )
 from distlaunch.engine.fault import check_fault, restart_count
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.places import METRICS_FILE, check_place
+from distlaunch.engine.places import METRICS_FILE, check_place, metrics_path
 from distlaunch.engine.planner import MemoryPlan, plan_memory
 from distlaunch.engine.presets import model_config
+from distlaunch.engine.tracking import check_event_folder, check_packages
 from distlaunch.errors import UsageError
 from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.spec import local_gpu_count
+from distlaunch.launcher.spec import local_gpu_count, size_in_bytes
+from distlaunch.readable import plural
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "templates" / "train-tiny-cpu.toml"
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
 
 
 class TrainPlan(LaunchPlan):
@@ -116,6 +106,21 @@ def check_training_files(
             check_place(METRICS_FILE, metrics_file.expanduser(), folder=False)
 
 
+def check_tracking(
+    cfg: TrainingConfig, hostfile: Path | None, metrics_file: Path | None, env: list[str] | None
+) -> None:
+    """``train.report_to`` before any rank starts (UsageError, exit 2): TensorBoard needs a folder for its event
+    files, the one of metrics.jsonl as rank 0 will find it (``--metrics-file``, else the environment the ranks
+    get); where the ranks run on this machine, each tracker's package must be there (found, not imported:
+    rank 0 imports it, and says so in the same words if it cannot)."""
+    if not cfg.train.report_to:
+        return
+    rank_env = {**os.environ, **parse_env(env or [])}
+    check_event_folder(cfg.train.report_to, metrics_path(metrics_file, rank_env))
+    if hostfile is None:
+        check_packages(cfg.train.report_to, load=False)
+
+
 def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: int | None) -> int | None:
     """Processes on this machine when neither -n nor a hostfile says: the config's dp*tp*pp; with dp=auto,
     as many whole tp*pp groups as there are GPUs here (at least one group)."""
@@ -137,8 +142,8 @@ def train_backend(backend: str, hostfile: Path | None, nproc: int | None, gpus: 
     if backend != "auto" or hostfile is not None or nproc is None or not 0 < gpus < nproc:
         return backend, None
     return "gloo", (
-        f"{nproc} ranks but {gpus} GPU(s) here: training on the CPU with gloo "
-        f"(for the GPUs: -n {gpus} with a layout of {gpus} rank(s), e.g. --parallel dp={gpus})"
+        f"{plural(nproc, 'rank')} but {plural(gpus, 'GPU')} here: training on the CPU with gloo "
+        f"(for the GPUs: -n {gpus} with a layout of {plural(gpus, 'rank')}, e.g. --parallel dp={gpus})"
     )
 
 
@@ -199,10 +204,10 @@ def engine_layout_problem(opts: LaunchOptions) -> Callable[[Layout], str | None]
 
 def parse_size(text: str) -> int:
     """``80GiB``, ``80GB``, ``81920MiB`` or plain bytes as an integer number of bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
+    size = size_in_bytes(text)
+    if size is None:
         raise UsageError(f"--gpu-memory {text!r} is not a size", "write e.g. 80GiB, 40GB or 24576MiB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    return size
 
 
 def nvidia_smi_memory() -> int | None:
@@ -248,7 +253,7 @@ def device_capacity(backend: str, gpu_memory: str | None, ranks_per_node: int) -
         )
     total = host_memory()
     share = total // ranks_per_node if total else None
-    return "no GPU: host memory", share, f"/proc/meminfo / {ranks_per_node} ranks per host"
+    return "no GPU: host memory", share, f"/proc/meminfo / {plural(ranks_per_node, 'rank')} per host"
 
 
 def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_memory: str | None) -> TrainPlan:

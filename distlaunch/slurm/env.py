@@ -15,6 +15,7 @@ from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, resolve_layout, tp_group_across_nodes
 from distlaunch.errors import UsageError
 from distlaunch.launcher.plan import mask_env
+from distlaunch.readable import plural
 from distlaunch.slurm.step import SlurmStep, node_of_rank
 
 # Derived ports stay below Linux's ephemeral range (32768+), where the kernel hands out client ports.
@@ -48,8 +49,8 @@ def check_nproc_per_node(step: SlurmStep, nproc_per_node: int | None) -> None:
     if nproc_per_node is None or nproc_per_node == step.local_world_size:
         return
     raise UsageError(
-        f"-n/--nproc-per-node {nproc_per_node} inside a Slurm step of {step.local_world_size} task(s) on {step.node_name or 'this node'}: "
-        f"under srun every task is one rank, so {step.local_world_size} tasks × {nproc_per_node} processes would be "
+        f"-n/--nproc-per-node {nproc_per_node} inside a Slurm step of {plural(step.local_world_size, 'task')} on {step.node_name or 'this node'}: "
+        f"under srun every task is one rank, so {plural(step.local_world_size, 'task')} × {plural(nproc_per_node, 'process', 'processes')} would be "
         f"{step.local_world_size * nproc_per_node} ranks per node",
         f"drop -n and let srun start one task per rank: srun --ntasks-per-node={nproc_per_node} distlaunch run ...",
     )
@@ -115,7 +116,7 @@ def check_gpu_binding(step: SlurmStep, gpus_here: int) -> None:
             "does this) instead of --gpus-per-task",
         )
     raise UsageError(
-        f"{where}: {lws} ranks on this node but {len(visible)} GPU(s) visible ({shown}): ranks would share a "
+        f"{where}: {plural(lws, 'rank')} on this node but {plural(len(visible), 'GPU')} visible ({shown}): ranks would share a "
         "GPU or find none",
         f"ask for one GPU per rank (--gpus-per-node={lws}) or run --ntasks-per-node={len(visible)}",
     )

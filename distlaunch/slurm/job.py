@@ -19,6 +19,7 @@ from distlaunch.contract.options import LaunchOptions, ProgramOptions, SharedOpt
 from distlaunch.errors import UsageError
 from distlaunch.launcher.program import build_command, check_script
 from distlaunch.protocol import GRACE_PERIOD_S
+from distlaunch.readable import plural
 from distlaunch.slurm.lead import is_engine
 
 SAVE_SIGNAL_VAR = "DISTLAUNCH_SAVE_SIGNAL"  # every rank's: the signal it saves a checkpoint on (then it stops)
@@ -109,7 +110,7 @@ def tasks_per_node(opts: SlurmJobOptions, nodes: int, environ: Mapping[str, str]
     if opts.ntasks is not None:
         if opts.ntasks % nodes:
             raise UsageError(
-                f"--ntasks {opts.ntasks} does not split evenly over {nodes} node(s)",
+                f"--ntasks {opts.ntasks} does not split evenly over {plural(nodes, 'node')}",
                 f"use a multiple of {nodes}, or give --ntasks-per-node",
             )
         return opts.ntasks // nodes
@@ -131,7 +132,7 @@ def _allocation_tasks(environ: Mapping[str, str], nodes: int) -> int | None:
         return None
     if tasks % nodes:
         raise UsageError(
-            f"the allocation has {tasks} tasks (SLURM_NTASKS) on {nodes} node(s): they do not split evenly, and "
+            f"the allocation has {plural(tasks, 'task')} (SLURM_NTASKS) on {plural(nodes, 'node')}: they do not split evenly, and "
             "distlaunch runs the same number of ranks on every node",
             "give --ntasks-per-node N (or allocate with --ntasks-per-node)",
         )
@@ -147,7 +148,7 @@ def check_gpus(gpus: int, per_node: int) -> None:
         )
     if gpus > per_node:
         raise UsageError(
-            f"--gpus-per-node {gpus} with --ntasks-per-node {per_node}: {gpus - per_node} GPU(s) per node would idle",
+            f"--gpus-per-node {gpus} with --ntasks-per-node {per_node}: {plural(gpus - per_node, 'GPU')} per node would idle",
             f"run one rank per GPU: --ntasks-per-node {gpus}",
         )
 

@@ -47,7 +47,7 @@ def render(template: str, values: dict[str, str], name: str = "sbatch template")
     unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - set(values))
     if unknown:
         raise UsageError(
-            f"{name} uses unknown placeholder(s) {', '.join('{{' + u + '}}' for u in unknown)}",
+            f"{name} uses {'an unknown placeholder' if len(unknown) == 1 else 'unknown placeholders'} {', '.join('{{' + u + '}}' for u in unknown)}",
             f"known placeholders: {', '.join(sorted(values))}",
         )
     lines = []

@@ -8,6 +8,7 @@ import hostlist
 from pydantic import BaseModel
 
 from distlaunch.errors import UsageError
+from distlaunch.readable import plural
 
 # Slurm gives special steps (batch, extern, interactive) ids from this value up; they are not srun task steps.
 _SPECIAL_STEP_IDS = 0xFFFFFFF0
@@ -156,8 +157,8 @@ def _check_consistent(step: SlurmStep) -> None:
         or sum(step.tasks_per_node) != step.world_size
     ):
         raise UsageError(
-            f"inconsistent Slurm step: {step.nnodes} nodes {step.nodes}, tasks per node {step.tasks_per_node}, "
-            f"{step.world_size} tasks",
+            f"inconsistent Slurm step: {plural(step.nnodes, 'node')} {step.nodes}, tasks per node {step.tasks_per_node}, "
+            f"{plural(step.world_size, 'task')}",
             "do not override SLURM_* variables by hand; let srun set them",
         )
     if not (

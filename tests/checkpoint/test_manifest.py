@@ -97,7 +97,7 @@ def test_never_is_a_fresh_run_in_a_folder_without_checkpoints(tmp_path):
     save(tmp_path, 40)
     with pytest.raises(UsageError) as refused:
         resume_source("never", str(tmp_path), 0)
-    assert f"checkpoint.dir {tmp_path} already holds 2 checkpoint(s) of another run (step_000035 … step_000040)" in str(
+    assert f"checkpoint.dir {tmp_path} already holds 2 checkpoints of another run (step_000035 … step_000040)" in str(
         refused.value
     )
     assert "give this run a new checkpoint.dir" in refused.value.hint

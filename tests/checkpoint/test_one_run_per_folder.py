@@ -76,8 +76,7 @@ def test_never_refuses_another_runs_checkpoints_and_its_restarts_continue_it(tmp
     again = train(ckpt, "--resume", "never")
     assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
     assert (
-        f"checkpoint.dir {ckpt} already holds 2 checkpoint(s) of another run (step_000002 … step_000004)"
-        in again.stderr
+        f"checkpoint.dir {ckpt} already holds 2 checkpoints of another run (step_000002 … step_000004)" in again.stderr
     )
     assert "give this run a new checkpoint.dir" in again.stderr and "[rank 0]" not in again.stdout
     assert sorted(p.name for p in ckpt.iterdir()) == before

@@ -33,6 +33,7 @@ TORCH_FREE = [
     "distlaunch.engine.parallel.bucketing",
     "distlaunch.engine.checkpoint.folder",
     "distlaunch.engine.checkpoint.manifest",
+    "distlaunch.extras",  # the install hints of every extra: the engine's too
 ]
 
 

@@ -76,7 +76,7 @@ DAMAGE = {
     ),
     "wrong documents": (
         lambda d: edit_index(d, lambda i: i.update(documents=1)),
-        "documents, but its shards add up to",
+        "says 1 document, but its shards add up to",
     ),
     "negative vocabulary": (
         lambda d: edit_index(d, lambda i: i.update(vocab_size=-5)),

@@ -57,7 +57,7 @@ DAMAGE = {
     ),
     "counts that do not add up": (
         lambda d: edit_index(d, lambda i: i.update(documents=1)),
-        "documents, but its shards add up to",
+        "says 1 document, but its shards add up to",
     ),
 }
 

@@ -35,7 +35,7 @@ def test_table_groups_by_host_with_fix_and_verdict(sshd_cluster, tmp_path):
         and "fix:" in out
         and "troubleshooting.md#dns" in out.replace("\n", "").replace("│", "").replace(" ", "")
     )
-    assert out.strip().splitlines()[-1].startswith("NOT READY: 1 check(s) failed on nowhere.invalid")
+    assert out.strip().splitlines()[-1].startswith("NOT READY: 1 check failed on nowhere.invalid")
 
 
 def test_bad_hostfile_is_a_usage_error(tmp_path):

@@ -51,6 +51,39 @@ def test_config_errors_name_the_key_and_the_allowed_values(override, words):
         assert word in text
 
 
+@pytest.mark.parametrize(
+    "key,meant",
+    [
+        ("train.stepz", "did you mean train.steps?"),  # a typo
+        ("train.lr_scedule", "did you mean train.lr_schedule?"),
+        ("parallel.zer", "did you mean parallel.zero?"),
+        ("train.preset", "did you mean model.preset?"),  # a key of another section
+        ("train.learning_rate", "did you mean train.lr?"),  # another trainer's name for it
+        ("train.max_steps", "did you mean train.steps?"),
+        ("trian.steps", "did you mean [train]?"),  # a section
+    ],
+)
+def test_an_unknown_key_names_the_one_it_most_likely_meant(key, meant, tmp_path):
+    with pytest.raises(UsageError) as err:
+        load_config(None, [f"{key}=1"])
+    assert err.value.hint == meant, str(err.value)
+    section, _, name = key.partition(".")
+    path = tmp_path / "run.toml"  # the same from a config file
+    path.write_text(f"[{section}]\n{name} = 1\n")
+    with pytest.raises(UsageError) as err:
+        load_config(path)
+    assert err.value.hint == meant, str(err.value)
+
+
+def test_an_unknown_key_near_none_lists_its_section():
+    with pytest.raises(UsageError) as err:
+        load_config(None, ["train.zzqqxx=1"])
+    assert err.value.hint.startswith("keys in [train] are: train.steps, ") and "did you mean" not in err.value.hint
+    with pytest.raises(UsageError) as err:
+        load_config(None, ["zzqqxx.steps=1"])
+    assert err.value.hint == "sections are: model, train, parallel, data, checkpoint, fault"
+
+
 def test_missing_and_broken_config_files(tmp_path):
     with pytest.raises(UsageError, match="not found"):
         load_config(tmp_path / "nope.toml")

@@ -103,8 +103,8 @@ def test_a_rank_past_the_last_gpu_gets_one_clear_line():
     with pytest.raises(UsageError) as error:
         gpu_of(2, 2, "4,5")
     assert str(error.value) == (
-        "LOCAL_RANK 2 has no GPU: this host shows 2 GPU(s) (CUDA_VISIBLE_DEVICES=4,5), one per rank "
-        "(hint: start at most 2 rank(s) per host (-n 2, or the hostfile's slots), make more GPUs visible, "
+        "LOCAL_RANK 2 has no GPU: this host shows 2 GPUs (CUDA_VISIBLE_DEVICES=4,5), one per rank "
+        "(hint: start at most 2 ranks per host (-n 2, or the hostfile's slots), make more GPUs visible, "
         "or launch with --backend gloo to train on the CPU)"
     )
 

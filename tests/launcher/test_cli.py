@@ -198,7 +198,7 @@ def test_dry_run_shows_each_hosts_working_directory_and_agent_interpreter(tmp_pa
     ("args", "expected"),
     [
         (["--master-addr", "bad host"], "--master-addr: 'bad host' is not a valid host name"),
-        (["--local-ranks-filter", "5"], "--local-ranks-filter names local rank(s) 5, but no host runs more than 2"),
+        (["--local-ranks-filter", "5"], "--local-ranks-filter names local rank 5, but no host runs more than 2 ranks"),
     ],
 )
 def test_options_no_job_could_use_are_one_line(tmp_path, args, expected):

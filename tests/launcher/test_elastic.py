@@ -62,7 +62,7 @@ def test_a_spare_takes_the_failed_hosts_place_and_without_one_the_job_shrinks_to
     assert pool.drop({"b": "x"}) == ["d"]
     assert [h.host for h in pool.active] == ["a", "d", "c"]  # in b's place: a and c keep their ranks
     assert pool.drop({"c": "y"}) == [] and [h.host for h in pool.active] == ["a", "d"]
-    with pytest.raises(HostError, match=r"only 1 healthy host\(s\) left, fewer than --nnodes 2:3: b \(x\), c \(y\)"):
+    with pytest.raises(HostError, match=r"only 1 healthy host left, fewer than --nnodes 2:3: b \(x\), c \(y\)"):
         pool.drop({"a": "z"})
 
 

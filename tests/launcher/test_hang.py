@@ -173,5 +173,54 @@ def test_a_hang_that_a_restart_recovered_from_is_not_the_outcome(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "restarting the job (1/1) after the hang" in r.stderr
     outcome = next(line for line in r.stderr.splitlines() if line.startswith("job "))
-    assert "finished" in outcome and "after 1 restart(s)" in outcome, r.stderr  # before: "job ... hung" after success
+    assert "finished" in outcome and "after 1 restart" in outcome, r.stderr  # before: "job ... hung" after success
     assert not re.search(r"job \S+ hung", r.stderr), r.stderr
+
+
+# two stalls, each longer than the report's time and broken by a line of output, then the job's own exit code
+STALLER = """\
+import sys, time
+def stall():
+    time.sleep(4)
+print("up", flush=True)
+stall()
+print("between the stalls", flush=True)
+stall()
+sys.exit(7)
+"""
+
+
+def test_without_hang_timeout_a_stall_is_reported_once_and_the_job_runs_on(tmp_path):
+    """--hang-report: the grouped stacks once per stall (output is progress: it re-arms the report), saved beside
+    a hang's, and the job ends as it ends by itself, never with 124."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(NO_COLOR="1", COLUMNS="200", DISTLAUNCH_STATE_DIR=str(tmp_path / "state"))
+    (tmp_path / "staller.py").write_text(STALLER)
+    argv = ["run", "-n", "2", "--hang-report", "1.5", "--grace-period", "1", "staller.py"]
+    r = subprocess.run(distlaunch_cmd(*argv), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 7, r.stderr
+    stalled = [ln for ln in r.stderr.splitlines() if ln.startswith("distlaunch: stalled: ")]
+    assert (
+        stalled
+        == ["distlaunch: stalled: ranks 0-1 wait in stall (staller.py:3) (no progress for 1.5s; the job runs on)"] * 2
+    ), r.stderr
+    assert "[rank 1] between the stalls" in r.stdout  # it ran on after the first report
+    (job,) = (tmp_path / "state" / "jobs").iterdir()
+    for n in (1, 2):
+        assert sorted(p.name for p in (job / f"stall-{n}").iterdir()) == ["rank0.txt", "rank1.txt"]
+    assert f"distlaunch: full stacks: {job / 'stall-2'}" in r.stderr
+    assert "hang:" not in r.stderr and "hung" not in r.stderr
+
+
+def test_hang_report_zero_is_off_and_a_hang_timeout_below_it_stops_first(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(NO_COLOR="1", COLUMNS="200", DISTLAUNCH_STATE_DIR=str(tmp_path / "state"))
+    (tmp_path / "staller.py").write_text(STALLER)
+    (tmp_path / "quiet.py").write_text("import time\ntime.sleep(3)\n")
+    off = ["run", "-n", "1", "--hang-report", "0", "quiet.py"]
+    r = subprocess.run(distlaunch_cmd(*off), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and "gathering" not in r.stderr, r.stderr
+    both = ["run", "-n", "1", "--hang-timeout", "1.5", "--hang-report", "1.5", "--grace-period", "1", "staller.py"]
+    r = subprocess.run(distlaunch_cmd(*both), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 124, r.stderr  # --hang-timeout as before: stacks, stop, 124; no report beside it
+    assert "stalled:" not in r.stderr and r.stderr.count("gathering every rank's stack") == 1, r.stderr

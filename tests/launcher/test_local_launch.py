@@ -261,7 +261,7 @@ def test_log_dir_keeps_one_folder_per_job_with_stamped_lines_and_restart_marks(t
 def test_max_restarts_restarts_the_group_with_the_count():
     r = run_cli("run", "-n", "2", "--max-restarts", "1", script("restart.py"), env=clean_env())
     assert r.returncode == 0, r.stderr
-    assert "restarting the job (1/1)" in r.stderr and "try 1" in r.stdout and "after 1 restart(s)" in r.stderr
+    assert "restarting the job (1/1)" in r.stderr and "try 1" in r.stdout and "after 1 restart" in r.stderr
     r = run_cli("run", "-n", "2", script("restart.py"), env=clean_env())
     assert r.returncode == 3
 

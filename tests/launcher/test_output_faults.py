@@ -135,4 +135,4 @@ def test_processes_left_in_a_new_session_are_ended_and_counted(tmp_path):
             proc.kill()
         assert proc.returncode == int(code), err.read_text()
         assert not pids_with_env("DLTEST_MARK", mark), "a setsid child outlived the job"
-        assert "ended 2 stray process(es) the ranks left behind" in err.read_text()
+        assert "ended 2 stray processes the ranks left behind" in err.read_text()

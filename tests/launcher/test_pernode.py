@@ -202,7 +202,7 @@ def test_a_node_other_than_node_0_ends_strays_and_gathers_stacks_of_its_own_rank
     # Events that name a node (stray processes, stacks on a hang) on a node whose part of the plan is not node 0.
     _, results = run_static((0, 1), str(SCRIPTS / "straggler.py"), n=1)
     assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
-    assert "ended 1 stray process(es) of this job on localhost" in results[1][2]
+    assert "ended 1 stray process of this job on localhost" in results[1][2]
     napper = tmp_path / "napper.py"
     napper.write_text("import time\n\n\ndef nap():\n    time.sleep(120)\n\n\nnap()\n")
     _, results = run_static((0, 1), "--hang-timeout", "3", "--grace-period", "1", str(napper), n=1)

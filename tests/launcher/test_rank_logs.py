@@ -126,7 +126,7 @@ def test_restarts_of_ranks_that_never_print_are_marked_too(tmp_path):
     logs = tmp_path / "logs"
     r = run_cli("run", "-n", "2", "--max-restarts", "2", "--log-dir", str(logs), silent, env=clean_env())
     assert r.returncode == 3, r.stderr
-    assert "gave up after 2 restart(s)" in r.stderr
+    assert "gave up after 2 restarts" in r.stderr
     job = only_job(logs)
     for rank in (0, 1):
         _, comments, lines = read_log(job, rank)

@@ -108,6 +108,9 @@ def test_the_agent_sends_each_report_once_and_a_corrupt_file_as_a_plain_mark(tmp
         "saved_step": 5,
         "save_s": None,  # no save timed (distlaunch.progress(save_s=...))
         "answered": 0,  # no save request answered (distlaunch.checkpoint_requested())
+        "total_steps": None,  # what the status line shows: nothing said
+        "metrics": {},
+        "status": None,
     }
 
 

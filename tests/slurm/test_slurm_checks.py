@@ -29,7 +29,7 @@ def gpu_task(local_id: int, visible: str, per_node: int = 4) -> dict[str, str]:
 def test_nproc_per_node_inside_a_step_is_the_classic_mistake():
     with pytest.raises(UsageError) as err:
         map_rank(read_step(task_env(0, 0, 0)), "h", nproc_per_node=8)
-    assert "-n/--nproc-per-node 8 inside a Slurm step of 2 task(s)" in str(err.value)
+    assert "-n/--nproc-per-node 8 inside a Slurm step of 2 tasks" in str(err.value)
     assert "2 tasks × 8 processes would be 16 ranks per node" in str(err.value)
     assert "srun --ntasks-per-node=8" in err.value.hint
     assert err.value.exit_code == ExitCode.USAGE
@@ -72,7 +72,7 @@ def test_gpu_bound_per_task_does_not_match_local_rank():
 
 
 def test_fewer_gpus_than_ranks_on_a_node():
-    with pytest.raises(UsageError, match=r"8 ranks on this node but 4 GPU\(s\) visible") as err:
+    with pytest.raises(UsageError, match=r"8 ranks on this node but 4 GPUs visible") as err:
         map_rank(read_step(gpu_task(0, NODE_GPUS, per_node=8)), "h")
     assert "--gpus-per-node=8" in err.value.hint and "--ntasks-per-node=4" in err.value.hint
 
@@ -114,7 +114,7 @@ def test_an_allocation_made_with_ntasks_gives_its_tasks_per_node():
     assert resolve_job(job(), allocation).world_size == 4
     assert resolve_job(job(), {"SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "3"}).world_size == 3
     assert resolve_job(job(nodes=1), allocation).world_size == 1  # a run on part of it: not the allocation's count
-    with pytest.raises(UsageError, match=r"the allocation has 3 tasks \(SLURM_NTASKS\) on 2 node\(s\)"):
+    with pytest.raises(UsageError, match=r"the allocation has 3 tasks \(SLURM_NTASKS\) on 2 nodes"):
         resolve_job(job(), {"SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "3"})
     assert resolve_job(job(ntasks_per_node=1), {"SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "3"}).world_size == 2
 
@@ -124,7 +124,7 @@ def test_job_gpus_one_per_rank():
         UsageError, match="--ntasks-per-node 8 with --gpus-per-node 4: two ranks would be given the same GPU"
     ):
         resolve_job(job(nodes=1, ntasks_per_node=8, gpus_per_node=4), {})
-    with pytest.raises(UsageError, match=r"--gpus-per-node 8 with --ntasks-per-node 4: 4 GPU.s. per node would idle"):
+    with pytest.raises(UsageError, match=r"--gpus-per-node 8 with --ntasks-per-node 4: 4 GPUs per node would idle"):
         resolve_job(job(nodes=1, ntasks_per_node=4, gpus_per_node=8), {})
     assert resolve_job(job(nodes=2, gpus_per_node=4), {}).ntasks_per_node == 4  # one task per GPU by default
 

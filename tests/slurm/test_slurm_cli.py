@@ -173,7 +173,7 @@ def test_the_repository_template_is_the_packaged_one():
 def test_own_template_with_an_unknown_placeholder(in_tmp):
     (in_tmp / "my.sh").write_text("#!/bin/bash\n#SBATCH --qos={{qos}}\nsrun {{program}}\n")
     r = invoke(["slurm", "sbatch", "--template", "my.sh", "--dry-run", "train.py"])
-    assert r.exit_code == 2 and "template my.sh uses unknown placeholder(s) {{qos}}" in r.stderr
+    assert r.exit_code == 2 and "template my.sh uses an unknown placeholder {{qos}}" in r.stderr
     (in_tmp / "my.sh").write_text(
         "#!/bin/bash\n#SBATCH --nodes={{nodes}}\n#SBATCH --qos=high\n{{distlaunch}} slurm run -- {{program}}\n"
     )

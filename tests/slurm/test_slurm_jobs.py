@@ -159,13 +159,13 @@ def test_status_of_a_two_node_job_shows_its_nodes_and_ranks(slurm_cluster, tmp_p
     cli = Cli(slurm_cluster, tmp_path)
     waiting = cli.submit("-N", "3", "-o", "out-%j.log", "ticker.py", "1")  # the cluster has 2 nodes: pending
     shown = cli("status", waiting)
-    assert "ranks      3 on 3 node(s)" in shown.stdout and "HOST" not in shown.stdout, shown.stdout
+    assert "ranks      3 on 3 nodes" in shown.stdout and "HOST" not in shown.stdout, shown.stdout
     assert cli("stop", waiting).returncode == 0
 
     slurm_id = cli.submit("-N", "2", "--ntasks-per-node", "2", "-o", "out-%j.log", "ticker.py", "100000")
     assert wait_until(lambda: cli.state(slurm_id) == "running", 60, interval=0.5)
     shown = cli("status", slurm_id)
-    assert "ranks      4 on 2 node(s)" in shown.stdout, shown.stdout
+    assert "ranks      4 on 2 nodes" in shown.stdout, shown.stdout
     lines = shown.stdout.splitlines()
     table = [line.split() for line in lines[next(i for i, line in enumerate(lines) if line.startswith("HOST")) :]]
     assert table == [

@@ -77,7 +77,7 @@ def test_render_drops_lines_whose_placeholders_are_all_empty():
     template = "#SBATCH --time={{time}}\n#SBATCH --nodes={{nodes}}\nrun {{opts}} -- {{program}}\n# {{time}}{{nodes}}\n"
     values = {"time": "", "nodes": "2", "opts": "", "program": "train.py"}
     assert render(template, values) == "#SBATCH --nodes=2\nrun -- train.py\n# 2\n"
-    with pytest.raises(UsageError, match=r"unknown placeholder\(s\) \{\{qos\}\}"):
+    with pytest.raises(UsageError, match=r"an unknown placeholder \{\{qos\}\}"):
         render("{{qos}}", values)
 
 

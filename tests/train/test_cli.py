@@ -145,7 +145,7 @@ def test_dry_run_table_says_whether_it_fits_the_gpu():
     config = str(ROOT / "templates" / "train-1.3b-3d.toml")
     small = invoke(["train", config, "-n", "16", "--backend", "nccl", "--dry-run", "--gpu-memory", "2GiB"])
     assert small.exit_code == 0, small.stderr
-    assert "memory per rank (bf16, zero=1" in small.stdout and "does not fit" in small.stdout
+    assert "memory per rank in GiB (bf16, zero=1" in small.stdout and "does not fit" in small.stdout
     assert "0-7" in small.stdout and "8-15" in small.stdout  # ranks with equal estimates share a row
     big = invoke(["train", config, "-n", "16", "--backend", "nccl", "--dry-run", "--json", "--gpu-memory", "80GiB"])
     memory = json.loads(big.stdout)["memory"]
@@ -198,9 +198,48 @@ def test_auto_backend_trains_on_the_cpu_where_gpus_are_fewer_than_ranks():
     from distlaunch.launcher.train import train_backend
 
     backend, why = train_backend("auto", None, 4, 1)
-    assert backend == "gloo" and why.startswith("4 ranks but 1 GPU(s) here: training on the CPU with gloo")
+    assert backend == "gloo" and why.startswith("4 ranks but 1 GPU here: training on the CPU with gloo")
     assert "-n 1" in why
     assert train_backend("auto", None, 4, 4) == ("auto", None)  # nccl, one GPU per rank
     assert train_backend("auto", None, 4, 0) == ("auto", None)  # gloo, no GPU
     assert train_backend("auto", Path("hosts"), 4, 1) == ("auto", None)
     assert train_backend("nccl", None, 4, 1) == ("nccl", None)  # asked for: rank 1 on says it has no GPU
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--steps", "10"], "--steps is not an option (hint: use --set train.steps=10)"),
+        (["--max-steps=20"], "--max-steps is not an option (hint: use --set train.steps=20)"),
+        (["--max_steps", "5"], "--max-steps is not an option (hint: use --set train.steps=5)"),  # torchrun's spelling
+        (["--lr", "3e-4"], "--lr is not an option (hint: use --set train.lr=3e-4)"),
+        (["--learning-rate"], "--learning-rate is not an option (hint: use --set train.lr=VALUE)"),
+        (["--micro-batch-size", "2"], "--micro-batch-size is not an option (hint: use --set train.micro_batch_size=2)"),
+        (["--batch-size", "32"], "(hint: use --set train.global_batch_size=32: all ranks' batch together; "),
+        (["--epochs", "3"], "(hint: use --set train.steps=N: distlaunch train counts steps, not epochs)"),
+        (["--bf16"], "--bf16 is not an option (hint: use --set train.precision=bf16)"),
+    ],
+)
+def test_another_trainers_flag_is_answered_with_its_set_spelling(args, line):
+    r = invoke(["train", *args, "--dry-run"])
+    _one_line_error(r)
+    assert r.stderr.startswith("error: distlaunch train: ") and line in r.stderr, r.stderr
+
+
+def test_every_trainer_flag_names_a_real_config_key():
+    from distlaunch.engine.aliases import KEY_ALIASES, SETTING_ALIASES
+    from distlaunch.engine.config import TrainingConfig
+
+    keys = {f"{s}.{k}" for s, f in TrainingConfig.model_fields.items() for k in f.annotation.model_fields}
+    assert set(KEY_ALIASES.values()) <= keys
+    for assignment in SETTING_ALIASES.values():
+        key, _, value = assignment.partition("=")
+        assert key in keys
+        if value in ("bf16", "fp16"):  # a switch's value loads as it is
+            assert load_config(None, [assignment]).train.precision == value
+
+
+def test_a_flag_of_no_trainer_is_still_no_such_option():
+    r = invoke(["train", "--frobnicate", "--dry-run"])
+    _one_line_error(r)
+    assert "No such option: --frobnicate" in r.stderr

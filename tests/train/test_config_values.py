@@ -121,7 +121,7 @@ def test_good_values_still_load(tmp_path):
 @pytest.mark.parametrize(
     "sets,words",
     [
-        (["fault.rank=1", "fault.step=1"], ["fault.rank=1 but the job has 1 rank(s)"]),
+        (["fault.rank=1", "fault.step=1"], ["fault.rank=1 but the job has 1 rank"]),
         (
             ["fault.kind='hang'", "fault.rank=0", "fault.step=1", "train.step_timeout=0"],
             ["fault.kind='hang' with train.step_timeout=0 would hang forever"],

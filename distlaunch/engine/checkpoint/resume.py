@@ -37,6 +37,7 @@ from distlaunch.engine.config import ranks_path
 from distlaunch.engine.places import CHECKPOINT_DIR, check_not_in_use, check_place
 from distlaunch.engine.presets import model_config
 from distlaunch.errors import UsageError
+from distlaunch.readable import plural
 
 RESUME_WORDS = ("auto", "latest", "never")
 
@@ -72,7 +73,7 @@ def resume_source(resume: str, ckpt_dir: str | None, tries: int) -> tuple[Path |
             names = found[0].name + (f" … {found[-1].name}" if len(found) > 1 else "")
             raise UsageError(
                 f"checkpoint.resume='never' starts a fresh run, but checkpoint.dir {ckpt_dir} already holds "
-                f"{len(found)} checkpoint(s) of another run ({names}): the two would mix, and pruning keeps "
+                f"{plural(len(found), 'checkpoint')} of another run ({names}): the two would mix, and pruning keeps "
                 "the newest steps, theirs",
                 "give this run a new checkpoint.dir, or move those checkpoints away, or continue them with "
                 "checkpoint.resume=auto",

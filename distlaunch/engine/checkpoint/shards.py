@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from distlaunch.engine.parallel.data import DataParallelBase, local
 from distlaunch.engine.parallel.zero import ShardedDP, _all_gather, _ParamShard
 from distlaunch.errors import UsageError
+from distlaunch.readable import plural
 
 MODEL, OPTIM = "model.", "optim."
 
@@ -126,7 +127,7 @@ def load_templates(data_parallel: DataParallelBase, saved: dict[str, Any]) -> di
                 out[key] = _optimizer_template(entry, meta)
     if missing:
         raise UsageError(
-            f"the checkpoint has no weights for {len(missing)} parameter(s) of this model, e.g. {missing[0]}",
+            f"the checkpoint has no weights for {plural(len(missing), 'parameter')} of this model, e.g. {missing[0]}",
             "resume with the same model.preset the checkpoint was written with",
         )
     return out

@@ -12,6 +12,7 @@ from distlaunch.contract.layout import LayoutSpec, resolve_layout
 from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.presets import GPTConfig
 from distlaunch.errors import UsageError
+from distlaunch.readable import plural
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
     accum = cfg.train.grad_accum_steps
     if (global_batch // dp) % accum:
         raise UsageError(
-            f"the per-dp-rank batch of {global_batch // dp} sequences (global_batch_size/dp) cannot be "
+            f"the per-dp-rank batch of {plural(global_batch // dp, 'sequence')} (global_batch_size/dp) cannot be "
             f"split into train.grad_accum_steps={accum} equal rounds",
             f"use a grad_accum_steps that divides {global_batch // dp}",
         )
@@ -101,7 +102,7 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
         )
     if mbs is not None and local % mbs:
         raise UsageError(
-            f"the per-dp-rank batch of {local} sequences ({per}) cannot be split "
+            f"the per-dp-rank batch of {plural(local, 'sequence')} ({per}) cannot be split "
             f"into micro-batches of train.micro_batch_size={mbs}",
             f"use a micro_batch_size that divides {local}",
         )
@@ -109,7 +110,7 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
         n_micro = local // mbs if mbs is not None else pp
     if n_micro > local or local % n_micro:
         raise UsageError(
-            f"the per-dp-rank batch of {local} sequences cannot be split into {n_micro} equal micro-batches",
+            f"the per-dp-rank batch of {plural(local, 'sequence')} cannot be split into {n_micro} equal micro-batches",
             "make global_batch_size/dp a multiple of the micro-batch count "
             "(train.micro_batch_size or parallel.microbatches)",
         )
@@ -119,7 +120,7 @@ def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, i
 def _check_pipeline(model: GPTConfig, pp: int, schedule: str, v: int, n_micro: int) -> None:
     if pp * v > model.n_layer:
         raise UsageError(
-            f"{pp * v} pipeline stages (pp={pp} x virtual_stages={v}) but the model has only {model.n_layer} layers",
+            f"{pp * v} pipeline stages (pp={pp} x virtual_stages={v}) but the model has only {plural(model.n_layer, 'layer')}",
             "every stage needs at least one layer: lower pp (or virtual_stages)",
         )
     if pp > 1 and n_micro < pp:

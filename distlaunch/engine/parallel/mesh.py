@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.errors import UsageError
+from distlaunch.readable import plural
 
 MESH_DIMS = ("pp", "dp", "tp")
 
@@ -100,8 +101,8 @@ def gpu_of(local_rank: int, visible: int, cuda_visible_devices: str | None) -> i
         return local_rank
     shown = f" (CUDA_VISIBLE_DEVICES={cuda_visible_devices})" if cuda_visible_devices is not None else ""
     raise UsageError(
-        f"LOCAL_RANK {local_rank} has no GPU: this host shows {visible} GPU(s){shown}, one per rank",
-        f"start at most {visible} rank(s) per host (-n {visible}, or the hostfile's slots), make more GPUs "
+        f"LOCAL_RANK {local_rank} has no GPU: this host shows {plural(visible, 'GPU')}{shown}, one per rank",
+        f"start at most {plural(visible, 'rank')} per host (-n {visible}, or the hostfile's slots), make more GPUs "
         "visible, or launch with --backend gloo to train on the CPU",
     )
 

@@ -27,6 +27,7 @@ from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.engine.planner.shapes import FP32, rank_tensors, stage_tensors, state_bytes
 from distlaunch.engine.precision import model_dtype_name
 from distlaunch.engine.presets import GPTConfig
+from distlaunch.readable import plural
 
 # One node writing to a shared file system (NFS over 10 GbE, a busy Lustre client): the write and the SHA-256
 # every saved file gets. Parallel file systems give a node several GB/s; a slower guess only warns earlier.
@@ -59,7 +60,7 @@ class SaveEstimate(BaseModel):
         """``save 9.8 s (1.6 GB at 200 MB/s + 2 s) + 2 steps × 1.3 s``."""
         return (
             f"save {self.save_s:.1f} s ({self.node_bytes / 1e9:.2g} GB at {self.write_bytes_per_s / 1e6:g} MB/s + "
-            f"{SAVE_OVERHEAD_S:g} s) + {self.steps} steps × {self.step_s:.2f} s"
+            f"{SAVE_OVERHEAD_S:g} s) + {plural(self.steps, 'step')} × {self.step_s:.2f} s"
         )
 
 
