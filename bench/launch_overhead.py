@@ -1,10 +1,13 @@
-"""Wall time of ``distlaunch run -n N`` against ``torchrun --nproc_per_node N``, measured in one invocation.
+"""Wall time of ``distlaunch run -n N`` against ``torchrun --nproc_per_node N``, and of the CLI's start against
+its floors, measured in one invocation.
 
     python bench/launch_overhead.py [--repeats 7] [--nproc 4]
 
-Two workloads: (a) a script that never imports torch (pure launcher overhead) and (b) gloo init +
-barrier. Runs alternate between the two launchers so machine noise hits both alike; prints medians
-and the ratio distlaunch / torchrun (goals: (a) <= 0.5, (b) <= 0.9).
+Against torchrun, two workloads: (a) a script that never imports torch (pure launcher overhead) and (b) gloo
+init + barrier (goals: distlaunch / torchrun (a) <= 0.5, (b) <= 0.9). Against the floors: (c) ``distlaunch run
+-n N noop.py`` against a shell loop that starts the same N interpreters with the same environment and waits for
+them (goal <= 3), and (d) ``distlaunch --help`` against ``python -c "import typer"`` (goal <= 2). Runs alternate
+so machine noise hits both sides alike; medians.
 """
 
 from __future__ import annotations
@@ -37,8 +40,25 @@ def commands(script: Path, nproc: int) -> dict[str, list[str]]:
     }
 
 
-def measure(script: Path, nproc: int, repeats: int) -> dict[str, float]:
-    cmds = commands(script, nproc)
+def floors(nproc: int) -> list[tuple[str, dict[str, list[str]], float]]:
+    """(c) and (d): each pair as (label, {ours, floor}, goal)."""
+    distlaunch = shutil.which("distlaunch") or sys.exit("distlaunch not found: pip install -e .")
+    noop = HERE / "noop.py"
+    # the floor: what any launcher must do at least, N interpreters started with the rank environment
+    loop = (
+        f"for r in $(seq 0 {nproc - 1}); do RANK=$r LOCAL_RANK=$r WORLD_SIZE={nproc} LOCAL_WORLD_SIZE={nproc}"
+        f" MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 {sys.executable} {noop} & done; wait"
+    )
+    return [
+        (f"(c) run -n {nproc} vs shell loop", {"distlaunch": [distlaunch, "run", "-n", str(nproc), str(noop)],
+                                             "floor": ["bash", "-c", loop]}, 3.0),
+        ("(d) --help vs import typer", {"distlaunch": [distlaunch, "--help"],
+                                        "floor": [sys.executable, "-c", "import typer"]}, 2.0),
+    ]  # fmt: skip
+
+
+def measure(script: Path | dict[str, list[str]], nproc: int, repeats: int) -> dict[str, float]:
+    cmds = script if isinstance(script, dict) else commands(script, nproc)
     times: dict[str, list[float]] = {name: [] for name in cmds}
     for cmd in cmds.values():  # one warm-up each: page cache, .pyc files
         timed(cmd)
@@ -63,6 +83,12 @@ def main() -> None:
         ratio = m["distlaunch"] / m["torchrun"]
         verdict = "ok" if ratio <= goal else "MISSED"
         print(f"{label:<28} {m['distlaunch']:>10.3f}s {m['torchrun']:>9.3f}s {ratio:>7.2f}  <= {goal} {verdict}")
+    print(f"{'start-up':<28} {'distlaunch':>11} {'floor':>10} {'ratio':>7}  goal")
+    for label, cmds, goal in floors(args.nproc):
+        m = measure(cmds, args.nproc, args.repeats)
+        ratio = m["distlaunch"] / m["floor"]
+        verdict = "ok" if ratio <= goal else "MISSED"
+        print(f"{label:<28} {m['distlaunch']:>10.3f}s {m['floor']:>9.3f}s {ratio:>7.2f}  <= {goal} {verdict}")
 
 
 if __name__ == "__main__":

@@ -14,17 +14,10 @@ import typer
 
 from distlaunch import __version__
 from distlaunch.cli import notices
-from distlaunch.cli.checkpoint import checkpoint_app
-from distlaunch.cli.data import data_app
-from distlaunch.cli.doctor import doctor
+from distlaunch.cli.commands import LazyCommands
 from distlaunch.cli.helpfmt import plain_help
-from distlaunch.cli.jobs import jobs, logs, stacks, status, stop
-from distlaunch.cli.k8s import k8s_app
 from distlaunch.cli.peers import check_peer_spellings, peer_equivalent
 from distlaunch.cli.pipes import drop_unread_output, reader_gone
-from distlaunch.cli.run import run
-from distlaunch.cli.slurm import slurm_app
-from distlaunch.cli.train import train
 from distlaunch.cli.train_flags import trainer_flag
 from distlaunch.errors import DistlaunchError, ExitCode, Interrupted
 
@@ -36,28 +29,16 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 plain_help()
 app = typer.Typer(
     name="distlaunch",
+    cls=LazyCommands,  # each command's module is imported when that command runs (cli/commands.py)
+    # the list of commands in click's plain layout: typer's boxed one imports rich's markdown and traceback
+    # modules, which cost more than typer itself; each command's own --help keeps the boxes
+    rich_markup_mode=None,
     help="Launch distributed PyTorch training on this machine, many machines over SSH, or Slurm.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-# Everything after SCRIPT belongs to the script, as with torchrun and python itself.
-# torchrun's underscore spellings (--nproc_per_node, --master_addr, --max_restarts ...) are accepted as aliases.
-_UNDERSCORES = {"token_normalize_func": lambda name: name.replace("_", "-")}
-_SCRIPT_CONTEXT = {"allow_interspersed_args": False, **_UNDERSCORES}
-app.command("run", context_settings=_SCRIPT_CONTEXT)(run)
-app.command("doctor", context_settings=_UNDERSCORES)(doctor)
-app.command("train", context_settings=_UNDERSCORES)(train)
-app.command("jobs")(jobs)
-app.command("status")(status)
-app.command("logs")(logs)
-app.command("stop")(stop)
-app.command("stacks")(stacks)
-app.add_typer(slurm_app)
-app.add_typer(checkpoint_app)
-app.add_typer(k8s_app)
-app.add_typer(data_app)
 
 
 def _version(value: bool) -> None:
