@@ -26,6 +26,7 @@ from distlaunch.launcher.spec import (
 )
 from distlaunch.launcher.stacks import ranges
 from distlaunch.launcher.transport import LocalAgent
+from distlaunch.readable import plural
 
 if TYPE_CHECKING:
     from distlaunch.remote.session import RemoteHosts
@@ -87,8 +88,8 @@ def check_shown_local_ranks(plan: LaunchPlan, shown: list[int] | None) -> None:
     absent = sorted({r for r in shown or [] if r >= most})
     if absent:
         raise UsageError(
-            f"--local-ranks-filter names local rank(s) {ranges(absent)}, but no host runs more than {most} "
-            f"rank(s) (local ranks 0-{most - 1})",
+            f"--local-ranks-filter names {'local rank' if len(absent) == 1 else 'local ranks'} {ranges(absent)}, but no host "
+            f"runs more than {plural(most, 'rank')} (local ranks 0-{most - 1})",
             "name local ranks that exist, e.g. 0",
         )
 
