@@ -5,8 +5,6 @@ the user gave (a path, a script, a host name) is cut across two lines, as a tabl
 from __future__ import annotations
 
 import io
-import os
-import shutil
 import sys
 from collections.abc import Callable
 
@@ -159,7 +157,6 @@ def test_the_doctor_report_of_hosts_with_long_names():
     assert_readable(text, [*HOSTS[:2], python, "loopback-hostname", "/etc/hosts", "NOT READY"])
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None and not os.environ.get("CI"), reason="tmux is not installed")
 def test_a_real_80_column_terminal_shows_the_multi_host_dry_run_whole(project, tmp_path):
     """The same in a real terminal of 80 columns (tmux), where rich measures the width itself; -J joins what the
     terminal wrapped, so a line rich let pass 80 columns shows as one."""
