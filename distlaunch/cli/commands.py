@@ -21,6 +21,8 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from distlaunch import interrupts
+
 # Everything after SCRIPT belongs to the script, as with torchrun and python itself.
 # torchrun's underscore spellings (--nproc_per_node, --master_addr, --max_restarts ...) are accepted as aliases.
 UNDERSCORES = {"token_normalize_func": lambda name: name.replace("_", "-")}
@@ -101,12 +103,13 @@ COMMANDS: dict[str, Entry] = {
 def load(name: str):
     """The click command of ``name``, its module imported now."""
     entry = COMMANDS[name]
-    found = getattr(importlib.import_module(entry.module), entry.attr)
-    if isinstance(found, typer.Typer):
-        return typer.main.get_group(found)
-    holder = typer.Typer()  # one command alone: typer hands back that command itself
-    holder.command(name, context_settings=entry.context)(found)
-    return typer.main.get_command(holder)
+    with interrupts.held():  # a Ctrl-C inside pydantic's schema building would read as an internal error
+        found = getattr(importlib.import_module(entry.module), entry.attr)
+        if isinstance(found, typer.Typer):
+            return typer.main.get_group(found)
+        holder = typer.Typer()  # one command alone: typer hands back that command itself
+        holder.command(name, context_settings=entry.context)(found)
+        return typer.main.get_command(holder)
 
 
 class LazyCommands(TyperGroup):
