@@ -49,7 +49,9 @@ def launch(cluster, hostfile: Path) -> tuple[float, float, float]:
     began = time.time()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}).stdout
     total = time.time() - began
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the launcher only: remote agents are sshd's children
+    # the launcher and its OpenSSH clients (its children): remote agents are sshd's children.
+    # bench/launch_fanout_cpu.py tells the launcher's own CPU from its clients'.
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     starts = [float(line.split("STARTED ", 1)[1]) for line in out.splitlines() if "STARTED " in line]
     return max(starts) - began, total, cpu
@@ -77,11 +79,11 @@ def main() -> None:
         finally:
             cluster.stop()
     print(f"SSH fan-out, 1 rank per loopback host, median of {args.repeats} alternating runs")
-    print(f"{'hosts':>5} {'all ranks started':>18} {'total':>8} {'launcher CPU':>13}")
+    print(f"{'hosts':>5} {'all ranks started':>18} {'total':>8} {'launcher+ssh CPU':>17}")
     for n in HOST_COUNTS:
         print(
             f"{n:>5} {statistics.median(started[n]):>17.3f}s {statistics.median(total[n]):>7.3f}s "
-            f"{statistics.median(cpu[n]):>12.3f}s"
+            f"{statistics.median(cpu[n]):>16.3f}s"
         )
     for label, series in (("all ranks started", started), ("total", total)):
         ratio = statistics.median(series[8]) / statistics.median(series[1])
@@ -89,7 +91,7 @@ def main() -> None:
     # On one machine the simulated hosts' own work (sshd login, agent and rank interpreters) shares its
     # cores; on a real cluster it runs on every host at once. The launcher's CPU is what distlaunch adds.
     print(
-        f"launcher CPU 8/1 hosts: {statistics.median(cpu[8]) / statistics.median(cpu[1]):.2f}  "
+        f"launcher+ssh CPU 8/1 hosts: {statistics.median(cpu[8]) / statistics.median(cpu[1]):.2f}  "
         f"(machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)"
     )
 

@@ -1,13 +1,16 @@
-"""The launcher ⇄ agent protocol, for both sides and both transports (a child process here, an SSH channel).
+"""The launcher ⇄ agent protocol, for both sides and every transport (a child process here, an OpenSSH client's
+pipes, a paramiko channel).
 
 One JSON object per line. The launcher writes the node plan as the first line of the agent's stdin, then
 commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its stdout:
 
     {"ev": "hello", "python": "3.11.7", "protocol": 2,        at once, before the node plan is read; now: the
      "now": 1795552340.02}                                     agent's wall clock (see clock_offset)
-    {"ev": "ready", "problems": [...]}                         a plan with "gate": true: what keeps its ranks
+    {"ev": "ready", "problems": [...], "plan_at": 1795552340.3} a plan with "gate": true: what keeps its ranks
                                                                from starting here (distlaunch/startcheck.py),
-                                                               checked before any; then "go", or "stop"
+                                                               checked before any; then "go", or "stop";
+                                                               plan_at: the agent's wall clock when the plan
+                                                               came (AgentConnection.narrow_clock)
     {"ev": "started", "rank": 3, "pid": 1234}
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
     {"ev": "progress", "ranks": {"3": {"step": 120,            ranks called distlaunch.progress() (at most one
@@ -45,6 +48,7 @@ Standard library only: the agent imports it on every host.
 from __future__ import annotations
 
 import json
+import math
 import queue
 import time
 from abc import ABC, abstractmethod
@@ -59,6 +63,9 @@ PROTOCOL = 3
 HELLO, READY, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEARTBEAT, DONE = (
     "hello", "ready", "started", "out", "progress", "stacks", "exit", "stragglers", "nccl-trace", "hb", "done"
 )  # fmt: skip
+_HEARTBEAT_LINES = frozenset(
+    {json.dumps({"ev": HEARTBEAT}), json.dumps({"ev": HEARTBEAT}) + "\n"}
+)  # as agents write it
 # events the launcher's side of a connection makes itself
 AGENT_OUT, LOST = "agent-out", "lost"
 # commands, launcher → agent
@@ -83,9 +90,19 @@ def clock_offset(agent_now: object, sent: float, heard: float) -> float:
     agent_now - sent]; this returns the point of that interval nearest 0: 0 for clocks that agree within the
     start-up time, else never more than the true offset. Subtracting it from the agent's times (a rank's
     exit) can only bring them nearer ours: a root cause is never misordered by the correction itself."""
-    if not isinstance(agent_now, int | float) or isinstance(agent_now, bool):
-        return 0.0  # an agent that does not say
-    low, high = agent_now - heard, agent_now - sent
+    return nearest_zero(*clock_bounds(agent_now, sent, heard))
+
+
+def clock_bounds(agent_at: object, sent: float, heard: float) -> tuple[float, float]:
+    """Where an agent's clock offset lies, from one reading of its clock (``agent_at``) that it took between
+    ``sent`` and ``heard`` on ours (see clock_offset); anywhere, for an agent that does not say."""
+    if not isinstance(agent_at, int | float) or isinstance(agent_at, bool):
+        return -math.inf, math.inf
+    return agent_at - heard, agent_at - sent
+
+
+def nearest_zero(low: float, high: float) -> float:
+    """The offset of [low, high] that corrects least: 0 when the interval holds it."""
     return low if low > 0 else high if high < 0 else 0.0
 
 
@@ -109,8 +126,10 @@ class AgentConnection(ABC):
         self.host = host
         self.events = events
         self.last_seen = time.monotonic()  # when the agent last said anything (its heartbeat included)
-        self.done = False
+        self.done = False  # the agent said "done": its output may end now
         self.clock_offset = 0.0  # the agent's wall clock minus ours (clock_offset): its exit times are read by it
+        self.clock_bounds = (-math.inf, math.inf)  # where that offset lies, as far as the agent's messages tell
+        self.plan_sent: float | None = None  # our wall clock just before the node plan went out
 
     @abstractmethod
     def start(self, payload: dict) -> None:
@@ -126,17 +145,41 @@ class AgentConnection(ABC):
 
     def pump(self, lines: Iterator[str]) -> None:
         """Read agent output until it ends; a missing ``done`` means the agent died."""
-        done = False
         for line in lines:
-            self.last_seen = time.monotonic()
-            try:
-                message = json.loads(line)
-            except ValueError:  # not ours: a remote login banner or an interpreter crash
-                message = event(AGENT_OUT, line=line.rstrip("\n"))
-            if not isinstance(message, dict):
-                message = event(AGENT_OUT, line=line.rstrip("\n"))
-            done = done or message.get("ev") == DONE
-            if message.get("ev") != HEARTBEAT:
-                self.events.put((self.node_rank, message))
-        if not done:
+            self.take(line)
+        self.ended()
+
+    def take(self, line: str) -> None:
+        """One line of the agent's output, as its reader got it: an event for the launcher (heartbeats only
+        count as signs of life), or ``agent-out`` for a line that is not ours."""
+        self.last_seen = time.monotonic()
+        if line in _HEARTBEAT_LINES:  # most of what an idle job's agents say: a sign of life, nothing to parse
+            return
+        try:
+            message = json.loads(line)
+        except ValueError:  # not ours: a remote login banner or an interpreter crash
+            message = event(AGENT_OUT, line=line.rstrip("\n"))
+        if not isinstance(message, dict):
+            message = event(AGENT_OUT, line=line.rstrip("\n"))
+        kind = message.get("ev")
+        self.done = self.done or kind == DONE
+        if kind == READY and self.plan_sent is not None:
+            self.narrow_clock(message.get("plan_at"), self.plan_sent, time.time())
+        if kind != HEARTBEAT:
+            self.events.put((self.node_rank, message))
+
+    def narrow_clock(self, agent_at: object, sent: float, heard: float) -> None:
+        """One more reading of the agent's clock (``agent_at``, taken between ``sent`` and ``heard`` on ours)
+        narrows where its offset lies. Its plan's arrival, read back in ``ready``, is one round trip from ours;
+        the hello, read after a login and an interpreter's start, may be a second or more: together they place
+        the offset within about a round trip, as neither alone does."""
+        low, high = clock_bounds(agent_at, sent, heard)
+        low, high = max(low, self.clock_bounds[0]), min(high, self.clock_bounds[1])
+        if low <= high:  # else a clock was stepped meanwhile: keep what was known
+            self.clock_bounds = (low, high)
+            self.clock_offset = nearest_zero(low, high)
+
+    def ended(self) -> None:
+        """The agent's output ended: without a ``done`` first, the agent died (``lost``)."""
+        if not self.done:
             self.events.put((self.node_rank, event(LOST)))

@@ -36,8 +36,9 @@ EXITED = "exited"  # the selector's mark for a rank's exit descriptor
 class Agent:
     """Supervises one node's ranks from start to end, on the plan ``node``; events go to ``out``."""
 
-    def __init__(self, node: dict, out=sys.stdout, commands: Lines | None = None):
+    def __init__(self, node: dict, out=sys.stdout, commands: Lines | None = None, plan_at: float | None = None):
         self.node = node
+        self.plan_at = plan_at  # our wall clock when the plan came: the launcher places our clock by it
         self.sel = selectors.DefaultSelector()
         self.ranks: list[Rank] = []
         self.stop_deadline: float | None = None
@@ -204,7 +205,7 @@ class Agent:
         one host starts no rank anywhere. False when told to stop instead (or the launcher went away)."""
         if not self.node.get("gate"):
             return not self.stopping
-        self.events.emit(ev=p.READY, problems=self.gate_problems())
+        self.events.emit(ev=p.READY, problems=self.gate_problems(), plan_at=self.plan_at)
         while not self.go and not self.stopping:
             if self.sel.select(timeout=0.05):
                 self.read_commands()
@@ -265,9 +266,10 @@ def main() -> int:
         return 2
     commands = Lines(sys.stdin.fileno())
     line = commands.first()
+    plan_at = time.time()
     if not line:
         return 2
-    agent = Agent(json.loads(line), commands=commands)
+    agent = Agent(json.loads(line), commands=commands, plan_at=plan_at)
     signal.signal(signal.SIGTERM, lambda *_: agent.begin_stop())
     signal.signal(signal.SIGHUP, lambda *_: agent.begin_stop())
     return agent.run()

@@ -100,7 +100,7 @@ def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Conn
     def connect(node, events):
         if node.local:
             return LocalAgent(node.node_rank, node.host, events)
-        if remote is None or node.host not in remote.clients:
+        if remote is None or node.host not in remote:
             raise HostError(
                 f"host {node.host!r} was not connected before the launch", "start multi-host jobs through launch()"
             )

@@ -1,5 +1,6 @@
 """The local agent connection: ``python -m distlaunch.agent`` as a child process on this machine (remote hosts:
-distlaunch/remote/agent_conn.py). The protocol and the shared reader are in distlaunch/protocol.py."""
+distlaunch/remote/sshproc.py, or agent_conn.py over paramiko). The protocol and the shared reader are in
+distlaunch/protocol.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import subprocess
 import sys
 import threading
+import time
 from typing import IO
 
 from distlaunch.protocol import AgentConnection, encode
@@ -34,6 +36,7 @@ class LocalAgent(AgentConnection):
             start_new_session=True,
             bufsize=1,
         )
+        self.plan_sent = time.time()
         self.send({**payload, "inherit_env": True})  # like torchrun: local ranks see the launcher's environment
         threading.Thread(target=self.pump, args=(self.proc.stdout,), daemon=True).start()
 

@@ -20,7 +20,7 @@ import paramiko
 
 from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import UsageError
-from distlaunch.protocol import HELLO, AgentConnection, clock_offset
+from distlaunch.protocol import HELLO, AgentConnection, clock_bounds, nearest_zero
 from distlaunch.remote.command import SHELL_READY, after_login_shell
 from distlaunch.remote.ssh import SshError
 
@@ -55,7 +55,7 @@ class StartedAgent:
         self.started_at = time.monotonic()
         self.sent = sent  # wall clock just before the agent's command went out: its hello came after
         self.hello: dict = {}  # what the agent said in its hello
-        self.clock_offset = 0.0  # the host's wall clock minus ours, as far as its hello tells (clock_offset)
+        self.clock_bounds = (-math.inf, math.inf)  # where the host's clock offset lies, as its hello tells
         self.silent_for: float | None = None  # set when the agent did not say hello in time: since its start
 
     @classmethod
@@ -86,10 +86,10 @@ class StartedAgent:
         try:
             for raw in self.stream:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
-                hello = _hello(line)
+                hello = parse_hello(line)
                 if hello is not None:
                     self.hello = hello
-                    self.clock_offset = clock_offset(hello.get("now"), self.sent, time.time())
+                    self.clock_bounds = clock_bounds(hello.get("now"), self.sent, time.time())
                     return None
                 output.append(line)
         except (OSError, EOFError, paramiko.SSHException):  # socket.timeout is an OSError
@@ -115,12 +115,14 @@ def agent_command(python: str, workdir: str, job_id: str = "") -> str:
     return f"cd -- {shlex.quote(workdir)} && exec {mark}{shlex.quote(python)} -X utf8 -m distlaunch.agent"
 
 
-def _job_id(payload: dict) -> str:
+def plan_job_id(payload: dict) -> str:
+    """The job id a node plan gives its ranks (its agent carries it too)."""
     ranks = payload.get("ranks") or [{}]
     return ranks[0].get("env", {}).get(JOB_ID_VAR, "")
 
 
-def _hello(line: str) -> dict | None:
+def parse_hello(line: str) -> dict | None:
+    """The agent's hello, if ``line`` is one."""
     try:
         message = json.loads(line)
     except ValueError:
@@ -148,10 +150,11 @@ class SshAgent(AgentConnection):
         python: str,
         workdir: str,
         started: StartedAgent | None = None,
-        clock_offset: float = 0.0,
+        bounds: tuple[float, float] = (-math.inf, math.inf),
     ):
         super().__init__(node_rank, host, events)
-        self.clock_offset = clock_offset  # measured once, by the preflight's agent on that host
+        # measured by the preflight's agent on that host (its hello), narrowed by each attempt's "ready"
+        self.clock_bounds, self.clock_offset = bounds, nearest_zero(*bounds)
         self.client, self.python, self.workdir = client, python, workdir
         self.started = started  # the preflight's agent, already running; else one is started here
         self.channel: paramiko.Channel | None = None
@@ -161,9 +164,10 @@ class SshAgent(AgentConnection):
     def start(self, payload: dict) -> None:
         workdir = payload.get("workdir") or self.workdir
         agent, self.started = self.started, None
-        agent = agent or StartedAgent.start(self.client, self.host, self.python, workdir, _job_id(payload))
+        agent = agent or StartedAgent.start(self.client, self.host, self.python, workdir, plan_job_id(payload))
         self.channel = agent.channel
         # Remote ranks get a minimal environment plus the plan's, never this machine's whole environment.
+        self.plan_sent = time.time()
         self.send({**payload, "workdir": workdir, "inherit_env": False})
         self._pump = threading.Thread(
             target=self.pump, args=(_lines(agent.stream),), daemon=True, name=f"agent-{self.host}"

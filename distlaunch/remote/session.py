@@ -1,18 +1,24 @@
 """``RemoteHosts``: the SSH side of one launch. Preflight first: connect to every remote host in
 parallel and start its agent, which says hello before it is given any work; so an unreachable host, or
 one that cannot run the agent, fails the launch with exit 3 before any rank starts anywhere. Then each
-node's agent gets its plan; connections are closed in finally."""
+node's agent gets its plan; connections are closed in finally.
+
+Two transports do this. By default each host gets an OpenSSH client process, and one thread reads them all
+(``OpensshHosts``, distlaunch/remote/fanout.py); where no ``ssh`` is installed, or with
+DISTLAUNCH_SSH_TRANSPORT=paramiko, paramiko connects from inside the launcher (``ParamikoHosts``, here). What
+their failures mean, in words, is said here once for both."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import HostError
-from distlaunch.protocol import PROTOCOL
+from distlaunch.protocol import PROTOCOL, AgentConnection
 from distlaunch.remote.agent_conn import START_TIMEOUT_VAR, SshAgent, StartedAgent, hello_timeout
 from distlaunch.remote.command import run_command, shell_hang, stop_marked_command, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
@@ -46,12 +52,12 @@ def _on(alias: str, error: HostError) -> HostError:
 
 
 class RemoteHosts:
-    """Open SSH connections to the remote hosts of a job, each with an agent waiting for its node plan."""
+    """The remote hosts of a job, each with an agent that said hello and waits for its node plan."""
 
-    def __init__(self, clients: dict[str, SshClient], python: str, workdir: str):
-        self.clients, self.python, self.workdir = clients, python, workdir
-        self.started: dict[str, StartedAgent] = {}
-        self.clock_offsets: dict[str, float] = {}  # host -> its wall clock minus ours, from its agent's hello
+    def __init__(self, python: str, workdir: str):
+        self.python, self.workdir = python, workdir
+        # host -> where its wall clock minus ours lies, from its agent's hello (protocol.clock_bounds)
+        self.clock_bounds: dict[str, tuple[float, float]] = {}
 
     @classmethod
     def open(
@@ -65,53 +71,49 @@ class RemoteHosts:
         job_id: str = "",
         timeout: float | None = None,
     ) -> RemoteHosts:
-        """Connect to every host and start its agent; raise HostsFailed (exit 3) naming every bad host."""
-        start_timeout = hello_timeout()  # a bad value is told before any host is reached
-        targets = resolve_targets(aliases, ssh_config)
-        results = connect_all(targets, timeout=timeout, accept_new_host_keys=accept_new_host_keys)
-        hosts = cls(require_all(results, "could not be reached; no rank was started"), python, workdir)
-        try:
-            hosts.start_agents(job_id, start_timeout)
-        except BaseException:
-            hosts.close()
-            raise
-        return hosts
+        """Connect to every host and start its agent, over the transport of this machine (openssh.transport);
+        raise HostsFailed (exit 3) naming every bad host."""
+        if cls is RemoteHosts:
+            from distlaunch.remote.fanout import OpensshHosts
+            from distlaunch.remote.openssh import transport
 
-    def start_agents(self, job_id: str, timeout: float) -> None:
-        """Start every host's agent (all at once) and wait ``timeout`` seconds for their hellos, or raise
-        HostsFailed."""
-        errors: list[HostError] = []
-        for alias, client in self.clients.items():
-            try:
-                self.started[alias] = StartedAgent.start(client, alias, self.python, self.workdir, job_id)
-            except SshError as exc:
-                errors.append(exc)
-        deadline = time.monotonic() + timeout  # one deadline for all: they started together
-        for alias, agent in self.started.items():
-            output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
-            if output is not None:
-                errors.append(_on(alias, self._why(alias, output, agent)))
-                if agent.silent_for is not None and without_shell_ready(output)[1]:
-                    self._end_hung_start(alias, agent, job_id)
-            elif agent.hello.get("protocol", 1) != PROTOCOL:
-                errors.append(_on(alias, other_version(alias, agent.hello.get("protocol", 1))))
-            else:
-                self.clock_offsets[alias] = agent.clock_offset
-        if errors:
-            raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
+            cls = OpensshHosts if transport() == "openssh" else ParamikoHosts
+        return cls.open(
+            aliases,
+            ssh_config=ssh_config,
+            accept_new_host_keys=accept_new_host_keys,
+            python=python,
+            workdir=workdir,
+            job_id=job_id,
+            timeout=timeout,
+        )
 
-    def _end_hung_start(self, alias: str, agent: StartedAgent, job_id: str) -> None:
-        """An interpreter that hangs at startup never runs the agent's code, which would end it with the SSH
-        channel: closing the channel leaves it, and whatever it started, on the host. Its login shell worked, so
-        a second command ends every process there that carries the job's id (none of the job's ranks runs there:
-        its agent never started)."""
-        agent.close()
-        if job_id:
-            with contextlib.suppress(SshError):  # the connection is gone: sshd hangs up its sessions itself
-                run_command(self.clients[alias], ["sh", "-c", stop_marked_command(JOB_ID_VAR, job_id)], SWEEP_S)
+    def __contains__(self, host: str) -> bool:
+        """Whether ``host`` is one of this launch's remote hosts."""
+        raise NotImplementedError
 
-    def _why(self, alias: str, output: list[str], agent: StartedAgent) -> HostError:
-        """Why the agent did not start, from what the remote shell or Python printed."""
+    def agent(self, node_rank: int, host: str, events) -> AgentConnection:
+        """The agent connection for the node on ``host`` (the preflight's agent on first use)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End agents that never got a plan and every connection."""
+        raise NotImplementedError
+
+    def __enter__(self) -> RemoteHosts:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def hello_error(self, alias: str, hello: dict) -> HostError | None:
+        """What keeps an agent that said ``hello`` from the job: another distlaunch's protocol. None: nothing."""
+        protocol = hello.get("protocol", 1)
+        return None if protocol == PROTOCOL else _on(alias, other_version(alias, protocol))
+
+    def _why(self, alias: str, output: list[str], agent) -> HostError:
+        """Why the agent did not start, from what the remote shell or Python printed (``agent``: its start,
+        with ``silent_for`` and ``exit_status()``)."""
         output, shell_ran = without_shell_ready(output)
         if agent.silent_for is not None and not shell_ran:
             detail, hint = shell_hang(alias, "the agent", agent.silent_for)
@@ -147,10 +149,79 @@ class RemoteHosts:
             f"run it by hand to see why: ssh {alias} {self.python} -m distlaunch.agent",
         )
 
+
+class ParamikoHosts(RemoteHosts):
+    """Open paramiko connections to the remote hosts of a job, each with an agent waiting for its node plan."""
+
+    def __init__(self, clients: dict[str, SshClient], python: str, workdir: str):
+        super().__init__(python, workdir)
+        self.clients = clients
+        self.started: dict[str, StartedAgent] = {}
+
+    @classmethod
+    def open(
+        cls,
+        aliases: list[str],
+        *,
+        ssh_config: Path | str | None,
+        accept_new_host_keys: bool,
+        python: str,
+        workdir: str,
+        job_id: str = "",
+        timeout: float | None = None,
+    ) -> ParamikoHosts:
+        """Connect to every host and start its agent; raise HostsFailed (exit 3) naming every bad host."""
+        start_timeout = hello_timeout()  # a bad value is told before any host is reached
+        targets = resolve_targets(aliases, ssh_config)
+        results = connect_all(targets, timeout=timeout, accept_new_host_keys=accept_new_host_keys)
+        hosts = cls(require_all(results, "could not be reached; no rank was started"), python, workdir)
+        try:
+            hosts.start_agents(job_id, start_timeout)
+        except BaseException:
+            hosts.close()
+            raise
+        return hosts
+
+    def start_agents(self, job_id: str, timeout: float) -> None:
+        """Start every host's agent (all at once) and wait ``timeout`` seconds for their hellos, or raise
+        HostsFailed."""
+        errors: list[HostError] = []
+        for alias, client in self.clients.items():
+            try:
+                self.started[alias] = StartedAgent.start(client, alias, self.python, self.workdir, job_id)
+            except SshError as exc:
+                errors.append(exc)
+        deadline = time.monotonic() + timeout  # one deadline for all: they started together
+        for alias, agent in self.started.items():
+            output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
+            if output is not None:
+                errors.append(_on(alias, self._why(alias, output, agent)))
+                if agent.silent_for is not None and without_shell_ready(output)[1]:
+                    self._end_hung_start(alias, agent, job_id)
+            elif (refused := self.hello_error(alias, agent.hello)) is not None:
+                errors.append(refused)
+            else:
+                self.clock_bounds[alias] = agent.clock_bounds
+        if errors:
+            raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
+
+    def _end_hung_start(self, alias: str, agent: StartedAgent, job_id: str) -> None:
+        """An interpreter that hangs at startup never runs the agent's code, which would end it with the SSH
+        channel: closing the channel leaves it, and whatever it started, on the host. Its login shell worked, so
+        a second command ends every process there that carries the job's id (none of the job's ranks runs there:
+        its agent never started)."""
+        agent.close()
+        if job_id:
+            with contextlib.suppress(SshError):  # the connection is gone: sshd hangs up its sessions itself
+                run_command(self.clients[alias], ["sh", "-c", stop_marked_command(JOB_ID_VAR, job_id)], SWEEP_S)
+
+    def __contains__(self, host: str) -> bool:
+        return host in self.clients
+
     def agent(self, node_rank: int, host: str, events) -> SshAgent:
         """The agent connection for the node on ``host`` (the preflight's agent on first use)."""
-        started, offset = self.started.pop(host, None), self.clock_offsets.get(host, 0.0)
-        return SshAgent(node_rank, host, events, self.clients[host], self.python, self.workdir, started, offset)
+        started, bounds = self.started.pop(host, None), self.clock_bounds.get(host, (-math.inf, math.inf))
+        return SshAgent(node_rank, host, events, self.clients[host], self.python, self.workdir, started, bounds)
 
     def close(self) -> None:
         """Stop agents that never got a plan (their stdin closes) and disconnect from every host."""
@@ -158,9 +229,3 @@ class RemoteHosts:
             agent.close()
         self.started.clear()
         close_all(self.clients)
-
-    def __enter__(self) -> RemoteHosts:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

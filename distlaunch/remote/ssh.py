@@ -230,6 +230,16 @@ def _handshake_error(target: SshTarget, exc: Exception, timeout: float) -> SshEr
     )
 
 
+def socket_timeout_error(target: SshTarget, timeout: float) -> SshError:
+    """The error of a host whose TCP connection got no answer within ``timeout`` (OpenSSH's client said so)."""
+    return _socket_error(target, TimeoutError(), timeout)
+
+
+def handshake_timeout_error(target: SshTarget, timeout: float) -> SshError:
+    """The error of a host that took the connection but sent no SSH banner within ``timeout``."""
+    return _handshake_error(target, TimeoutError(), timeout)
+
+
 def _handshake(target: SshTarget, sock, timeout: float, accept_new_host_keys: bool) -> SshClient:
     client = SshClient(target.alias)
     try:
