@@ -32,6 +32,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_args() -> argparse.Namespace:
+    return arguments().parse_args()
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The run's settings (bench/step_interleaved.py adds its own)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--steps", type=int, default=30)
@@ -39,7 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--out", required=True)
-    return parser.parse_args()
+    return parser
 
 
 class Reference:

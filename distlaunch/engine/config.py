@@ -24,6 +24,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 Preset = Literal["tiny", "small", "125m", "350m", "1.3b"]
 Precision = Literal["fp32", "bf16", "fp16"]
+ReduceDtype = Literal["fp32", "bf16"]  # train.reduce_dtype: what gradients travel in (precision.reduce_dtype_name)
 FaultKind = Literal["crash", "hang", "crash-in-save", "slow"]
 LrSchedule = Literal["cosine", "constant"]
 Tracker = Literal["tensorboard", "wandb"]  # train.report_to, the Hugging Face Trainer's name (engine/tracking.py)
@@ -70,12 +71,17 @@ def _switch_or_auto(value: Any) -> Any:
     return value
 
 
+def _auto(value: Any) -> Any:
+    """A derived setting's "auto" (None: the engine's rule decides), as ``parallel.dp=auto`` is."""
+    return None if value == "auto" else value
+
+
 Bool = Annotated[bool, BeforeValidator(_only_bool)]
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 OptionalInt = Annotated[int | None, BeforeValidator(_not_bool)]
 # a key whose default is derived (parallel.dp, train.micro_batch_size) also takes "auto", as in --parallel dp=auto
-Derived = Annotated[OptionalInt, BeforeValidator(lambda value: None if value == "auto" else value)]
+Derived = Annotated[OptionalInt, BeforeValidator(_auto)]
 DataFormat = Literal["auto", "text", "tokens"]
 TokenDtype = Literal["uint16", "uint8", "uint32"]
 # The watchdog's longest deadline: far beyond any step, save or load, and far below what
@@ -135,6 +141,11 @@ class TrainSection(_Section):
     # must stay below 2**64 (torch refuses larger seeds)
     seed: Int = Field(1337, ge=0, lt=2**32)
     precision: Precision = "fp32"
+    # what ZeRO-0/1/2/3 reduce the gradients in; "auto" (None): bf16 when precision is bf16, else fp32
+    reduce_dtype: Annotated[ReduceDtype | None, BeforeValidator(_auto)] = None
+    # TF32 tensor cores for fp32 matmuls and convolutions on CUDA GPUs (no effect on CPUs); None
+    # (left out): off, so fp32 stays true fp32 (precision.apply_tf32)
+    tf32: Annotated[bool | None, BeforeValidator(_only_bool)] = None
     loss_scale: Float = Field(2.0**16, gt=0)  # fp16 only: the dynamic loss scale's start value
     activation_checkpointing: Bool = False
     # torch.compile every transformer block; "auto" (None): on for CUDA, off on CPU

@@ -16,7 +16,7 @@ import distlaunch
 from distlaunch.engine.checkpoint.session import Checkpointing
 from distlaunch.engine.compute import StepClock
 from distlaunch.engine.config import TrainingConfig
-from distlaunch.engine.memory import device_peak_bytes
+from distlaunch.engine.memory import device_peak_bytes, peak_rss_bytes
 from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
 from distlaunch.engine.model import num_params
 from distlaunch.engine.parallel.compile import compile_enabled
@@ -101,6 +101,11 @@ def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | 
     cfg, dims = engine.cfg, engine.dims
     per_rank: list[Any] = [None] * dims.world_size
     dist.all_gather_object(per_rank, engine.state_bytes())
+    # each rank's peaks: until its model was built, and over the whole run (memory.py)
+    peaks: list[Any] = [None] * dims.world_size
+    dist.all_gather_object(
+        peaks, (engine.init_peak, {"rss_bytes": peak_rss_bytes(), "device_bytes": device_peak_bytes(engine.device)})
+    )
     # the first step includes the warm-up and is read on its own (``read_due``): left out
     # (no records at all: resumed from the checkpoint of the last step, nothing left to run)
     steady = [r["tokens_per_s"] for r in records[1:]] or [r["tokens_per_s"] for r in records] or [0.0]
@@ -121,6 +126,8 @@ def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | 
         "precision": cfg.train.precision,
         "n_params": num_params(engine.model_cfg),
         "mem_bytes_per_rank": per_rank,
+        "init_peak_per_rank": [init for init, _ in peaks],
+        "peak_per_rank": [run for _, run in peaks],
     }
 
 

@@ -1,4 +1,5 @@
-"""Bytes of training state a rank really holds, measured from tensor storages.
+"""Bytes of training state a rank really holds, measured from tensor storages; the process's peak
+resident memory; and how host memory freed by tensors goes back to the system.
 
 Each storage counts once: ZeRO-1/2 optimise views into the parameters' own storage, and the
 stage-1 gradient slice lives inside the full gradient, so summing ``numel * element_size`` per
@@ -8,6 +9,9 @@ tensor would double count. A category only counts storages no earlier category c
 
 from __future__ import annotations
 
+import ctypes
+import resource
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -43,3 +47,47 @@ def device_peak_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return None
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD = 4 * 2**20
+
+
+def return_freed_host_memory() -> None:
+    """Serve host allocations of 4 MiB and more from their own mappings, which go back to the
+    system when the tensor is freed.
+
+    glibc's default threshold grows to 32 MiB as large blocks are freed, after which a freed
+    gathered unit, gradient or gloo buffer stays in the heap of the thread that allocated it (gloo
+    allocates on its own threads), where only that thread reuses it: a ZeRO-3 rank of the 125m
+    preset resided at 2.0-2.4 GiB after two steps while its live tensors were 625 MiB
+    (docs/benchmarks.md, "Engine memory"). A fixed threshold keeps the resident memory to the live tensors plus the heap of the
+    small ones, for the cost of fresh pages for each large tensor. Not glibc: left as it is.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def peak_rss_bytes() -> int | None:
+    """The most this process has resided in memory so far (the kernel's high-water mark), or None
+    where the platform does not say.
+
+    Linux: ``VmHWM`` of /proc/self/status, this process's own. ``ru_maxrss`` is not: it keeps the
+    high-water mark of the process that forked it (a 600 MiB test runner, a launcher), so every
+    rank would read at least its parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (AttributeError, OSError):
+        return None
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, elsewhere KiB

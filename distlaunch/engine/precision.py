@@ -11,6 +11,12 @@
   16-bit copies (``parallel/data.py: mixed_precision_policy``).
 - fp16 with ZeRO-0/1/2 and fp32 everywhere: fp32 parameters, which are their own master weights.
 
+``reduce_dtype_name`` is the one rule for what the gradients travel in (``train.reduce_dtype``), for
+every ZeRO stage: bf16 when training in bf16 (half the bytes, as Megatron and FSDP choose), else
+fp32. Gradients are still accumulated in fp32 and land in fp32; only the collective is 16-bit.
+
+``apply_tf32`` turns TF32 tensor cores for fp32 matmuls on or off (``train.tf32``), on CUDA only.
+
 The forward runs under ``torch.autocast`` for bf16 and fp16 (matmuls and attention in 16 bits,
 the loss policy in fp32); with bf16 parameters autocast has no weight to cast. fp16 also needs
 loss scaling: small gradients underflow in fp16, so the loss is multiplied by a scale before
@@ -33,12 +39,23 @@ if TYPE_CHECKING:
     import torch
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Inductor's (and its attention pass's) advice on every rank of an fp32 CUDA job; moot once the
+# user chose either way with train.tf32
+TF32_ADVICE = r"TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled"
 
 
 def model_dtype_name(precision: str, zero: int) -> str:
     """The dtype of the model's parameters for ``train.precision`` and ZeRO stage ``zero``
     (ZeRO-3's are the sharded fp32 masters; FSDP2 casts its all-gathers)."""
     return "bf16" if precision == "bf16" and zero in (0, 1, 2) else "fp32"
+
+
+def reduce_dtype_name(precision: str, reduce_dtype: str | None) -> str:
+    """What the gradients are reduced in: ``train.reduce_dtype`` when set, else bf16 for bf16
+    training and fp32 otherwise (fp16's loss-scaled gradients keep fp32's range and digits)."""
+    if reduce_dtype is not None:
+        return reduce_dtype
+    return "bf16" if precision == "bf16" else "fp32"
 
 
 def hidden_dtype_name(precision: str, zero: int) -> str:
@@ -62,6 +79,24 @@ def dtype(precision: str) -> torch.dtype:
 def model_dtype(precision: str, zero: int) -> torch.dtype:
     """``model_dtype_name`` as a torch dtype."""
     return dtype(model_dtype_name(precision, zero))
+
+
+def apply_tf32(tf32: bool | None, device: torch.device) -> None:
+    """``train.tf32`` on a CUDA device: TF32 tensor cores for fp32 matmuls (and cuDNN's convolutions)
+    on or off. None (the key left out) keeps fp32 exact and leaves Inductor's advice to say the key
+    exists; set either way, the advice is moot and silenced. CPUs have no TF32: nothing is set for a
+    CPU device (``set_float32_matmul_precision`` would also switch oneDNN's CPU matmul mode)."""
+    if tf32 is None or device.type != "cuda":
+        return
+    import warnings
+
+    import torch
+
+    # torch's one call for both of its matmul precision APIs (setting one of them alone makes the
+    # other raise when read: metrics.peak_flops reads allow_tf32)
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cudnn.allow_tf32 = tf32
+    warnings.filterwarnings("ignore", message=TF32_ADVICE)
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -141,11 +141,21 @@ def summary_table(summary: dict[str, Any]):
         ("tokens/s (median)", f"{summary['tokens_per_s']:.0f}"),
         ("mfu", "n/a (no known peak)" if summary.get("mfu") is None else f"{summary['mfu']:.1%}"),
         ("state bytes rank 0", f"{summary['mem_bytes_per_rank'][0]['total'] / 2**20:.1f} MiB"),
+        ("init peak (RSS)", init_peak_text(summary.get("init_peak_per_rank"))),
         ("wall time", f"{summary['wall_s']:.1f} s"),
     ]
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def init_peak_text(peaks: list[dict[str, Any]] | None) -> str:
+    """The largest resident memory a rank reached until its model was built, and which rank."""
+    known = [(p["rss_bytes"], rank) for rank, p in enumerate(peaks or []) if p and p.get("rss_bytes") is not None]
+    if not known:
+        return "-"
+    peak, rank = max(known)
+    return f"{peak / 2**20:.0f} MiB (rank {rank}, the most of {plural(len(known), 'rank')})"
 
 
 def write_loss_curve(records: list[dict[str, Any]], path: Path) -> Path | None:

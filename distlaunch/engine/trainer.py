@@ -38,7 +38,7 @@ from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleSte
 from distlaunch.engine.compute import waiting
 from distlaunch.engine.config import TrainingConfig, TrainSection
 from distlaunch.engine.data import build_samplers, to_device
-from distlaunch.engine.memory import storage_bytes
+from distlaunch.engine.memory import device_peak_bytes, peak_rss_bytes, return_freed_host_memory, storage_bytes
 from distlaunch.engine.model import GPT, GPTConfig
 from distlaunch.engine.optim import (
     CLIP_EPS,
@@ -57,7 +57,14 @@ from distlaunch.engine.parallel.materialize import materialize
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
 from distlaunch.engine.parallel.zero import ShardedDP
-from distlaunch.engine.precision import DynamicLossScaler, autocast, model_dtype
+from distlaunch.engine.precision import (
+    DynamicLossScaler,
+    apply_tf32,
+    autocast,
+    dtype,
+    model_dtype,
+    reduce_dtype_name,
+)
 from distlaunch.engine.presets import model_config
 
 
@@ -108,6 +115,7 @@ def build_data_parallel(
     if dims.zero == 3:
         return FullyShardedDP(chunks, dp_mesh, dims.tp, make_optimizer)
     param_dtype = model_dtype(train.precision, dims.zero)
+    reduce_dtype = dtype(reduce_dtype_name(train.precision, train.reduce_dtype))
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
     # every parameter's gradient is accumulated once per backward: micro-batches x rounds a step
     reduction = Reduction(train.bucket_mb, rounds=dims.microbatches * dims.accum_steps)
@@ -123,8 +131,9 @@ def build_data_parallel(
             groups,
             carry_loss=replicas_only,
             param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
         )
-    return ShardedDP(named, dp_mesh, dims.tp, make_optimizer, dims.zero, reduction, groups, param_dtype=param_dtype)
+    return ShardedDP(named, dp_mesh, dims.tp, make_optimizer, dims.zero, reduction, groups, param_dtype, reduce_dtype)
 
 
 class Engine:
@@ -142,15 +151,17 @@ class Engine:
         self.dp_rank = mesh["dp"].get_local_rank()
         self.tp_mesh = mesh["tp"] if dims.tp > 1 else None
         train = cfg.train
+        return_freed_host_memory()  # before the first tensor of the model (memory.py says why)
         self.chunks = build_chunks(self.model_cfg, dims, self.pp_rank)
         for chunk in self.chunks:
             apply_tp(chunk, mesh["tp"])
+        apply_tf32(train.tf32, device)  # before compile: Inductor reads it
         if compile_enabled(train.compile, device):
             apply_compile(self.chunks)
         if train.activation_checkpointing:
             apply_activation_checkpointing(self.chunks)
         if dims.zero == 3:
-            shard_fully(self.chunks, mesh["dp"], train.precision)
+            shard_fully(self.chunks, mesh["dp"], train.precision, train.reduce_dtype)
         materialize(self.chunks, device, train.seed)
         make_optimizer = make_optimizer_factory(train.lr, train.weight_decay, (train.beta1, train.beta2))
         self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer, train)
@@ -169,6 +180,8 @@ class Engine:
         self.schedule = None
         if dims.pp > 1:
             self.schedule = build_schedule(self.chunks, self.pp_rank, dims, mesh["pp"], device, self._loss_fn)
+        # the most this rank held until now, the build included (the summary's init_peak_per_rank)
+        self.init_peak = {"rss_bytes": peak_rss_bytes(), "device_bytes": device_peak_bytes(device)}
 
     @property
     def is_last_stage(self) -> bool:

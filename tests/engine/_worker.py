@@ -30,17 +30,33 @@ from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read
 from distlaunch.engine.trainer import Engine
 
 
+def _sent(func, args: tuple) -> list[torch.Tensor]:
+    """What this rank hands to a collective: an all-reduce's tensors (in place), else the input
+    of an (output, input) collective (all-gather: this rank's shard; reduce-scatter and all-to-all:
+    the whole send buffer)."""
+    first = args[0]
+    if isinstance(first, (list, tuple)):  # allreduce_, broadcast_, ...: the tensors themselves
+        return [t for t in first if isinstance(t, torch.Tensor)]
+    second = args[1] if len(args) > 1 else None
+    return [second] if isinstance(second, torch.Tensor) else [first]
+
+
 class CollectiveCounter(TorchDispatchMode):
     """Counts every c10d collective dispatched while active (the ops CommDebugMode counts,
-    without its module tracker, which does not follow modules called several times a step)."""
+    without its module tracker, which does not follow modules called several times a step), and
+    the bytes handed to them: ``bytes`` maps "op dtype" (e.g. "allreduce_ torch.bfloat16") to bytes."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.bytes: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in c10d_collective_ops:
             self.count += 1
+            for t in _sent(func, args):
+                key = f"{func.overloadpacket.__name__} {t.dtype}"
+                self.bytes[key] = self.bytes.get(key, 0) + t.numel() * t.element_size()
         return func(*args, **(kwargs or {}))
 
 
@@ -57,6 +73,7 @@ def reduction_stats(engine: Engine, count_comms: bool, step: int) -> tuple[torch
     reducer = getattr(engine.data_parallel, "reducer", None)
     stats = {
         "comms": mode.count if count_comms else None,
+        "comm_bytes": mode.bytes if count_comms else None,
         "buckets": len(reducer.buckets) if reducer else 0,
         "collectives": reducer.collectives if reducer else 0,
         "in_backward": sum(b.in_backward for b in reducer.buckets) if reducer else 0,
@@ -94,6 +111,7 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
             with CollectiveCounter() as counter:
                 engine.optimizer_step()
             stats["step_comms"] = counter.count
+            stats["step_comm_bytes"] = counter.bytes
         else:
             engine.optimizer_step()
         losses.append(loss)

@@ -21,8 +21,10 @@ rounds times a step, whether the backwards come from the plain loop or a pipelin
 
 What a collective does with a bucket is the strategy's: ``launch(params, extra)`` returns a
 (work handle, finish callback) pair; ``params`` is empty when only ``extra`` scalars travel.
-Gradients travel in fp32 whatever the parameters' dtype (16-bit parameters have fp32 gradient
-accumulators, ``parallel/data.py: Fp32Gradients``), so buckets are sized at 4 bytes an element.
+Buckets are sized by the fp32 gradients they gather (16-bit parameters have fp32 gradient
+accumulators, ``parallel/data.py: Fp32Gradients``), 4 bytes an element, whatever
+``train.reduce_dtype`` they travel in (``parallel/wire.py``): the same parameters share a bucket in
+either dtype, and a bf16 bucket's collective carries half the bytes.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from distlaunch.engine.parallel.hooks import register_weak_hook
 from distlaunch.engine.watchdog import wait_for_peers
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
-REDUCE_BYTES = 4  # gradients are reduced in fp32
+REDUCE_BYTES = 4  # a bucket's size counts its fp32 gradients (whatever dtype they travel in)
 
 Launch = Callable[[list[nn.Parameter], list[torch.Tensor]], tuple[object, Callable[[], None]]]
 GradOf = Callable[[nn.Parameter], "torch.Tensor | None"]

@@ -14,8 +14,12 @@ must follow it), ``zero_grad``, and read-only views for the gradient norm, memor
 
 16-bit parameters (bf16 with ZeRO-0/1/2, ``precision.model_dtype_name``): the strategy is built on
 the fp32 parameters ``materialize`` filled, takes its fp32 master copies from them, then casts the
-parameters (``cast_parameters``); their gradients are accumulated in fp32 (``Fp32Gradients``) and
-reduced in fp32, and the optimizer updates the masters.
+parameters (``cast_parameters``); their gradients are accumulated in fp32 (``Fp32Gradients``), and
+the optimizer updates the masters.
+
+Every stage reduces the gradients in ``train.reduce_dtype`` (``precision.reduce_dtype_name``: bf16
+when training in bf16, else fp32): ZeRO-0/1/2 pack each bucket in it (``parallel/wire.py``), ZeRO-3
+hands it to FSDP2's ``MixedPrecisionPolicy``. The reduced gradients land in fp32 either way.
 """
 
 from __future__ import annotations
@@ -24,16 +28,16 @@ import warnings
 from collections.abc import Callable, Iterable
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.hooks import register_weak_hook
-from distlaunch.engine.precision import dtype
+from distlaunch.engine.parallel.units import tune_unit, unit_groups
+from distlaunch.engine.parallel.wire import AllReduceMean, Collectives
+from distlaunch.engine.precision import dtype, reduce_dtype_name
 
 OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], torch.optim.Optimizer]
 
@@ -196,7 +200,9 @@ class ReplicatedDP(DataParallelBase):
     """zero=0: replicated state, gradients averaged by bucketed all-reduces launched from backward.
 
     ``param_dtype`` 16-bit: an fp32 master copy of every parameter, updated by the optimizer and
-    copied into the parameter after each step."""
+    copied into the parameter after each step. ``reduce_dtype`` 16-bit: each bucket is all-reduced
+    in it; the scalars that ride along (the loss) take their own fp32 all-reduce beside the last
+    bucket's, since 8 bits of mantissa would blur the reported loss."""
 
     zero = 0
 
@@ -210,8 +216,10 @@ class ReplicatedDP(DataParallelBase):
         groups: list[list[nn.Parameter]] | None = None,
         carry_loss: bool = False,
         param_dtype: torch.dtype = torch.float32,
+        reduce_dtype: torch.dtype = torch.float32,
     ):
         super().__init__(named_params, dp_mesh, tp)
+        self.reduce_dtype = reduce_dtype
         low = param_dtype != torch.float32
         # the masters are taken from the fp32 values before the cast, so they start exact
         self.master_of = {p: nn.Parameter(p.detach().float().clone()) for p in self.params} if low else {}
@@ -228,17 +236,22 @@ class ReplicatedDP(DataParallelBase):
     def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
         for p in params:
             align_grad(p)
-        grads = [self.grads.get(p) for p in params]
-        tensors = [local(g) for g in grads if g is not None] + [t.view(1) for t in extra]
-        flat = _flatten_dense_tensors(tensors)
-        work = dist.all_reduce(flat, group=self.dp_mesh.get_group(), async_op=True)
+        grads = [local(g) for g in map(self.grads.get, params) if g is not None]
+        scalars = [t.view(1) for t in extra]
+        if self.reduce_dtype == torch.float32:  # the scalars ride in the bucket
+            grads, scalars = grads + scalars, []
+        group = self.dp_mesh.get_group()
+        sums = [
+            AllReduceMean(ts, dtype, group)
+            for ts, dtype in ((grads, self.reduce_dtype), (scalars, torch.float32))
+            if ts
+        ]
 
         def done() -> None:
-            flat.div_(self.dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
-            for grad, reduced in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
-                grad.copy_(reduced)
+            for collective in sums:
+                collective.write_back(self.dp)
 
-        return work, done
+        return Collectives(sums), done
 
     def zero_grad(self) -> None:
         if self.reducer is not None:
@@ -265,27 +278,33 @@ class ReplicatedDP(DataParallelBase):
             master.grad = self.grads.get(p)  # the fp32 accumulator, reduced in place
 
 
-def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+def mixed_precision_policy(precision: str, reduce_dtype: str | None = None) -> MixedPrecisionPolicy:
     """ZeRO-3's precision: with bf16/fp16 every unit all-gathers 16-bit parameters (half the
     bytes of the all-gather and of the unsharded block) and computes in them, while the sharded
     fp32 parameters stay the master weights the optimizer updates. Gradients are reduce-scattered
-    in fp32: the dp sum of many 16-bit gradients would lose the small ones."""
-    if precision == "fp32":
+    in ``train.reduce_dtype`` (``reduce_dtype_name``: bf16 when training in bf16) and land in the
+    fp32 shards."""
+    reduce = dtype(reduce_dtype_name(precision, reduce_dtype))
+    if precision == "fp32" and reduce == torch.float32:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=dtype(precision), reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=None if precision == "fp32" else dtype(precision), reduce_dtype=reduce)
 
 
-def shard_fully(chunks: list[nn.Module], dp_mesh: DeviceMesh, precision: str = "fp32") -> None:
-    """ZeRO-3: ``fully_shard`` (FSDP2) every block, then every chunk (embeddings, norm and head
-    form the root unit), so only one block's parameters are unsharded at a time. Applied to the
-    model while it is still on the meta device, before ``materialize``."""
-    mp_policy = mixed_precision_policy(precision)
-    # with tp the root returns its vocab shard of the logits as a view (DTensor.to_local);
+def shard_fully(
+    chunks: list[nn.Module], dp_mesh: DeviceMesh, precision: str = "fp32", reduce_dtype: str | None = None
+) -> None:
+    """ZeRO-3: ``fully_shard`` (FSDP2) every block, the embeddings, the head with the final norm
+    (``parallel/units.py``), then every chunk, so only one unit's parameters are unsharded at a
+    time. Applied to the model while it is still on the meta device, before ``materialize``."""
+    mp_policy = mixed_precision_policy(precision, reduce_dtype)
+    # with tp the head returns its vocab shard of the logits as a view (DTensor.to_local);
     # the loss only reads it out of place, so FSDP's in-place warning does not apply
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     for chunk in chunks:
-        for block in chunk.blocks.values():
-            fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy)
+        for modules in [[b] for b in chunk.blocks.values()] + unit_groups(chunk):
+            # the head runs last in forward and first in backward: kept unsharded in between
+            fully_shard(modules, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=modules[0] is not chunk.head)
+            tune_unit(modules[0], dp_mesh)
         fully_shard(chunk, mesh=dp_mesh, mp_policy=mp_policy)
 
 

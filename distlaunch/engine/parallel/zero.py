@@ -7,10 +7,12 @@ extra copy of the weights exists; with 16-bit parameters (bf16, ``precision.mode
 it is an fp32 master copy of that slice only. After the step each slice is all-gathered back
 into the parameter, in the parameter's dtype (bf16: half the bytes of fp32).
 
-Gradients travel in buckets (``parallel/buckets.py``), always in fp32 (16-bit parameters'
-gradients are accumulated in fp32, ``data.Fp32Gradients``): one reduce-scatter per bucket, launched
-asynchronously from the backward hooks as soon as the bucket is complete; the bucket's send
-buffer is laid out (dp, slots) so that rank r receives slot r of every parameter in it.
+Gradients travel in buckets (``parallel/buckets.py``), in ``train.reduce_dtype`` (accumulated
+in fp32 whatever it is, ``data.Fp32Gradients``; bf16 on the wire when training in bf16): one
+reduce-scatter per bucket (``wire.ReduceScatter``), launched asynchronously from the backward
+hooks as soon as the bucket is complete; the bucket's send buffer is laid out (dp, slots) so that
+rank r receives slot r of every parameter in it, and each gradient is copied (and cast) into it
+once. The slices land in fp32.
 
 - zero=1: gradients stay full-size on every rank; after the last micro-batch each bucket's
   reduce-scatter leaves each rank the dp average of its slices (written into its part of the
@@ -30,7 +32,6 @@ import collections
 import math
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -43,11 +44,9 @@ from distlaunch.engine.parallel.data import (
     local,
     tp_sharded,
 )
+from distlaunch.engine.parallel.wire import ReduceScatter
+from distlaunch.engine.parallel.wire import all_gather as _all_gather
 from distlaunch.engine.watchdog import wait_for_peers
-
-# torch 2.13 renamed the single-tensor collectives; older releases only have the old names
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _finish(work, done) -> None:
@@ -71,16 +70,26 @@ class _ParamShard:
         piece = flat[start:stop]
         self.master = nn.Parameter(piece.float().clone() if copy else piece, requires_grad=True)
 
-    def padded(self, flat: torch.Tensor, dp: int) -> torch.Tensor:
-        """``flat`` zero-padded to dp equal slots (itself when dp divides it)."""
-        if self.size * dp == self.numel:
-            return flat
-        return torch.cat([flat, flat.new_zeros(self.size * dp - self.numel)])
+    def fill(self, rows: torch.Tensor, column: int, flat: torch.Tensor | None) -> None:
+        """Lay ``flat`` (this parameter's whole local gradient, or None: zeros) into a bucket's send
+        ``rows`` (dp, slots of the bucket) from ``column``: row r gets slot r, the padding zeros.
+        One copy, which casts to the rows' dtype (the reduce dtype)."""
+        block = rows[:, column : column + self.size]
+        if flat is None:
+            block.zero_()
+            return
+        full_rows, rest = divmod(self.numel, self.size)
+        block[:full_rows].copy_(flat[: full_rows * self.size].view(full_rows, self.size))
+        if rest:
+            block[full_rows, :rest].copy_(flat[full_rows * self.size :])
+            block[full_rows, rest:].zero_()
+        block[full_rows + (1 if rest else 0) :].zero_()
 
     def write_back(self, rows: torch.Tensor, column: int) -> None:
         """Copy this parameter's slots out of a bucket's gathered ``rows`` (dp, slots of the
         bucket), starting at ``column``, into the full local parameter: row r holds rank r's
-        slice, so the parameter is the rows' slots read in order, cut at ``numel``."""
+        slice, so the parameter is the rows' slots read in order, cut at ``numel`` (``fill``'s
+        reverse)."""
         flat = local(self.param).detach().view(-1)
         full_rows, rest = divmod(self.numel, self.size)
         body = flat[: full_rows * self.size].view(full_rows, self.size)
@@ -102,11 +111,13 @@ class ShardedDP(DataParallelBase):
         reduction: Reduction | None = None,
         groups: list[list[nn.Parameter]] | None = None,
         param_dtype: torch.dtype = torch.float32,
+        reduce_dtype: torch.dtype = torch.float32,
     ):
         super().__init__(named_params, dp_mesh, tp)
         self.zero = zero
+        self.reduce_dtype = reduce_dtype
         self.group = dp_mesh.get_group()
-        rank = dp_mesh.get_local_rank()
+        self.rank = rank = dp_mesh.get_local_rank()
         low = param_dtype != torch.float32
         self.shards = [_ParamShard(p, rank, self.dp, copy=low) for p in self.params]
         self.shard_of = {s.param: s for s in self.shards}
@@ -123,26 +134,23 @@ class ShardedDP(DataParallelBase):
     def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
         """One reduce-scatter for a bucket: rank r receives slot r of every parameter in it."""
         shards = [self.shard_of[p] for p in params]
-        pieces = []
+        # (dp, sum of slots): row r is what rank r receives, contiguous as the collective wants
+        send = torch.empty(
+            self.dp, sum(s.size for s in shards), dtype=self.reduce_dtype, device=shards[0].master.device
+        )
+        column = 0
         for shard in shards:
             align_grad(shard.param)
             grad = self.grads.get(shard.param)
-            flat = (
-                local(grad).reshape(-1)
-                if grad is not None
-                else shard.master.new_zeros(shard.numel, dtype=torch.float32)
-            )
-            pieces.append(shard.padded(flat, self.dp).view(self.dp, shard.size))
-        # (dp, sum of slots): row r is what rank r receives, contiguous as the collective wants
-        send = torch.cat(pieces, dim=1).reshape(-1)
-        out = send.new_empty(send.numel() // self.dp)
-        work = _reduce_scatter(out, send, group=self.group, async_op=True)
+            shard.fill(send, column, None if grad is None else local(grad).reshape(-1))
+            column += shard.size
+        work = ReduceScatter(send, self.group)
         if self.zero == 2:
             for shard in shards:
                 self.grads.drop(shard.param)  # the point of stage 2: no full-size gradient survives
 
         def done() -> None:
-            out.div_(self.dp)
+            out = work.result().div_(self.dp)  # fp32, this rank's slots
             offset = 0
             for shard in shards:
                 part = out[offset : offset + shard.stop - shard.start]  # a view: the slots are the buffer
@@ -182,19 +190,21 @@ class ShardedDP(DataParallelBase):
             _finish(*in_flight.popleft())
 
     def _launch_gather(self, shards: list[_ParamShard]):
-        """One all-gather of this rank's slots of ``shards``; (work, finish callback)."""
-        dtype = local(shards[0].param).dtype
-        pieces = []
+        """One all-gather of this rank's slots of ``shards``; (work, finish callback). In place: this
+        rank's row of the gathered buffer is what it sends, filled from the masters with one copy
+        (which casts to the parameters' dtype)."""
+        param = local(shards[0].param)
+        rows = param.new_empty(self.dp, sum(s.size for s in shards))
+        send, column = rows[self.rank], 0
         for shard in shards:
-            pieces.append(shard.master.detach())
-            if shard.stop - shard.start < shard.size:  # the last rank's short slice, or none at all
-                pieces.append(shard.master.new_zeros(shard.size - (shard.stop - shard.start)))
-        send = torch.cat(pieces).to(dtype)
-        gathered = send.new_empty(self.dp * send.numel())
-        work = _all_gather(gathered, send, group=self.group, async_op=True)
+            width = shard.stop - shard.start
+            send[column : column + width].copy_(shard.master.detach())
+            send[column + width : column + shard.size].zero_()  # the last rank's short slice, or none at all
+            column += shard.size
+        work = _all_gather(rows.view(-1), send, group=self.group, async_op=True)
 
         def done() -> None:
-            rows, column = gathered.view(self.dp, -1), 0
+            column = 0
             for shard in shards:
                 shard.write_back(rows, column)
                 column += shard.size

@@ -108,13 +108,17 @@ def block_numel(model: GPTConfig, tp: int) -> int:
     return 4 * d + (3 * d * d + d * d + 2 * f * d) // tp
 
 
+def head_unit_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
+    """Parameters of ZeRO-3's head unit (the final norm and the LM head, on the last stage)."""
+    return 2 * model.d_model + model.vocab_size // dims.tp * model.d_model if holds_last_stage(dims, pp_rank) else 0
+
+
 def gathered_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
-    """Parameters ZeRO-3 holds unsharded while it gathers unit by unit: the root unit
-    (embeddings, norm, head: kept from forward to backward) and two blocks (the one running, the
-    next one prefetched)."""
+    """Parameters ZeRO-3 holds unsharded while it gathers unit by unit (parallel/units.py): the
+    head unit (kept from its forward to its backward) and two blocks (the one running, the next
+    one prefetched). The embeddings are gathered for the forward only."""
     layers = rank_layers(model, dims, pp_rank)
-    block = block_numel(model, dims.tp)
-    return sum(x.numel for x in rank_tensors(model, dims, pp_rank)) - (layers - min(2, layers)) * block
+    return head_unit_numel(model, dims, pp_rank) + min(2, layers) * block_numel(model, dims.tp)
 
 
 def unsharded_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:

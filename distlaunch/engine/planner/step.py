@@ -24,7 +24,7 @@ from distlaunch.engine.planner.shapes import (
     Tensor,
     block_numel,
     gathered_numel,
-    holds_last_stage,
+    head_unit_numel,
     rank_layers,
     rank_stages,
     rank_tensors,
@@ -236,10 +236,11 @@ def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
         # the head's gradient is computed first and reduced with the root unit at the very end.
         # One block later, that block's activations and the logits are gone, but its gradients
         # are in their reduce-scatter.
-        has_head = holds_last_stage(dims, step.pp_rank)
-        head = model.vocab_size // dims.tp * model.d_model + 2 * model.d_model if has_head else 0
+        head = head_unit_numel(model, dims, step.pp_rank)
         backward |= {"unsharded params": elem * unsharded, "unsharded grads": FP32 * head, "gloo copy": copy}
+        # the head unit is resharded after its backward; its gradients wait in their reduce-scatter input
         later = backward | {"activations": step.activations(done=1), "unsharded grads": FP32 * (head + block)}
+        later["unsharded params"] = elem * (unsharded - head)
         later["reduce-scatter"] = FP32 * block // dims.dp
         return {"backward": backward, "next block's backward": later}
     # pp: the first backward holds the most activations while FSDP gathers unit by unit as
