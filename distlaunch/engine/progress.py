@@ -150,12 +150,12 @@ def summary_table(summary: dict[str, Any]):
 
 
 def init_peak_text(peaks: list[dict[str, Any]] | None) -> str:
-    """The largest resident memory a rank reached until its model was built, and which rank."""
-    known = [(p["rss_bytes"], rank) for rank, p in enumerate(peaks or []) if p and p.get("rss_bytes") is not None]
+    """The largest resident memory a rank reached until its model was built (each rank's: the
+    summary's init_peak_per_rank)."""
+    known = [p["rss_bytes"] for p in peaks or [] if p and p.get("rss_bytes") is not None]
     if not known:
         return "-"
-    peak, rank = max(known)
-    return f"{peak / 2**20:.0f} MiB (rank {rank}, the most of {plural(len(known), 'rank')})"
+    return f"{max(known) / 2**20:.0f} MiB (the most of {plural(len(known), 'rank')})"
 
 
 def write_loss_curve(records: list[dict[str, Any]], path: Path) -> Path | None:
