@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from abc import ABC, abstractmethod
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def _on(alias: str, error: HostError) -> HostError:
     return error
 
 
-class RemoteHosts:
+class RemoteHosts(ABC):
     """The remote hosts of a job, each with an agent that said hello and waits for its node plan."""
 
     def __init__(self, python: str, workdir: str):
@@ -88,17 +89,17 @@ class RemoteHosts:
             timeout=timeout,
         )
 
+    @abstractmethod
     def __contains__(self, host: str) -> bool:
         """Whether ``host`` is one of this launch's remote hosts."""
-        raise NotImplementedError
 
+    @abstractmethod
     def agent(self, node_rank: int, host: str, events) -> AgentConnection:
         """The agent connection for the node on ``host`` (the preflight's agent on first use)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def close(self) -> None:
         """End agents that never got a plan and every connection."""
-        raise NotImplementedError
 
     def __enter__(self) -> RemoteHosts:
         return self
