@@ -98,7 +98,11 @@ def test_a_hang(terminal, tmp_path):
         "hangs.py",
         """
         import os, time
+        # rank 1 speaks once rank 0 has, so the two lines reach the screen in one order
+        while os.environ["RANK"] == "1" and not os.path.exists("rank0-said"):
+            time.sleep(0.05)
         print("rank", os.environ["RANK"], "waits for a peer that never comes", flush=True)
+        open(f"rank{os.environ['RANK']}-said", "w").close()
         while True:
             time.sleep(1)
         """,
