@@ -15,6 +15,7 @@ from distlaunch.errors import ExitCode
 
 def entry() -> None:
     """Console-script entry point."""
+    interrupts.listen()
     try:
         with interrupts.held():
             from distlaunch.cli.app import main

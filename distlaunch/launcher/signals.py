@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from distlaunch import interrupts
 from distlaunch.errors import Interrupted
 
 
@@ -34,6 +35,7 @@ def interrupts_unwind(hangup: bool = False) -> Iterator[None]:
         return
 
     def unwind(signum, frame) -> None:
+        interrupts.remember(signum)  # should the exception be swallowed, the job's trap still stops it
         raise Interrupted(signum)
 
     # Always, as the job's own trap (SignalTrap) does: a launch started by a script in the background inherits
@@ -68,6 +70,9 @@ class SignalTrap:
             previous = catch(signal.SIGHUP, self._handle)
             if previous is not None:
                 self._saved[signal.SIGHUP] = previous
+        swallowed = interrupts.swallowed()
+        if swallowed is not None:  # a Ctrl-C before the job, which some code caught and dropped: stop now
+            self._handle(swallowed, None)
         return self
 
     def __exit__(self, *exc) -> None:
