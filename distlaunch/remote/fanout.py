@@ -22,17 +22,16 @@ import shlex
 import subprocess
 import time
 from collections import deque
-from pathlib import Path
 
 from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import HostError, UsageError
-from distlaunch.remote.agent_conn import agent_command, hello_timeout
+from distlaunch.remote.agent_conn import agent_command
 from distlaunch.remote.command import after_login_shell, stop_marked_command
 from distlaunch.remote.openssh import diagnose, is_final, ssh_command
 from distlaunch.remote.pipes import PipeHub
-from distlaunch.remote.session import SWEEP_S, RemoteHosts, _on
+from distlaunch.remote.session import SWEEP_S, HostSettings, RemoteHosts, _on
 from distlaunch.remote.ssh import RETRIES, RETRY_BASE_S, HostsFailed, SshError
-from distlaunch.remote.sshconfig import SshTarget, resolve_targets
+from distlaunch.remote.sshconfig import SshTarget
 from distlaunch.remote.sshproc import ProcessAgent, SshProcess
 
 # Hosts in their handshake and login at once (pdsh's default is 32). The clients' work runs in their own
@@ -55,8 +54,8 @@ class OpensshHosts(RemoteHosts):
         accept_new: bool = False,
         timeout: float | None = None,
     ):
-        super().__init__(python, workdir)
-        self.targets, self.job_id, self.config = targets, job_id, config
+        super().__init__(python, workdir, job_id)
+        self.targets, self.config = targets, config
         self.accept_new, self.timeout = accept_new, timeout  # --accept-new-host-keys; the connect timeout
         self.hub = PipeHub()
         self.started: dict[str, SshProcess] = {}  # preflight agents that said hello and wait for a plan
@@ -64,29 +63,13 @@ class OpensshHosts(RemoteHosts):
         self.env = {**os.environ, JOB_ID_VAR: job_id} if job_id else dict(os.environ)  # found as the job's own
 
     @classmethod
-    def open(
-        cls,
-        aliases: list[str],
-        *,
-        ssh_config: Path | str | None,
-        accept_new_host_keys: bool,
-        python: str,
-        workdir: str,
-        job_id: str = "",
-        timeout: float | None = None,
-    ) -> OpensshHosts:
-        """Start every host's agent; raise HostsFailed (exit 3) naming every bad host."""
-        start_timeout = hello_timeout()  # a bad value is told before any host is reached
-        targets = resolve_targets(aliases, ssh_config)
+    def _connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> OpensshHosts:
         _allow_descriptors(FDS_PER_HOST * len(targets))
-        config = str(ssh_config) if ssh_config else None
-        hosts = cls(targets, python, workdir, job_id, config, accept_new_host_keys, timeout)
-        try:
-            hosts.start_agents(start_timeout)
-        except BaseException:
-            hosts.close()
-            raise
-        return hosts
+        config = str(settings.ssh_config) if settings.ssh_config else None
+        return cls(
+            targets, settings.python, settings.workdir, settings.job_id, config, settings.accept_new_host_keys,
+            settings.timeout,
+        )  # fmt: skip
 
     def client(self, alias: str, heard) -> SshProcess:
         """A new client (not started yet) that runs the agent on ``alias``; ``heard`` is told of its steps."""

@@ -16,6 +16,7 @@ import time
 from abc import ABC, abstractmethod
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import NamedTuple
 
 from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import HostError
@@ -23,7 +24,7 @@ from distlaunch.protocol import PROTOCOL, AgentConnection
 from distlaunch.remote.agent_conn import START_TIMEOUT_VAR, SshAgent, StartedAgent, hello_timeout
 from distlaunch.remote.command import run_command, shell_hang, stop_marked_command, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
-from distlaunch.remote.sshconfig import resolve_targets
+from distlaunch.remote.sshconfig import SshTarget, resolve_targets
 
 SWEEP_S = 10.0  # how long ending what a hung agent start left on its host may take
 
@@ -52,11 +53,22 @@ def _on(alias: str, error: HostError) -> HostError:
     return error
 
 
+class HostSettings(NamedTuple):
+    """How a launch reaches its hosts, whatever the transport."""
+
+    ssh_config: Path | str | None
+    accept_new_host_keys: bool  # --accept-new-host-keys
+    python: str  # --remote-python
+    workdir: str
+    job_id: str
+    timeout: float | None  # the connect timeout
+
+
 class RemoteHosts(ABC):
     """The remote hosts of a job, each with an agent that said hello and waits for its node plan."""
 
-    def __init__(self, python: str, workdir: str):
-        self.python, self.workdir = python, workdir
+    def __init__(self, python: str, workdir: str, job_id: str = ""):
+        self.python, self.workdir, self.job_id = python, workdir, job_id  # job_id: what marks its processes
         # host -> where its wall clock minus ours lies, from its agent's hello (protocol.clock_bounds)
         self.clock_bounds: dict[str, tuple[float, float]] = {}
 
@@ -79,15 +91,25 @@ class RemoteHosts(ABC):
             from distlaunch.remote.openssh import transport
 
             cls = OpensshHosts if transport() == "openssh" else ParamikoHosts
-        return cls.open(
-            aliases,
-            ssh_config=ssh_config,
-            accept_new_host_keys=accept_new_host_keys,
-            python=python,
-            workdir=workdir,
-            job_id=job_id,
-            timeout=timeout,
-        )
+        start_timeout = hello_timeout()  # a bad value is told before any host is reached
+        targets = resolve_targets(aliases, ssh_config)
+        hosts = cls._connect(targets, HostSettings(ssh_config, accept_new_host_keys, python, workdir, job_id, timeout))
+        try:
+            hosts.start_agents(start_timeout)
+        except BaseException:
+            hosts.close()
+            raise
+        return hosts
+
+    @classmethod
+    @abstractmethod
+    def _connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> RemoteHosts:
+        """This transport's hosts for ``targets``, before any agent starts (raise HostsFailed for hosts that
+        cannot be reached at all)."""
+
+    @abstractmethod
+    def start_agents(self, timeout: float) -> None:
+        """Start every host's agent and wait ``timeout`` seconds for their hellos, or raise HostsFailed."""
 
     @abstractmethod
     def __contains__(self, host: str) -> bool:
@@ -154,42 +176,24 @@ class RemoteHosts(ABC):
 class ParamikoHosts(RemoteHosts):
     """Open paramiko connections to the remote hosts of a job, each with an agent waiting for its node plan."""
 
-    def __init__(self, clients: dict[str, SshClient], python: str, workdir: str):
-        super().__init__(python, workdir)
+    def __init__(self, clients: dict[str, SshClient], python: str, workdir: str, job_id: str = ""):
+        super().__init__(python, workdir, job_id)
         self.clients = clients
         self.started: dict[str, StartedAgent] = {}
 
     @classmethod
-    def open(
-        cls,
-        aliases: list[str],
-        *,
-        ssh_config: Path | str | None,
-        accept_new_host_keys: bool,
-        python: str,
-        workdir: str,
-        job_id: str = "",
-        timeout: float | None = None,
-    ) -> ParamikoHosts:
-        """Connect to every host and start its agent; raise HostsFailed (exit 3) naming every bad host."""
-        start_timeout = hello_timeout()  # a bad value is told before any host is reached
-        targets = resolve_targets(aliases, ssh_config)
-        results = connect_all(targets, timeout=timeout, accept_new_host_keys=accept_new_host_keys)
-        hosts = cls(require_all(results, "could not be reached; no rank was started"), python, workdir)
-        try:
-            hosts.start_agents(job_id, start_timeout)
-        except BaseException:
-            hosts.close()
-            raise
-        return hosts
+    def _connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> ParamikoHosts:
+        results = connect_all(targets, timeout=settings.timeout, accept_new_host_keys=settings.accept_new_host_keys)
+        reached = require_all(results, "could not be reached; no rank was started")
+        return cls(reached, settings.python, settings.workdir, settings.job_id)
 
-    def start_agents(self, job_id: str, timeout: float) -> None:
+    def start_agents(self, timeout: float) -> None:
         """Start every host's agent (all at once) and wait ``timeout`` seconds for their hellos, or raise
         HostsFailed."""
         errors: list[HostError] = []
         for alias, client in self.clients.items():
             try:
-                self.started[alias] = StartedAgent.start(client, alias, self.python, self.workdir, job_id)
+                self.started[alias] = StartedAgent.start(client, alias, self.python, self.workdir, self.job_id)
             except SshError as exc:
                 errors.append(exc)
         deadline = time.monotonic() + timeout  # one deadline for all: they started together
@@ -198,7 +202,7 @@ class ParamikoHosts(RemoteHosts):
             if output is not None:
                 errors.append(_on(alias, self._why(alias, output, agent)))
                 if agent.silent_for is not None and without_shell_ready(output)[1]:
-                    self._end_hung_start(alias, agent, job_id)
+                    self._end_hung_start(alias, agent)
             elif (refused := self.hello_error(alias, agent.hello)) is not None:
                 errors.append(refused)
             else:
@@ -206,15 +210,15 @@ class ParamikoHosts(RemoteHosts):
         if errors:
             raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
 
-    def _end_hung_start(self, alias: str, agent: StartedAgent, job_id: str) -> None:
+    def _end_hung_start(self, alias: str, agent: StartedAgent) -> None:
         """An interpreter that hangs at startup never runs the agent's code, which would end it with the SSH
         channel: closing the channel leaves it, and whatever it started, on the host. Its login shell worked, so
         a second command ends every process there that carries the job's id (none of the job's ranks runs there:
         its agent never started)."""
         agent.close()
-        if job_id:
+        if self.job_id:
             with contextlib.suppress(SshError):  # the connection is gone: sshd hangs up its sessions itself
-                run_command(self.clients[alias], ["sh", "-c", stop_marked_command(JOB_ID_VAR, job_id)], SWEEP_S)
+                run_command(self.clients[alias], ["sh", "-c", stop_marked_command(JOB_ID_VAR, self.job_id)], SWEEP_S)
 
     def __contains__(self, host: str) -> bool:
         return host in self.clients
