@@ -17,7 +17,7 @@ BASE = [
     "model.preset='tiny'",
     "train.steps=10",
     "train.global_batch_size=8",
-    "train.seq_len=64",
+    "train.seq_len=32",
     "train.lr=1e-3",
     "train.seed=7",
     # the plain-PyTorch reference below: constant lr, no clipping, AdamW's default betas, all data
@@ -154,7 +154,7 @@ def test_single_process_engine_is_plain_pytorch(reference):
     model = GPT(PRESETS["tiny"])
     init_weights(model, seed=7)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, foreach=False)
-    sampler = BatchSampler(load_tokens(None), seq_len=64, global_batch_size=8, seed=7)
+    sampler = BatchSampler(load_tokens(None), seq_len=32, global_batch_size=8, seed=7)
     losses = []
     for step in range(1, 11):
         x, y = sampler.global_batch(step)
