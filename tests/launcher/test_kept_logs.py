@@ -25,7 +25,15 @@ TALKER = textwrap.dedent(
     for i in range(3):
         print(f"line {i} of rank {rank}", flush=True)
         time.sleep(0.05)
+    marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank0-complained")
+    if rank == 1:  # complain after rank 0 has, so the merged stderr has one right order
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
     print(f"rank {rank} complains", file=sys.stderr, flush=True)
+    if rank == 0:
+        open(marker, "w").close()
     """
 )
 
