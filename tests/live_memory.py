@@ -51,3 +51,11 @@ class PeakLiveBytes:
         _, size, total = events[0]
         self.start = total - size
         self.peak = max(total for _, _, total in events)
+
+
+def nearest_peak(planned: int, step_peaks: list[int]) -> int:
+    """The measured step peak a plan is held to: the one nearest it. Steps of one run differ by
+    about one collective buffer now and then (whether a gloo worker has released its copy, or an
+    async all-gather's buffer is alive yet, at the peak's instant), either way; the plan counts
+    the moment once, so it must match one of the steps, not the luckier or unluckier of them."""
+    return min(step_peaks, key=lambda peak: abs(planned - peak))

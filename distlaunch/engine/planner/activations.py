@@ -28,9 +28,10 @@ def later_in_flight(dims: ParallelDims, pp_rank: int) -> tuple[float, bool]:
     runs between two of them (1F1B's steady state)."""
     m = dims.microbatches
     warmup = m if dims.schedule == "gpipe" else min(m, dims.pp - pp_rank)
-    if m > warmup:
-        return in_flight_microbatches(dims, pp_rank), True
-    return in_flight_microbatches(dims, pp_rank) - 1, False
+    if m <= warmup:
+        return in_flight_microbatches(dims, pp_rank) - 1, False
+    # interleaved: each chunk runs its micro-batches in rounds of pp, forwards between rounds
+    return in_flight_microbatches(dims, pp_rank), dims.schedule != "interleaved" or m > dims.pp
 
 
 def activation_bytes(

@@ -172,6 +172,18 @@ def step_moments(
     return moments
 
 
+def unsharded_grad_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
+    """Gradients ZeRO-3 with pp holds unsharded at once: each chunk accumulates its micro-batches'
+    gradients unsharded until its last backward. One chunk per rank: the whole stage. Interleaved
+    chunks are reduce-scattered one by one, right after their own last backward (torch's runtime
+    schedule inserts a REDUCE_GRAD there); with one round of pp micro-batches a chunk's backwards
+    all come before the next chunk's first, so only one chunk's are unsharded at a time."""
+    chunks = [sum(t.numel for t in stage_tensors(model, s, dims.n_stages, dims.tp)) for s in rank_stages(dims, pp_rank)]
+    if dims.virtual_stages > 1 and dims.microbatches <= dims.pp:
+        return max(chunks)
+    return sum(chunks)
+
+
 def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
     """ZeRO-0/1/2: every bucket launches its collective from backward and keeps its buffers
     until the sync (or, stage 2, its next launch) waits for it: at the end of backward, all do.
@@ -250,12 +262,13 @@ def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
     gathered = gathered_numel(model, dims, step.pp_rank)
     backward |= {"unsharded params": elem * gathered, "gloo copy": copy}
     in_flight, regathers = later_in_flight(dims, step.pp_rank)
+    grads = unsharded_grad_numel(model, dims, step.pp_rank)
     later = step.kept | {"gradients": carried, "activations": step.activations(in_flight=in_flight)}
-    later |= {"unsharded params": elem * unsharded, "unsharded grads": FP32 * unsharded}
+    later |= {"unsharded params": elem * unsharded, "unsharded grads": FP32 * grads}
     later |= {"gradient temporary": step.largest_tensor(), "gloo copy": copy if regathers else 0}
     # after the last backward each unit is resharded, then its gradients move into the
     # reduce-scatter input (same bytes), which gloo copies once more
     sync = step.kept | {"gradients": carried, "unsharded params": elem * (unsharded - block)}
-    sync |= {"unsharded grads": FP32 * unsharded, "reduce-scatter": FP32 * block // dims.dp}
+    sync |= {"unsharded grads": FP32 * grads, "reduce-scatter": FP32 * block // dims.dp}
     sync["gloo copy"] = FP32 * block if step.copies else 0
     return {"backward": backward, "later backward": later, "gradient sync": sync}
