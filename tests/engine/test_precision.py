@@ -114,6 +114,32 @@ def test_planner_counts_16bit_weight_copies_by_precision_and_stage():
     assert unsharded_16bit_weights(model, dims[1], 0, "bf16") == 0
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_planner_counts_gradient_buckets_in_the_reduce_dtype(zero):
+    """bf16 training reduces in bf16 by default: ZeRO-1/2's send buffers and received slots in
+    flight at the gradient sync take half the bytes of ``train.reduce_dtype='fp32'``'s. ZeRO-0
+    all-reduces a bucket of one fp32 tensor in place, but casts every bucket into a bf16 copy."""
+    from distlaunch.engine.config import load_config
+    from distlaunch.engine.parallel.dims import resolve_parallel_dims
+    from distlaunch.engine.planner.step import step_moments
+    from distlaunch.engine.presets import PRESETS
+
+    def sync(reduce_dtype: str) -> dict[str, int]:
+        cfg = load_config(
+            None, [f"parallel.zero={zero}", "train.precision='bf16'", f"train.reduce_dtype='{reduce_dtype}'"]
+        )
+        return step_moments(PRESETS["125m"], resolve_parallel_dims(cfg, PRESETS["125m"], 4), 0, 0, cfg.train, "nccl")[
+            "gradient sync"
+        ]
+
+    fp32, bf16 = sync("fp32")["buckets in flight"], sync("bf16")["buckets in flight"]
+    if zero == 0:
+        assert 0 < fp32 < sync("fp32")["gradients"]  # the one-tensor buckets need no copy
+        assert bf16 * 2 == sync("bf16")["gradients"]  # every fp32 gradient, once, in 2 bytes
+    else:
+        assert fp32 > 0 and bf16 * 2 == fp32
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_a_finished_engine_is_freed(results, name):
     """Once the engine is dropped, its strategy goes too: the backward hooks on the parameters

@@ -32,7 +32,7 @@ from distlaunch.engine.planner.shapes import (
     state_bytes,
     unsharded_numel,
 )
-from distlaunch.engine.precision import ELEMENT_BYTES, model_dtype_name
+from distlaunch.engine.precision import ELEMENT_BYTES, model_dtype_name, reduce_dtype_name
 from distlaunch.engine.presets import GPTConfig
 
 COPYING_BACKENDS = ("gloo",)  # copy the buffer of every all-gather and reduce-scatter they run
@@ -69,13 +69,13 @@ class GradBucket:
     tensors: list[Tensor]
     late: bool
 
-    @property
-    def grad_bytes(self) -> int:
-        return FP32 * sum(t.numel for t in self.tensors)
+    def flat_bytes(self, element: int = FP32) -> int:
+        """ZeRO-0's flat copy of the bucket's gradients, ``element`` bytes each (the reduce dtype)."""
+        return element * sum(t.numel for t in self.tensors)
 
-    def send_bytes(self, dp: int) -> int:
+    def send_bytes(self, dp: int, element: int = FP32) -> int:
         """ZeRO-1/2's (dp, slots) send buffer: every tensor padded to dp equal slots."""
-        return FP32 * sum(dp * ceil(t.numel / dp) for t in self.tensors)
+        return element * sum(dp * ceil(t.numel / dp) for t in self.tensors)
 
 
 def rank_buckets(model: GPTConfig, dims: ParallelDims, pp_rank: int, bucket_mb: float) -> list[GradBucket]:
@@ -137,6 +137,11 @@ class RankStep:
     def copies(self) -> bool:
         return self.backend in COPYING_BACKENDS
 
+    @property
+    def reduce_element(self) -> int:
+        """Bytes of one gradient element on the wire (``train.reduce_dtype``: bf16 halves them)."""
+        return ELEMENT_BYTES[reduce_dtype_name(self.train.precision, self.train.reduce_dtype)]
+
     @cached_property
     def buckets(self) -> list[GradBucket]:
         return rank_buckets(self.model, self.dims, self.pp_rank, self.train.bucket_mb)
@@ -191,10 +196,10 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
     no copy); stages 1/2 reduce-scatter a (dp, slots) send buffer into slots (gloo copies the
     send buffer, so one bucket is there twice while it launches).
     """
-    dims, grads = step.dims, step.state[1]
+    dims, grads, element = step.dims, step.state[1], step.reduce_element
     earlier = dims.microbatches * dims.accum_steps > 1  # backwards before the last one
-    sends = FP32 * sum(dims.dp * ceil(t.numel / dims.dp) for t in step.tensors)
-    bucket = bucket_bytes(step.tensors, step.train.bucket_mb)
+    sends = element * sum(dims.dp * ceil(t.numel / dims.dp) for t in step.tensors)
+    bucket = bucket_bytes(step.tensors, step.train.bucket_mb)  # its fp32 gradients
     weights16 = unsharded_16bit_weights(step.model, dims, step.pp_rank, step.train.precision)
     backward = step.kept | {"activations": step.activations(), "autocast weights": weights16}
     # stage 2's kept gradients are the slots its reduce-scatters write, there from the first one on
@@ -210,7 +215,8 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
     elif earlier:
         # stage 2 reduces after every backward: the previous one's buckets are in flight, and the
         # one launching holds its full-size gradients besides its send buffer
-        backward |= {"gradients": grads, "buckets in flight": sends + bucket * (1 + step.copies)}
+        send = bucket // FP32 * element
+        backward |= {"gradients": grads, "buckets in flight": sends + bucket + send * step.copies}
     # the backward of the first block: one block's activations (checkpointing: recomputed) are
     # alive again beside the gradients of all the others, most buckets already in flight
     first_block = rank_layers(step.model, dims, step.pp_rank) - 1
@@ -220,17 +226,20 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
 
 def in_flight_bytes(step: RankStep, buckets: list[GradBucket]) -> int:
     """The buffers of ``buckets``' collectives while they are in flight."""
-    dims = step.dims
+    dims, element = step.dims, step.reduce_element
     if dims.zero == 0:
         # the flat copy of a bucket of several tensors (gloo all-reduces it in place); none with
-        # dp=1. With plain data parallelism the loss rides in the last bucket, which then copies too.
-        carries_loss = dims.tp == 1 and dims.pp == 1
-        copied = [b for b in buckets if len(b.tensors) > 1 or (carries_loss and b is step.buckets[-1])]
-        return sum(b.grad_bytes for b in copied) if dims.dp > 1 else 0
+        # dp=1. With plain data parallelism the loss rides in the last bucket, which then copies
+        # too. A 16-bit reduction casts every bucket into a copy of its own.
+        carries_loss = dims.tp == 1 and dims.pp == 1 and element == FP32
+        cast = element != FP32
+        copied = [b for b in buckets if cast or len(b.tensors) > 1 or (carries_loss and b is step.buckets[-1])]
+        return sum(b.flat_bytes(element) for b in copied) if dims.dp > 1 else 0
     if not buckets:
         return 0
-    sends = sum(b.send_bytes(dims.dp) for b in buckets)
-    gloo_copy = max(b.send_bytes(dims.dp) for b in buckets) if step.copies else 0
+    # send buffers and the slots each rank receives, in the reduce dtype
+    sends = sum(b.send_bytes(dims.dp, element) for b in buckets)
+    gloo_copy = max(b.send_bytes(dims.dp, element) for b in buckets) if step.copies else 0
     return sends + sends // dims.dp + gloo_copy
 
 
