@@ -19,6 +19,17 @@ from torch import nn
 from distlaunch.engine.presets import PRESETS, GPTConfig  # noqa: F401 - re-exported
 
 
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` that leaves its weight as built: every parameter of the model gets its value
+    from ``initial_value`` (``init_weights``, or ``materialize`` shard by shard), so torch's own
+    normal_ would be thrown away. On the meta device, where the engine builds the model, that
+    normal_ also runs through torch's Python reference ops, whose first call imports torch._dynamo:
+    some 2 s of CPU on every rank's start, for nothing."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused q/k/v projection.
 
@@ -71,13 +82,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token + position embedding, blocks, final norm, LM head (not tied: stages may differ)."""
+    """Token + position embedding, blocks, final norm, LM head (not tied: stages may differ).
+
+    Built, its embeddings are uninitialised: ``init_weights`` (or the engine's ``materialize``)
+    gives every parameter its value."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb: nn.Embedding | None = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.tok_emb: nn.Embedding | None = Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb: nn.Embedding | None = Embedding(cfg.max_seq_len, cfg.d_model)
         # a ModuleDict keyed "0".."n-1" keeps parameter names stable when a pipeline stage drops
         # blocks, so a stage's state dict is a slice of the full model's
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})

@@ -1,5 +1,11 @@
 """AdamW, the warmup + cosine learning-rate schedule, and global-norm gradient clipping.
 
+``AdamW`` is torch's fused AdamW update (``torch._fused_adamw_``, the kernel
+``torch.optim.AdamW(fused=True)`` runs) with the same state, without ``torch.optim.Optimizer``
+around it: that class imports torch._dynamo on its first call (its methods are wrapped to keep
+compilers out), some 2 s of CPU at every rank's start, where the engine needs none of what the
+wrapper is for. ``LRSchedule`` is likewise the little of ``LambdaLR`` the engine uses.
+
 Clipping needs the norm of the *whole* gradient, which no single rank holds under tp, pp or
 ZeRO. The trainer computes it with one all-reduce over the world from each strategy's
 ``grad_pieces`` (every element counted once; with plain data parallelism every rank already
@@ -20,10 +26,76 @@ from distlaunch.engine.config import TrainSection
 CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_, so a single process matches it exactly
 
 
+class AdamW:
+    """AdamW over parameter groups, as ``torch.optim.AdamW(groups, lr, betas, fused=True)``: the
+    same update, bit for bit, and the same ``param_groups`` and ``state`` (per parameter: ``step``,
+    ``exp_avg``, ``exp_avg_sq``), which checkpoints save under single-process names."""
+
+    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float = 1e-8):
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 1e-2}
+        self.param_groups = [defaults | group | {"params": list(group["params"])} for group in groups]
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            # one kernel call per (device, dtype), as torch groups them
+            batches: dict[tuple, tuple[list, ...]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state.get(p)
+                if state is None:
+                    state = self.state[p] = {
+                        "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    }
+                values = (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])
+                for kept, value in zip(
+                    batches.setdefault((p.device, p.dtype), ([], [], [], [], [])), values, strict=True
+                ):
+                    kept.append(value)
+            beta1, beta2 = group["betas"]
+            for params, grads, exp_avgs, exp_avg_sqs, steps in batches.values():
+                torch._foreach_add_(steps, 1)
+                torch._fused_adamw_(
+                    params, grads, exp_avgs, exp_avg_sqs, [], steps,
+                    amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
+                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                )  # fmt: skip
+
+    def zero_grad(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+
+class LRSchedule:
+    """The learning rate of every group as ``train.lr`` times ``lr_factor``: ``last_epoch`` e (the
+    steps taken) sets the rate of step e+1, as a ``LambdaLR`` stepped once after every step does."""
+
+    def __init__(self, optimizer: AdamW, train: TrainSection):
+        self.optimizer, self.train = optimizer, train
+        # each group's base rate, under LambdaLR's key (checkpoints keep it with the rate)
+        self.base_lrs = [group.setdefault("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        self.last_epoch = -1
+        self.step()
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        self.set_rates()
+
+    def set_rates(self) -> None:
+        factor = lr_factor(self.last_epoch + 1, self.train)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * factor
+
+
 def make_optimizer_factory(lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)):
     """AdamW with weight decay on matrices only (not on norms); takes (param, decay) pairs."""
 
-    def make(params: list[tuple[torch.nn.Parameter, bool]]) -> torch.optim.Optimizer:
+    def make(params: list[tuple[torch.nn.Parameter, bool]]) -> AdamW:
         # fused=True: the whole Adam update of a group in one kernel pass, on GPUs and CPUs alike
         # (bench/adamw_step.py: on one CPU thread 2.5x faster than foreach=True, which runs one
         # multi-tensor kernel per Adam operation, for the tiny GPT and 6.3x for small). Every
@@ -37,7 +109,7 @@ def make_optimizer_factory(lr: float, weight_decay: float, betas: tuple[float, f
                 members = [p for p, d in params if d == decay and isinstance(p, DTensor) == dtensor]
                 if members:
                     groups.append({"params": members, "weight_decay": weight_decay if decay else 0.0})
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+        return AdamW(groups, lr=lr, betas=betas)
 
     return make
 
@@ -55,9 +127,9 @@ def lr_factor(step: int, train: TrainSection) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainSection) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR whose epoch e holds the rate of step e+1 (stepped once after every step)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_factor(epoch + 1, train))
+def build_scheduler(optimizer: AdamW, train: TrainSection) -> LRSchedule:
+    """The schedule, stepped once after every step."""
+    return LRSchedule(optimizer, train)
 
 
 def clip_coefficient(grad_norm: float, max_norm: float) -> float:

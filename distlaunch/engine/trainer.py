@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -286,12 +285,7 @@ class Engine:
             scale_gradients(self.data_parallel.grad_pieces(), factor)
             self.optimizer_step()
         self.scaler.update(found_inf)
-        with warnings.catch_warnings():
-            # The rates follow the step number (``ScheduleStep``), so a skipped step uses up its
-            # rate on purpose. torch would warn, on every rank, that the schedule stepped before
-            # the optimizer did (a first step skipped) and tell users to swap calls they never made.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-            self.scheduler.step()
+        self.scheduler.step()  # the rates follow the step number: a skipped step uses up its rate
         return not found_inf
 
     def train_step(self, step: int) -> StepResult:

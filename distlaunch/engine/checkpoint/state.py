@@ -9,9 +9,12 @@ optimizer's tensors are layout-dependent and handled by ``distlaunch.engine.chec
 from __future__ import annotations
 
 import random
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from distlaunch.engine.optim import AdamW, LRSchedule
 
 # per-group optimizer settings an LR schedule changes between steps (the rest comes from the config)
 SCHEDULED_KEYS = ("lr", "initial_lr")
@@ -45,7 +48,7 @@ class OptimizerHyperparams:
     kind of tensor), which is harmless because one schedule moves every group alike.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    def __init__(self, optimizer: AdamW):
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
@@ -59,25 +62,19 @@ class OptimizerHyperparams:
 
 
 class ScheduleStep:
-    """An LR schedule's position. Only the step is saved: the scheduler's own state lists one base rate
-    per parameter group, and the number of groups differs between layouts (foreach needs DTensors and
-    plain tensors apart), so loading it on another layout would misalign. The rates follow from the step."""
+    """An LR schedule's position. Only the step is saved, never a rate per parameter group: the number
+    of groups differs between layouts (the fused update needs DTensors and plain tensors apart). The
+    rates follow from the step. The key is the one a ``LambdaLR``'s state has."""
 
-    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR):
+    def __init__(self, scheduler: LRSchedule):
         self.scheduler = scheduler
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_epoch": self.scheduler.last_epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        scheduler = self.scheduler
-        scheduler.last_epoch = int(state["last_epoch"])  # also what a full LambdaLR state holds
-        scheduler._step_count = scheduler.last_epoch + 1
-        step = scheduler.last_epoch
-        rates = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
-        for group, lr in zip(scheduler.optimizer.param_groups, rates, strict=True):
-            group["lr"] = lr
-        scheduler._last_lr = list(rates)
+        self.scheduler.last_epoch = int(state["last_epoch"])
+        self.scheduler.set_rates()
 
 
 def rng_state() -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -39,7 +40,10 @@ from distlaunch.engine.parallel.units import tune_unit, unit_groups
 from distlaunch.engine.parallel.wire import AllReduceMean, Collectives
 from distlaunch.engine.precision import dtype, reduce_dtype_name
 
-OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], torch.optim.Optimizer]
+if TYPE_CHECKING:
+    from distlaunch.engine.optim import AdamW
+
+OptimizerFactory = Callable[[list[tuple[nn.Parameter, bool]]], "AdamW"]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -136,7 +140,7 @@ class DataParallelBase:
         self.dp_mesh = dp_mesh
         self.dp = dp_mesh.size()
         self.tp = tp
-        self.optimizer: torch.optim.Optimizer
+        self.optimizer: AdamW
         self.grads = Fp32Gradients(self.params, accumulate=False)
         # fp32 copies the optimizer updates, when the parameters are 16-bit: whole (ZeRO-0) or
         # this rank's slices (ZeRO-1/2); none when the parameters are their own master weights
@@ -167,7 +171,7 @@ class DataParallelBase:
 
     def zero_grad(self) -> None:
         """Drop the gradients (called at the start of a step, so they stay measurable after it)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         for p in self.params:
             p.grad = None
 

@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
-from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from distlaunch.engine.model import GPT
 from distlaunch.engine.parallel.dims import ParallelDims, stage_layer_counts
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 
 def stage_ids(pp_rank: int, dims: ParallelDims) -> list[int]:
@@ -67,6 +62,10 @@ def build_schedule(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> _PipelineSchedule:
     """The configured schedule over this rank's stages."""
+    # imported here, for pp > 1 only: torch.distributed.pipelining imports torch._dynamo, some 2 s
+    # of CPU at every rank's start that no other layout needs
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     stages = [
         PipelineStage(chunk, sid, dims.n_stages, device, group=pp_mesh.get_group())
         for chunk, sid in zip(chunks, stage_ids(pp_rank, dims), strict=False)
@@ -76,7 +75,8 @@ def build_schedule(
     # rescale them
     if dims.schedule == "interleaved":
         return ScheduleInterleaved1F1B(stages, dims.microbatches, loss_fn=loss_fn, scale_grads=False)
-    return SCHEDULES[dims.schedule](stages[0], dims.microbatches, loss_fn=loss_fn, scale_grads=False)
+    schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[dims.schedule]
+    return schedule(stages[0], dims.microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
 def bubble_fraction(pp: int, microbatches: int, virtual_stages: int = 1) -> float:
