@@ -55,14 +55,14 @@ def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(t
     )
     assert r.returncode == 124, r.stderr
     line = next(ln for ln in r.stderr.splitlines() if ln.startswith("distlaunch: hang: "))
-    assert re.search(r"ranks 0-2 wait in all_reduce \(late_rank\.py:17\)", line), line
-    assert re.search(r"rank 3 in <module> \(late_rank\.py:15\) on localhost", line), line
+    assert re.search(r"ranks 0-2 wait in all_reduce \(late_rank\.py:30\)", line), line
+    assert re.search(r"rank 3 in <module> \(late_rank\.py:28\) on localhost", line), line
     folders = list((tmp_path / "logs").glob("dl-*/stacks"))
     assert len(folders) == 1
     stacks = {p.name: p.read_text() for p in folders[0].iterdir()}
     assert sorted(stacks) == ["rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt"]
     assert stacks["rank3.txt"].startswith("# rank 3 on localhost (py-spy)\n"), stacks["rank3.txt"]
-    assert f"<module> ({LATE}:15)" in stacks["rank3.txt"]  # py-spy's full filename
+    assert f"<module> ({LATE}:28)" in stacks["rank3.txt"]  # py-spy's full filename
     assert "all_reduce" in stacks["rank0.txt"]
     assert "finished" not in r.stdout + r.stderr  # a hung job is reported hung, not finished
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"

@@ -24,13 +24,13 @@ def test_a_late_rank_on_a_remote_host_is_named_with_its_host_and_the_job_exits_1
     )  # fmt: skip
     assert r.returncode == 124, r.stderr
     line = next(ln for ln in r.stderr.splitlines() if ln.startswith("distlaunch: hang: "))
-    assert re.search(r"ranks 0-2 wait in all_reduce \(late_rank\.py:17\)", line), line
-    assert re.search(r"rank 3 in <module> \(late_rank\.py:15\) on node2(;|$)", line), line
+    assert re.search(r"ranks 0-2 wait in all_reduce \(late_rank\.py:30\)", line), line
+    assert re.search(r"rank 3 in <module> \(late_rank\.py:28\) on node2(;|$)", line), line
     (job,) = logs.glob("dl-*")
     stacks = {p.name: p.read_text() for p in (job / "stacks").iterdir()}
     assert sorted(stacks) == ["rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt"]
     assert stacks["rank3.txt"].startswith("# rank 3 on node2 ")
-    assert 'late_rank.py", line 15 in <module>' in stacks["rank3.txt"]
+    assert 'late_rank.py", line 28 in <module>' in stacks["rank3.txt"]
     assert stacks["rank1.txt"].startswith("# rank 1 on node1 ") and "all_reduce" in stacks["rank1.txt"]
     assert f"full stacks: {job / 'stacks'}" in r.stderr
     assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job.name), 10), "job processes left behind"
