@@ -35,6 +35,7 @@ def pytest_configure(config):
 # The longest files (real training, multi-node and Slurm faults: up to two minutes each) are scheduled first, so
 # that none is left running on one pytest-xdist worker at the end while the other has nothing to do.
 LONGEST_FIRST = (
+    "tests/slurm/test_slurm_requeue.py",  # the longest of all (Slurm's time limits), mostly waiting
     "tests/engine/",
     "tests/train/",
     "tests/checkpoint/",
