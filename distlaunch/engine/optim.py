@@ -32,7 +32,7 @@ class AdamW:
     ``exp_avg``, ``exp_avg_sq``), which checkpoints save under single-process names."""
 
     def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float = 1e-8):
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 1e-2}
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0}  # a group may set its own
         self.param_groups = [defaults | group | {"params": list(group["params"])} for group in groups]
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
