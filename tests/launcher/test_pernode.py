@@ -367,8 +367,10 @@ def test_a_refused_or_withdrawn_node_does_not_count_and_the_job_forms_when_the_r
 
     results = on_fresh_ports(job)
     assert results[1][0] == 130, results[1][2]
-    for code, _, err in (results[0], *results[2:]):
-        assert code == 0, err
+    names = ("node 0", "node 1 (withdrawn)", "node 1", "node 2")
+    every = "\n".join(f"{name}: exit {code}\n{err}" for name, (code, _, err) in zip(names, results, strict=True))
+    for code, _, _ in (results[0], *results[2:]):
+        assert code == 0, every  # every node's side: which one stopped the job, and why
     out = "".join(o for _, o, _ in results)
     assert sum("all_reduce(sum of rank+1) = 6 (ok)" in line for line in out.splitlines()) == 3, out
 
