@@ -23,6 +23,12 @@ def in_flight_microbatches(dims: ParallelDims, pp_rank: int) -> float:
     return warmup
 
 
+def chunks_take_turns(dims: ParallelDims) -> bool:
+    """Interleaved with one round of pp micro-batches: each of a rank's chunks runs all its backwards
+    before the next chunk's first, with no forward in between (more rounds interleave them)."""
+    return dims.schedule == "interleaved" and dims.microbatches <= dims.pp
+
+
 def later_in_flight(dims: ParallelDims, pp_rank: int) -> tuple[float, bool]:
     """Micro-batches in flight at a pp rank's backwards after its first, and whether a forward
     runs between two of them (1F1B's steady state)."""
@@ -30,8 +36,7 @@ def later_in_flight(dims: ParallelDims, pp_rank: int) -> tuple[float, bool]:
     warmup = m if dims.schedule == "gpipe" else min(m, dims.pp - pp_rank)
     if m <= warmup:
         return in_flight_microbatches(dims, pp_rank) - 1, False
-    # interleaved: each chunk runs its micro-batches in rounds of pp, forwards between rounds
-    return in_flight_microbatches(dims, pp_rank), dims.schedule != "interleaved" or m > dims.pp
+    return in_flight_microbatches(dims, pp_rank), not chunks_take_turns(dims)
 
 
 def activation_bytes(

@@ -17,7 +17,7 @@ from math import ceil
 from distlaunch.engine.config import TrainSection
 from distlaunch.engine.parallel.bucketing import GATHERS_IN_FLIGHT, cut_buckets
 from distlaunch.engine.parallel.dims import ParallelDims
-from distlaunch.engine.planner.activations import activation_bytes, later_in_flight
+from distlaunch.engine.planner.activations import activation_bytes, chunks_take_turns, later_in_flight
 from distlaunch.engine.planner.shapes import (
     FP32,
     TENSORS_PER_BLOCK,
@@ -184,7 +184,7 @@ def unsharded_grad_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> 
     schedule inserts a REDUCE_GRAD there); with one round of pp micro-batches a chunk's backwards
     all come before the next chunk's first, so only one chunk's are unsharded at a time."""
     chunks = [sum(t.numel for t in stage_tensors(model, s, dims.n_stages, dims.tp)) for s in rank_stages(dims, pp_rank)]
-    if dims.virtual_stages > 1 and dims.microbatches <= dims.pp:
+    if dims.virtual_stages > 1 and chunks_take_turns(dims):
         return max(chunks)
     return sum(chunks)
 
