@@ -137,8 +137,8 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
         if not store.host:
             check_shape(shape, store.served_shape(), store.endpoint)
         node_rank = store.arrive(node.node_rank)
-        sink.notice(f"node {node_rank} of {node.nnodes}: waiting for the other nodes at {host_port(host, port)}")
         try:
+            sink.notice(f"node {node_rank} of {node.nnodes}: waiting for the other nodes at {host_port(host, port)}")
             store.wait_all()
         except BaseException as exc:  # a timeout, Ctrl-C: while not every node has come, none has started
             if store.all_arrived():  # they came meanwhile: the others start, and must not wait for this one

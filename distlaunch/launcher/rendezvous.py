@@ -241,10 +241,12 @@ class NodeStore:
         return json.loads(self._call("get", "shape"))
 
     def arrive(self, node_rank: int | None) -> int:
-        """Check in; returns this node's rank (the given one, or the arrival order). A node refused here takes
-        its arrival back: counted, it would let the others start without the node they still lack."""
-        order = self._call("add", "arrived", 1)
+        """Check in; returns this node's rank (the given one, or the arrival order). A given rank is claimed
+        before the arrival counts, so a node refused for a rank already taken never counts, not for a moment:
+        the others would see every node arrived, and start without the node they still lack. By arrival
+        order, a node past --nnodes counts for a moment, when every node has arrived anyway."""
         if node_rank is None:
+            order = self._call("add", "arrived", 1)
             if order > self.nnodes:
                 self._call("add", "arrived", -1)
                 raise UsageError(
@@ -257,11 +259,11 @@ class NodeStore:
             return order - 1
         if self._call("add", f"node/{node_rank}", 1) > 1:
             self._call("add", f"node/{node_rank}", -1)
-            self._call("add", "arrived", -1)
             raise UsageError(f"--node-rank {node_rank} was given to two nodes", "give every node its own rank")
+        self._call("add", f"alive/{node_rank}", 0)  # there before the others can start and look for it
+        self._call("add", "arrived", 1)
         self._counted = True
         self.node_rank = node_rank
-        self._call("add", f"alive/{node_rank}", 0)
         return node_rank
 
     def beat(self) -> None:
@@ -303,9 +305,9 @@ class NodeStore:
         if not self._counted:
             return
         self._counted = False
-        with contextlib.suppress(Exception):
-            self._call("add", f"node/{node_rank}", -1)
+        with contextlib.suppress(Exception):  # the arrival first, the rank after: arrive's order, reversed
             self._call("add", "arrived", -1)
+            self._call("add", f"node/{node_rank}", -1)
 
     def wait_all(self) -> None:
         """Block until every node has arrived, or fail naming how many did."""
