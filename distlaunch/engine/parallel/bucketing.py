@@ -10,6 +10,11 @@ from __future__ import annotations
 # many at a time: two overlap one bucket's copy-out with the next one's transfer
 GATHERS_IN_FLIGHT = 2
 
+# Backends whose reduce-scatter is an all-reduce of a copy of its input, then a copy of this rank's part
+# out (gloo): there ZeRO-1/2 all-reduce their packed gradients in place instead, and ZeRO-3's units
+# all-reduce FSDP's buffer in place. The same bytes on the wire, without the copy.
+ALL_REDUCE_BACKENDS = ("gloo",)
+
 
 def cut_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
     """Indices of one model chunk's parameters (``nbytes``: their gradients' bytes, in definition

@@ -11,9 +11,9 @@ first forward to the end of backward (both tables at once, with their gradients)
 - ``head`` + ``norm``: the head first, so FSDP's reduce (whose loop keeps its last gradient alive
   until the collective returns) frees the head's gradient once it is copied in.
 
-On gloo a reduce-scatter clones its input, all-reduces the clone and copies this rank's part out;
-``InPlaceReduceScatter`` all-reduces FSDP's own input buffer instead (FSDP does not read it again):
-the same bytes on the wire, one unit's gradients fewer in memory.
+On gloo a reduce-scatter clones its input, all-reduces the clone and copies this rank's part out
+(``wire.reduces_by_all_reduce``); ``InPlaceReduceScatter`` all-reduces FSDP's own input buffer
+instead (FSDP does not read it again): the same bytes on the wire, one unit's gradients fewer in memory.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
+
+from distlaunch.engine.parallel.wire import reduces_by_all_reduce
 
 try:  # FSDP2's interface for a custom reduce-scatter (torch >= 2.8)
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
@@ -59,6 +61,9 @@ def tune_unit(unit: nn.Module, dp_mesh: DeviceMesh) -> None:
     assert isinstance(unit, FSDPModule)
     if isinstance(unit, nn.Embedding) and hasattr(unit, "set_unshard_in_backward"):
         unit.set_unshard_in_backward(False)
-    gloo = dist.get_backend(dp_mesh.get_group()) == "gloo"
-    if gloo and ReduceScatter is not object and hasattr(unit, "set_custom_reduce_scatter"):
+    if (
+        reduces_by_all_reduce(dp_mesh.get_group())
+        and ReduceScatter is not object
+        and hasattr(unit, "set_custom_reduce_scatter")
+    ):
         unit.set_custom_reduce_scatter(InPlaceReduceScatter())

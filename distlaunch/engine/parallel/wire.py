@@ -11,9 +11,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from distlaunch.engine.parallel.bucketing import ALL_REDUCE_BACKENDS
+
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def reduces_by_all_reduce(group: dist.ProcessGroup) -> bool:
+    """Whether ``group``'s reduce-scatter is an all-reduce of a copy of its input (``ALL_REDUCE_BACKENDS``:
+    gloo), so that all-reducing our own buffer in place moves the same bytes without the copy."""
+    return dist.get_backend(group) in ALL_REDUCE_BACKENDS
 
 
 def pack(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -47,11 +55,13 @@ class AllReduceMean:
     def wait(self) -> None:
         self.work.wait()
 
+    def sums(self) -> list[torch.Tensor]:
+        """After ``wait()``: each tensor's sum over the ranks, flat, in the reduce dtype (views of the buffer)."""
+        return pieces(self.flat, self.tensors)
+
     def write_back(self, dp: int) -> None:
         if self.flat.data_ptr() != self.tensors[0].data_ptr():  # not reduced in place
-            torch._foreach_copy_(
-                self.tensors, [v.view_as(t) for v, t in zip(pieces(self.flat, self.tensors), self.tensors, strict=True)]
-            )
+            torch._foreach_copy_(self.tensors, [v.view_as(t) for v, t in zip(self.sums(), self.tensors, strict=True)])
         torch._foreach_div_(self.tensors, dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
 
 
@@ -68,13 +78,9 @@ class Collectives:
 
 class ReduceScatter:
     """An async reduce-scatter (sum) of a (dp, slots) ``send`` buffer; ``result()`` after ``wait()``
-    is this rank's row of the sum, in fp32.
-
-    gloo's own reduce-scatter is slower than its all-reduce of the whole buffer on CPUs (3.5 MB, wall
-    / CPU ms per call: dp=5 49 / 7.5 against 33 / 5.4), and an all-to-all with a local sum of the dp
-    rows did it in 30 / 4.7; but in a whole ZeRO-1 step at dp=5 the two came out the same within
-    noise, and the all-to-all receives a whole bucket where the reduce-scatter receives 1/dp of it,
-    which raised the measured step peaks by up to a bucket. So every backend runs its own."""
+    is this rank's row of the sum, in fp32. For backends with a reduce-scatter of their own (NCCL):
+    each rank receives 1/dp of the bucket. gloo's is an all-reduce of a copy
+    (``reduces_by_all_reduce``), so ZeRO-1/2 all-reduce there instead (``AllReduceMean``)."""
 
     def __init__(self, send: torch.Tensor, group: dist.ProcessGroup):
         # ``send`` is not kept: the work holds it while the collective runs, and frees it once done

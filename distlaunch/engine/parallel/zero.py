@@ -8,16 +8,23 @@ it is an fp32 master copy of that slice only. After the step each slice is all-g
 into the parameter, in the parameter's dtype (bf16: half the bytes of fp32).
 
 Gradients travel in buckets (``parallel/buckets.py``), in ``train.reduce_dtype`` (accumulated
-in fp32 whatever it is, ``data.Fp32Gradients``; bf16 on the wire when training in bf16): one
-reduce-scatter per bucket (``wire.ReduceScatter``), launched asynchronously from the backward
-hooks as soon as the bucket is complete; the bucket's send buffer is laid out (dp, slots) so that
-rank r receives slot r of every parameter in it, and each gradient is copied (and cast) into it
-once. The slices land in fp32.
+in fp32 whatever it is, ``data.Fp32Gradients``; bf16 on the wire when training in bf16), one
+collective per bucket, launched asynchronously from the backward hooks as soon as the bucket is
+complete. The slices land in fp32.
+
+- Backends with a reduce-scatter of their own (NCCL): a reduce-scatter (``wire.ReduceScatter``) of a
+  send buffer laid out (dp, slots), so that rank r receives slot r of every parameter in it; each
+  gradient is copied (and cast) into it once.
+- Stage 1 on gloo, whose reduce-scatter is an all-reduce of a copy (``wire.reduces_by_all_reduce``):
+  an all-reduce in place of the bucket's gradients packed end to end, as ZeRO-0's
+  (``wire.AllReduceMean``); each rank reads its slices out of the sum. The same bytes on the wire,
+  without gloo's copy, and one copy of each gradient into the plain packed layout instead of the
+  (dp, slots) one.
 
 - zero=1: gradients stay full-size on every rank; after the last micro-batch each bucket's
-  reduce-scatter leaves each rank the dp average of its slices (written into its part of the
-  full gradient buffer).
-- zero=2: each bucket is reduce-scattered after every micro-batch, added to slice-sized buffers,
+  collective leaves each rank the dp average of its slices (written into its part of the full
+  gradient buffer).
+- zero=2: each bucket is reduced after every micro-batch, added to slice-sized buffers,
   and the full gradients are freed once flattened into the send buffer (DeepSpeed stage 2 also
   reduces on every micro-batch; the full gradient of a bucket lives only until its last
   parameter's hook).
@@ -29,6 +36,7 @@ a few tensors are large), it cannot hold DTensor (tp) parameters, and it has no 
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 
 import torch
@@ -44,7 +52,7 @@ from distlaunch.engine.parallel.data import (
     local,
     tp_sharded,
 )
-from distlaunch.engine.parallel.wire import ReduceScatter
+from distlaunch.engine.parallel.wire import AllReduceMean, ReduceScatter, reduces_by_all_reduce
 from distlaunch.engine.parallel.wire import all_gather as _all_gather
 from distlaunch.engine.watchdog import wait_for_peers
 
@@ -118,6 +126,9 @@ class ShardedDP(DataParallelBase):
         self.reduce_dtype = reduce_dtype
         self.group = dp_mesh.get_group()
         self.rank = rank = dp_mesh.get_local_rank()
+        # stage 2 reduces every round, and a reduce-scatter frees its send buffer once done, where the
+        # all-reduce's whole bucket would stay until its slices are taken: stage 1 only
+        self.all_reduces = zero == 1 and reduces_by_all_reduce(self.group)
         low = param_dtype != torch.float32
         self.shards = [_ParamShard(p, rank, self.dp, copy=low) for p in self.params]
         self.shard_of = {s.param: s for s in self.shards}
@@ -132,41 +143,73 @@ class ShardedDP(DataParallelBase):
         )
 
     def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
-        """One reduce-scatter for a bucket: rank r receives slot r of every parameter in it."""
+        """One collective for a bucket (its ``extra`` is always empty: the loss travels with the norm)."""
         shards = [self.shard_of[p] for p in params]
-        # (dp, sum of slots): row r is what rank r receives, contiguous as the collective wants
-        send = torch.empty(
-            self.dp, sum(s.size for s in shards), dtype=self.reduce_dtype, device=shards[0].master.device
-        )
-        column = 0
         for shard in shards:
             align_grad(shard.param)
-            grad = self.grads.get(shard.param)
-            shard.fill(send, column, None if grad is None else local(grad).reshape(-1))
-            column += shard.size
-        work = ReduceScatter(send, self.group)
+        launch = self._all_reduce if self.all_reduces else self._reduce_scatter
+        work, means = launch(shards, [self.grads.get(s.param) for s in shards])
         if self.zero == 2:
             for shard in shards:
                 self.grads.drop(shard.param)  # the point of stage 2: no full-size gradient survives
 
         def done() -> None:
-            out = work.result().div_(self.dp)  # fp32, this rank's slots
-            offset = 0
-            for shard in shards:
-                part = out[offset : offset + shard.stop - shard.start]  # a view: the slots are the buffer
-                offset += shard.size
-                grad = self.grads.get(shard.param)
-                if self.zero == 1 and grad is not None:
-                    # keep the slice inside the full gradient buffer: stage 1 stores no extra bytes
-                    own = local(grad).view(-1)[shard.start : shard.stop]
-                    own.copy_(part)
-                    shard.master.grad = own
-                elif shard.master.grad is None:
-                    shard.master.grad = part
-                else:
-                    shard.master.grad.add_(part)
+            self._take(shards, means())
 
         return work, done
+
+    def _reduce_scatter(self, shards: list[_ParamShard], grads: list[torch.Tensor | None]):
+        """Rank r receives slot r of every parameter in the bucket; (work, this rank's slices of the
+        dp mean, in fp32: views of the slots received)."""
+        # (dp, sum of slots): row r is what rank r receives, contiguous as the collective wants
+        send = torch.empty(
+            self.dp, sum(s.size for s in shards), dtype=self.reduce_dtype, device=shards[0].master.device
+        )
+        column = 0
+        for shard, grad in zip(shards, grads, strict=True):
+            shard.fill(send, column, None if grad is None else local(grad).reshape(-1))
+            column += shard.size
+        work = ReduceScatter(send, self.group)
+
+        def means() -> list[torch.Tensor]:
+            out = work.result().div_(self.dp)
+            starts = itertools.accumulate((s.size for s in shards), initial=0)
+            return [out[start : start + s.stop - s.start] for start, s in zip(starts, shards, strict=False)]
+
+        return work, means
+
+    def _all_reduce(self, shards: list[_ParamShard], grads: list[torch.Tensor | None]):
+        """The whole bucket's sum on every rank, in place; (work, this rank's slices of the dp mean, in
+        fp32). A parameter without a gradient here sends zeros: every rank packs the same elements."""
+        full = [
+            local(g) if g is not None else local(s.param).new_zeros(local(s.param).shape, dtype=torch.float32)
+            for s, g in zip(shards, grads, strict=True)
+        ]
+        total = AllReduceMean(full, self.reduce_dtype, self.group)
+
+        def means() -> list[torch.Tensor]:
+            # divided out of place: the bucket's buffer (or a gradient reduced in place) is not kept
+            own = [piece[s.start : s.stop].float() for piece, s in zip(total.sums(), shards, strict=True)]
+            return torch._foreach_div(own, self.dp)
+
+        return total, means
+
+    def _take(self, shards: list[_ParamShard], means: list[torch.Tensor]) -> None:
+        """This rank's slices of the bucket's dp mean into its masters' gradients: stage 1 inside the
+        full gradient buffer (it stores no extra bytes), stage 2 as slice-sized buffers, added up over
+        the rounds."""
+        inside = []
+        for shard, mean in zip(shards, means, strict=True):
+            grad = self.grads.get(shard.param)
+            if self.zero == 1 and grad is not None:
+                shard.master.grad = local(grad).view(-1)[shard.start : shard.stop]
+                inside.append((shard.master.grad, mean))
+            elif shard.master.grad is None:
+                shard.master.grad = mean
+            else:
+                shard.master.grad.add_(mean)
+        if inside:
+            torch._foreach_copy_([own for own, _ in inside], [mean for _, mean in inside])
 
     def sync_grads(self) -> None:
         self.reducer.finish()

@@ -15,7 +15,7 @@ from functools import cached_property
 from math import ceil
 
 from distlaunch.engine.config import TrainSection
-from distlaunch.engine.parallel.bucketing import GATHERS_IN_FLIGHT, cut_buckets
+from distlaunch.engine.parallel.bucketing import ALL_REDUCE_BACKENDS, GATHERS_IN_FLIGHT, cut_buckets
 from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.engine.planner.activations import activation_bytes, chunks_take_turns, later_in_flight
 from distlaunch.engine.planner.shapes import (
@@ -138,6 +138,11 @@ class RankStep:
         return self.backend in COPYING_BACKENDS
 
     @property
+    def all_reduces(self) -> bool:
+        """Whether ZeRO-1 all-reduces each bucket in place instead of reduce-scattering it (gloo)."""
+        return self.dims.zero == 1 and self.backend in ALL_REDUCE_BACKENDS
+
+    @property
     def reduce_element(self) -> int:
         """Bytes of one gradient element on the wire (``train.reduce_dtype``: bf16 halves them)."""
         return ELEMENT_BYTES[reduce_dtype_name(self.train.precision, self.train.reduce_dtype)]
@@ -193,8 +198,9 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
     """ZeRO-0/1/2: every bucket launches its collective from backward and keeps its buffers
     until the sync (or, stage 2, its next launch) waits for it: at the end of backward, all do.
     Stage 0 all-reduces a flat copy of a bucket's gradients (a bucket of one tensor, in place:
-    no copy); stages 1/2 reduce-scatter a (dp, slots) send buffer into slots (gloo copies the
-    send buffer, so one bucket is there twice while it launches).
+    no copy), and so does stage 1 on gloo (``RankStep.all_reduces``); stages 1/2 reduce-scatter a
+    (dp, slots) send buffer into slots (gloo copies the send buffer, so one bucket is there twice
+    while it launches).
     """
     dims, grads, element = step.dims, step.state[1], step.reduce_element
     earlier = dims.microbatches * dims.accum_steps > 1  # backwards before the last one
@@ -227,14 +233,18 @@ def bucket_moments(step: RankStep) -> dict[str, dict[str, int]]:
 def in_flight_bytes(step: RankStep, buckets: list[GradBucket]) -> int:
     """The buffers of ``buckets``' collectives while they are in flight."""
     dims, element = step.dims, step.reduce_element
-    if dims.zero == 0:
-        # the flat copy of a bucket of several tensors (gloo all-reduces it in place); none with
-        # dp=1. With plain data parallelism the loss rides in the last bucket, which then copies
-        # too. A 16-bit reduction casts every bucket into a copy of its own.
-        carries_loss = dims.tp == 1 and dims.pp == 1 and element == FP32
+    if dims.zero == 0 or step.all_reduces:
+        # the flat copy of a bucket of several tensors (all-reduced in place); none with dp=1 (ZeRO-0).
+        # With plain data parallelism the loss rides in the last bucket, which then copies too. A
+        # 16-bit reduction casts every bucket into a copy of its own.
+        carries_loss = dims.zero == 0 and dims.tp == 1 and dims.pp == 1 and element == FP32
         cast = element != FP32
         copied = [b for b in buckets if cast or len(b.tensors) > 1 or (carries_loss and b is step.buckets[-1])]
-        return sum(b.flat_bytes(element) for b in copied) if dims.dp > 1 else 0
+        flats = sum(b.flat_bytes(element) for b in copied)
+        if dims.zero == 0:
+            return flats if dims.dp > 1 else 0
+        # stage 1: the fp32 mean of this rank's slices of one bucket, taken out of its sum
+        return flats + max((b.flat_bytes() // dims.dp for b in buckets), default=0)
     if not buckets:
         return 0
     # send buffers and the slots each rank receives, in the reduce dtype
