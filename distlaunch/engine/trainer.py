@@ -119,8 +119,8 @@ def build_data_parallel(
     # every parameter's gradient is accumulated once per backward: micro-batches x rounds a step
     reduction = Reduction(train.bucket_mb, rounds=dims.microbatches * dims.accum_steps)
     groups = [list(chunk.parameters()) for chunk in chunks]
+    carry_loss = dims.tp == 1 and dims.pp == 1  # every rank holds a loss: it may ride in the last bucket
     if dims.zero == 0:
-        replicas_only = dims.tp == 1 and dims.pp == 1  # the loss rides in the last bucket
         return ReplicatedDP(
             named,
             dp_mesh,
@@ -128,11 +128,13 @@ def build_data_parallel(
             make_optimizer,
             reduction,
             groups,
-            carry_loss=replicas_only,
+            carry_loss=carry_loss,
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
         )
-    return ShardedDP(named, dp_mesh, dims.tp, make_optimizer, dims.zero, reduction, groups, param_dtype, reduce_dtype)
+    return ShardedDP(
+        named, dp_mesh, dims.tp, make_optimizer, dims.zero, reduction, groups, param_dtype, reduce_dtype, carry_loss
+    )
 
 
 class Engine:
@@ -173,9 +175,9 @@ class Engine:
         self.train_state.register("loss_scaler", self.scaler)
         self.sampler, self.val_sampler, self.data_position = build_samplers(cfg, self.model_cfg.vocab_size)
         self.train_state.register("data_position", self.data_position)
-        # plain data parallelism: every rank ends the gradient all-reduce with the whole averaged
-        # gradient, so the loss can ride in that collective and the gradient norm is local
-        self.replicas_only = dims.zero == 0 and dims.tp == 1 and dims.pp == 1
+        # plain data parallelism (ZeRO-0; ZeRO-1 on gloo): every rank ends the gradient all-reduce with
+        # the whole averaged gradient, so the loss rides in that collective and the gradient norm is local
+        self.replicas_only = self.data_parallel.carries_loss
         self.schedule = None
         if dims.pp > 1:
             self.schedule = build_schedule(self.chunks, self.pp_rank, dims, mesh["pp"], device, self._loss_fn)
@@ -200,10 +202,7 @@ class Engine:
         x, y = self.sampler.local_batch(step, self.dp_rank, self.dims.dp)
         self.data_position.batches = step
         total = self._run_batch(x, y, backward=True)
-        if self.replicas_only:
-            self.data_parallel.sync_grads(total)
-        else:
-            self.data_parallel.sync_grads()
+        self.data_parallel.sync_grads(total)
         return total
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor, backward: bool) -> torch.Tensor:

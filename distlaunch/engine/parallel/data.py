@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor, Shard
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.hooks import register_weak_hook
 from distlaunch.engine.parallel.units import tune_unit, unit_groups
-from distlaunch.engine.parallel.wire import AllReduceMean, Collectives
+from distlaunch.engine.parallel.wire import all_reduce_bucket
 from distlaunch.engine.precision import dtype, reduce_dtype_name
 
 if TYPE_CHECKING:
@@ -134,6 +134,9 @@ class DataParallelBase:
     """What every ZeRO stage shares: parameters by name, the dp group, the optimizer."""
 
     zero: int = 0
+    # the loss rides in the gradient reduction, after which every dp rank holds the whole averaged
+    # gradient: no collective of its own for the loss, and the gradient norm is local (plain dp)
+    carries_loss: bool = False
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], dp_mesh: DeviceMesh, tp: int):
         self.named_params = named_params
@@ -162,8 +165,9 @@ class DataParallelBase:
     def params(self) -> list[nn.Parameter]:
         return [p for _, p in self.named_params]
 
-    def sync_grads(self) -> None:
-        """Make the gradients the dp average (after the last micro-batch's backward)."""
+    def sync_grads(self, loss: torch.Tensor | None = None) -> None:
+        """Make the gradients the dp average (after the last micro-batch's backward); with
+        ``carries_loss``, ``loss`` (a scalar) too, in place."""
 
     def step(self) -> None:
         """Apply the optimizer."""
@@ -224,6 +228,7 @@ class ReplicatedDP(DataParallelBase):
     ):
         super().__init__(named_params, dp_mesh, tp)
         self.reduce_dtype = reduce_dtype
+        self.carries_loss = carry_loss
         low = param_dtype != torch.float32
         # the masters are taken from the fp32 values before the cast, so they start exact
         self.master_of = {p: nn.Parameter(p.detach().float().clone()) for p in self.params} if low else {}
@@ -241,21 +246,7 @@ class ReplicatedDP(DataParallelBase):
         for p in params:
             align_grad(p)
         grads = [local(g) for g in map(self.grads.get, params) if g is not None]
-        scalars = [t.view(1) for t in extra]
-        if self.reduce_dtype == torch.float32:  # the scalars ride in the bucket
-            grads, scalars = grads + scalars, []
-        group = self.dp_mesh.get_group()
-        sums = [
-            AllReduceMean(ts, dtype, group)
-            for ts, dtype in ((grads, self.reduce_dtype), (scalars, torch.float32))
-            if ts
-        ]
-
-        def done() -> None:
-            for collective in sums:
-                collective.write_back(self.dp)
-
-        return Collectives(sums), done
+        return all_reduce_bucket(grads, extra, self.reduce_dtype, self.dp_mesh.get_group(), self.dp)
 
     def zero_grad(self) -> None:
         if self.reducer is not None:
@@ -277,7 +268,7 @@ class ReplicatedDP(DataParallelBase):
             for p in self.params:
                 align_grad(p)
         else:
-            self.reducer.finish([loss] if loss is not None else [])
+            self.reducer.finish([loss] if loss is not None and self.carries_loss else [])
         for p, master in self.master_of.items():
             master.grad = self.grads.get(p)  # the fp32 accumulator, reduced in place
 

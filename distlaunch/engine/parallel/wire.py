@@ -8,6 +8,8 @@ in fp32. A bf16 buffer is half the bytes of an fp32 one on the wire and in memor
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -63,6 +65,25 @@ class AllReduceMean:
         if self.flat.data_ptr() != self.tensors[0].data_ptr():  # not reduced in place
             torch._foreach_copy_(self.tensors, [v.view_as(t) for v, t in zip(self.sums(), self.tensors, strict=True)])
         torch._foreach_div_(self.tensors, dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
+
+
+def all_reduce_bucket(
+    grads: list[torch.Tensor], extra: list[torch.Tensor], reduce_dtype: torch.dtype, group: dist.ProcessGroup, dp: int
+) -> tuple[Collectives, Callable[[], None]]:
+    """A bucket's gradients all-reduced in ``reduce_dtype``, and ``extra`` scalars (the loss) with them:
+    in the bucket when it travels in fp32, else in an fp32 all-reduce of their own beside it (8 bits
+    of mantissa would blur the reported loss). Returns (work, ``done``): ``done`` after the wait
+    writes the dp mean back into every tensor."""
+    scalars = [t.view(1) for t in extra]
+    if reduce_dtype == torch.float32:  # the scalars ride in the bucket
+        grads, scalars = grads + scalars, []
+    sums = [AllReduceMean(ts, dtype, group) for ts, dtype in ((grads, reduce_dtype), (scalars, torch.float32)) if ts]
+
+    def done() -> None:
+        for collective in sums:
+            collective.write_back(dp)
+
+    return Collectives(sums), done
 
 
 class Collectives:

@@ -36,7 +36,6 @@ a few tensors are large), it cannot hold DTensor (tp) parameters, and it has no 
 from __future__ import annotations
 
 import collections
-import itertools
 import math
 
 import torch
@@ -52,7 +51,7 @@ from distlaunch.engine.parallel.data import (
     local,
     tp_sharded,
 )
-from distlaunch.engine.parallel.wire import AllReduceMean, ReduceScatter, reduces_by_all_reduce
+from distlaunch.engine.parallel.wire import ReduceScatter, all_reduce_bucket, reduces_by_all_reduce
 from distlaunch.engine.parallel.wire import all_gather as _all_gather
 from distlaunch.engine.watchdog import wait_for_peers
 
@@ -120,6 +119,7 @@ class ShardedDP(DataParallelBase):
         groups: list[list[nn.Parameter]] | None = None,
         param_dtype: torch.dtype = torch.float32,
         reduce_dtype: torch.dtype = torch.float32,
+        carry_loss: bool = False,
     ):
         super().__init__(named_params, dp_mesh, tp)
         self.zero = zero
@@ -129,6 +129,7 @@ class ShardedDP(DataParallelBase):
         # stage 2 reduces every round, and a reduce-scatter frees its send buffer once done, where the
         # all-reduce's whole bucket would stay until its slices are taken: stage 1 only
         self.all_reduces = zero == 1 and reduces_by_all_reduce(self.group)
+        self.carries_loss = self.all_reduces and carry_loss
         low = param_dtype != torch.float32
         self.shards = [_ParamShard(p, rank, self.dp, copy=low) for p in self.params]
         self.shard_of = {s.param: s for s in self.shards}
@@ -139,80 +140,70 @@ class ShardedDP(DataParallelBase):
         # flattened); stage 1 once per step, after the last round
         reduction = reduction or Reduction()
         self.reducer = reduction.reducer(
-            groups or [self.params], self._launch, per_round=zero == 2, grad_of=self.grads.get
+            groups or [self.params],
+            self._launch,
+            per_round=zero == 2,
+            hold_last=self.carries_loss,
+            grad_of=self.grads.get,
         )
 
     def _launch(self, params: list[nn.Parameter], extra: list[torch.Tensor]):
-        """One collective for a bucket (its ``extra`` is always empty: the loss travels with the norm)."""
+        """One collective for a bucket; ``extra`` (the loss) rides along only when all-reducing."""
         shards = [self.shard_of[p] for p in params]
         for shard in shards:
             align_grad(shard.param)
-        launch = self._all_reduce if self.all_reduces else self._reduce_scatter
-        work, means = launch(shards, [self.grads.get(s.param) for s in shards])
-        if self.zero == 2:
-            for shard in shards:
-                self.grads.drop(shard.param)  # the point of stage 2: no full-size gradient survives
-
-        def done() -> None:
-            self._take(shards, means())
-
-        return work, done
-
-    def _reduce_scatter(self, shards: list[_ParamShard], grads: list[torch.Tensor | None]):
-        """Rank r receives slot r of every parameter in the bucket; (work, this rank's slices of the
-        dp mean, in fp32: views of the slots received)."""
+        if self.all_reduces:
+            return self._all_reduce(shards, extra)
         # (dp, sum of slots): row r is what rank r receives, contiguous as the collective wants
         send = torch.empty(
             self.dp, sum(s.size for s in shards), dtype=self.reduce_dtype, device=shards[0].master.device
         )
         column = 0
-        for shard, grad in zip(shards, grads, strict=True):
+        for shard in shards:
+            grad = self.grads.get(shard.param)
             shard.fill(send, column, None if grad is None else local(grad).reshape(-1))
             column += shard.size
         work = ReduceScatter(send, self.group)
+        if self.zero == 2:
+            for shard in shards:
+                self.grads.drop(shard.param)  # the point of stage 2: no full-size gradient survives
 
-        def means() -> list[torch.Tensor]:
-            out = work.result().div_(self.dp)
-            starts = itertools.accumulate((s.size for s in shards), initial=0)
-            return [out[start : start + s.stop - s.start] for start, s in zip(starts, shards, strict=False)]
+        def done() -> None:
+            out = work.result().div_(self.dp)  # fp32, this rank's slots
+            offset = 0
+            for shard in shards:
+                part = out[offset : offset + shard.stop - shard.start]  # a view: the slots are the buffer
+                offset += shard.size
+                grad = self.grads.get(shard.param)
+                if self.zero == 1 and grad is not None:
+                    # keep the slice inside the full gradient buffer: stage 1 stores no extra bytes
+                    own = local(grad).view(-1)[shard.start : shard.stop]
+                    own.copy_(part)
+                    shard.master.grad = own
+                elif shard.master.grad is None:
+                    shard.master.grad = part
+                else:
+                    shard.master.grad.add_(part)
 
-        return work, means
+        return work, done
 
-    def _all_reduce(self, shards: list[_ParamShard], grads: list[torch.Tensor | None]):
-        """The whole bucket's sum on every rank, in place; (work, this rank's slices of the dp mean, in
-        fp32). A parameter without a gradient here sends zeros: every rank packs the same elements."""
-        full = [
-            local(g) if g is not None else local(s.param).new_zeros(local(s.param).shape, dtype=torch.float32)
-            for s, g in zip(shards, grads, strict=True)
-        ]
-        total = AllReduceMean(full, self.reduce_dtype, self.group)
+    def _all_reduce(self, shards: list[_ParamShard], extra: list[torch.Tensor]):
+        """Stage 1 on gloo: the bucket all-reduced in place as ZeRO-0 does it (the loss riding along),
+        the whole dp mean written back into the full gradients; this rank's slices are views of it."""
+        grads = [local(g) for g in (self.grads.get(s.param) for s in shards) if g is not None]
+        work, write_back = all_reduce_bucket(grads, extra, self.reduce_dtype, self.group, self.dp)
 
-        def means() -> list[torch.Tensor]:
-            # divided out of place: the bucket's buffer (or a gradient reduced in place) is not kept
-            own = [piece[s.start : s.stop].float() for piece, s in zip(total.sums(), shards, strict=True)]
-            return torch._foreach_div(own, self.dp)
+        def done() -> None:
+            write_back()
+            for shard in shards:
+                grad = self.grads.get(shard.param)
+                if grad is not None:
+                    shard.master.grad = local(grad).view(-1)[shard.start : shard.stop]
 
-        return total, means
+        return work, done
 
-    def _take(self, shards: list[_ParamShard], means: list[torch.Tensor]) -> None:
-        """This rank's slices of the bucket's dp mean into its masters' gradients: stage 1 inside the
-        full gradient buffer (it stores no extra bytes), stage 2 as slice-sized buffers, added up over
-        the rounds."""
-        inside = []
-        for shard, mean in zip(shards, means, strict=True):
-            grad = self.grads.get(shard.param)
-            if self.zero == 1 and grad is not None:
-                shard.master.grad = local(grad).view(-1)[shard.start : shard.stop]
-                inside.append((shard.master.grad, mean))
-            elif shard.master.grad is None:
-                shard.master.grad = mean
-            else:
-                shard.master.grad.add_(mean)
-        if inside:
-            torch._foreach_copy_([own for own, _ in inside], [mean for _, mean in inside])
-
-    def sync_grads(self) -> None:
-        self.reducer.finish()
+    def sync_grads(self, loss: torch.Tensor | None = None) -> None:
+        self.reducer.finish([loss] if loss is not None and self.carries_loss else [])
 
     def step(self) -> None:
         self.optimizer.step()
@@ -262,6 +253,9 @@ class ShardedDP(DataParallelBase):
         super().zero_grad()
 
     def grad_pieces(self):
+        if self.all_reduces:  # every dp rank holds the whole mean: its slices are views of it
+            yield from super().grad_pieces()
+            return
         for shard in self.shards:
             if shard.master.grad is not None:
                 copies = 1 if tp_sharded(shard.param) else self.tp

@@ -234,17 +234,13 @@ def in_flight_bytes(step: RankStep, buckets: list[GradBucket]) -> int:
     """The buffers of ``buckets``' collectives while they are in flight."""
     dims, element = step.dims, step.reduce_element
     if dims.zero == 0 or step.all_reduces:
-        # the flat copy of a bucket of several tensors (all-reduced in place); none with dp=1 (ZeRO-0).
+        # the flat copy of a bucket of several tensors (all-reduced in place); none with dp=1.
         # With plain data parallelism the loss rides in the last bucket, which then copies too. A
         # 16-bit reduction casts every bucket into a copy of its own.
-        carries_loss = dims.zero == 0 and dims.tp == 1 and dims.pp == 1 and element == FP32
+        carries_loss = dims.tp == 1 and dims.pp == 1 and element == FP32
         cast = element != FP32
         copied = [b for b in buckets if cast or len(b.tensors) > 1 or (carries_loss and b is step.buckets[-1])]
-        flats = sum(b.flat_bytes(element) for b in copied)
-        if dims.zero == 0:
-            return flats if dims.dp > 1 else 0
-        # stage 1: the fp32 mean of this rank's slices of one bucket, taken out of its sum
-        return flats + max((b.flat_bytes() // dims.dp for b in buckets), default=0)
+        return sum(b.flat_bytes(element) for b in copied) if dims.dp > 1 else 0
     if not buckets:
         return 0
     # send buffers and the slots each rank receives, in the reduce dtype
