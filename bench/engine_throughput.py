@@ -11,7 +11,11 @@ zero0``). Both time every step inside the ranks (start-up excluded) and report t
 over steps 2..N. The two runs of a round go back to back, in alternating order; this script prints
 each round's ratio engine / reference, their median (goals: against DDP at dp=2 >= 1.05 on CPU,
 >= 0.95 on GPU; ZeRO-1 against ZeRO-0 at dp=5 >= 0.95) and, for comparison, the ratio of the
-medians. On GPUs (one per rank) it also prints the engine's MFU against the GPU's dense bf16 peak.
+medians. Then one job alternates the two loops step by step in the same processes
+(bench/step_interleaved.py): the median ratio of their step times, and of the CPU seconds a step
+takes on all ranks together (what bounds throughput once the ranks outnumber the cores, and
+steadier than wall time on a shared machine). On GPUs (one per rank) it also prints the engine's
+MFU against the GPU's dense bf16 peak.
 """
 
 from __future__ import annotations
@@ -136,6 +140,9 @@ def main() -> None:
     step_ratio = statistics.median(
         ref / eng for eng, ref in zip(steps["engine_s"][1:], steps["reference_s"][1:], strict=True)
     )
+    cpu_ratio = statistics.median(
+        ref / eng for eng, ref in zip(steps["engine_cpu_s"][1:], steps["reference_cpu_s"][1:], strict=True)
+    )
     e, r = statistics.median(engine), statistics.median(reference)
     paired = statistics.median(a / b for a, b in zip(engine, reference, strict=True))
     goal = "goal >= 1.05 on CPU, 0.95 on GPU" if args.against == "ddp" else "goal >= 0.95"
@@ -151,6 +158,7 @@ def main() -> None:
         f"step by step      {step_ratio:10.3f}  (one job alternating an engine step and a reference step, "
         f"median over {len(steps['engine_s']) - 1} pairs)"
     )
+    print(f"CPU step by step  {cpu_ratio:10.3f}  (the same pairs: reference / engine CPU seconds a step, all ranks)")
     if all(m is not None for m in mfu):
         print(f"engine MFU        {statistics.median(mfu):10.1%}")
     print(
@@ -161,6 +169,7 @@ def main() -> None:
                 "ratio": paired,
                 "ratio_of_medians": e / r,
                 "step_ratio": step_ratio,
+                "cpu_step_ratio": cpu_ratio,
                 "mfu": statistics.median(mfu) if all(m is not None for m in mfu) else None,
             }
         )

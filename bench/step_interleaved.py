@@ -11,7 +11,8 @@ load, in the same processes. The engine is built as ``distlaunch train`` builds 
 (``engine_overrides``: dp = the world size, ``--zero``, the reference's settings); the reference
 is ddp_reference.py's loop (``--against ddp``) or a second engine with ZeRO-0 (``--against
 zero0``), and the pair's order alternates every step. Rank 0 writes ``{"engine_s": [...],
-"reference_s": [...]}``, the step times in seconds.
+"reference_s": [...], "engine_cpu_s": [...], "reference_cpu_s": [...]}``: the step times in
+seconds, and the CPU seconds each step took on all ranks together.
 """
 
 from __future__ import annotations
@@ -54,13 +55,23 @@ def main() -> None:
     reference_step = stepper(build_engine(args, 0, device)) if args.against == "zero0" else Reference(args, device).step
 
     times: dict[str, list[float]] = {"engine_s": [], "reference_s": []}
+    cpu: dict[str, list[float]] = {"engine_s": [], "reference_s": []}
     for step in range(1, args.steps + 1):
         pair = [("engine_s", engine_step), ("reference_s", reference_step)]
         for key, run in pair if step % 2 else reversed(pair):
-            start = time.perf_counter()
+            start, used = time.perf_counter(), time.process_time()
             run(step)
             times[key].append(time.perf_counter() - start)
+            cpu[key].append(time.process_time() - used)  # every thread of the rank: gloo's too
+    ranks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, cpu)
     if dist.get_rank() == 0:
+        # the CPU seconds a step takes on all ranks together: what bounds throughput once the ranks
+        # outnumber the cores, and steadier than wall time on a shared machine
+        for key in cpu:
+            times[f"{key.removesuffix('_s')}_cpu_s"] = [
+                sum(per_step) for per_step in zip(*(r[key] for r in ranks), strict=True)
+            ]
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(times, f)
     dist.destroy_process_group()
