@@ -47,7 +47,10 @@ def test_a_node_refused_for_a_taken_rank_never_counts_as_arrived_not_even_for_a_
                         dup.arrive(1)
             finally:
                 serving.store.set("stop", "1")
-                out, _ = watcher.communicate(timeout=60)
+                try:
+                    out, _ = watcher.communicate(timeout=60)
+                finally:
+                    watcher.kill()  # ours, by pid: none is left behind, whatever failed
             most, reads = map(int, out.split())
             assert reads > 20 and most == 2, f"{reads} reads, at most {most}"
             node1.withdraw(1)  # it may come again with its rank, and counts once
