@@ -11,7 +11,7 @@ from __future__ import annotations
 GATHERS_IN_FLIGHT = 2
 
 # Backends whose reduce-scatter is an all-reduce of a copy of its input, then a copy of this rank's part
-# out (gloo): there ZeRO-1/2 all-reduce their packed gradients in place instead, and ZeRO-3's units
+# out (gloo): there ZeRO-1 all-reduces its packed gradients in place instead, and ZeRO-3's units
 # all-reduce FSDP's buffer in place. The same bytes on the wire, without the copy.
 ALL_REDUCE_BACKENDS = ("gloo",)
 

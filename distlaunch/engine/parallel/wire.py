@@ -57,13 +57,11 @@ class AllReduceMean:
     def wait(self) -> None:
         self.work.wait()
 
-    def sums(self) -> list[torch.Tensor]:
-        """After ``wait()``: each tensor's sum over the ranks, flat, in the reduce dtype (views of the buffer)."""
-        return pieces(self.flat, self.tensors)
-
     def write_back(self, dp: int) -> None:
         if self.flat.data_ptr() != self.tensors[0].data_ptr():  # not reduced in place
-            torch._foreach_copy_(self.tensors, [v.view_as(t) for v, t in zip(self.sums(), self.tensors, strict=True)])
+            torch._foreach_copy_(
+                self.tensors, [v.view_as(t) for v, t in zip(pieces(self.flat, self.tensors), self.tensors, strict=True)]
+            )
         torch._foreach_div_(self.tensors, dp)  # SUM then divide: ReduceOp.AVG is missing on older gloo
 
 
@@ -101,7 +99,7 @@ class ReduceScatter:
     """An async reduce-scatter (sum) of a (dp, slots) ``send`` buffer; ``result()`` after ``wait()``
     is this rank's row of the sum, in fp32. For backends with a reduce-scatter of their own (NCCL):
     each rank receives 1/dp of the bucket. gloo's is an all-reduce of a copy
-    (``reduces_by_all_reduce``), so ZeRO-1/2 all-reduce there instead (``AllReduceMean``)."""
+    (``reduces_by_all_reduce``), so ZeRO-1 all-reduces there instead (``all_reduce_bucket``)."""
 
     def __init__(self, send: torch.Tensor, group: dist.ProcessGroup):
         # ``send`` is not kept: the work holds it while the collective runs, and frees it once done

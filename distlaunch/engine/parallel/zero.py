@@ -17,9 +17,9 @@ complete. The slices land in fp32.
   gradient is copied (and cast) into it once.
 - Stage 1 on gloo, whose reduce-scatter is an all-reduce of a copy (``wire.reduces_by_all_reduce``):
   an all-reduce in place of the bucket's gradients packed end to end, as ZeRO-0's
-  (``wire.AllReduceMean``); each rank reads its slices out of the sum. The same bytes on the wire,
-  without gloo's copy, and one copy of each gradient into the plain packed layout instead of the
-  (dp, slots) one.
+  (``wire.all_reduce_bucket``, the loss riding in the last bucket). The whole dp mean is written
+  back into the full gradients, the rank's slices are views of it, and the gradient norm is local.
+  The same bytes on the wire, without gloo's copy or the (dp, slots) layout to fill.
 
 - zero=1: gradients stay full-size on every rank; after the last micro-batch each bucket's
   collective leaves each rank the dp average of its slices (written into its part of the full
