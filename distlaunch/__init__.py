@@ -31,6 +31,9 @@ class _ProgressFile:
         self.window: _deque[float] = _deque(maxlen=PROGRESS_WINDOW)
         self.save_s: float | None = None  # how long the newest save took (the launcher's SIGTERM budget reads it)
         self.answered = 0  # the newest save request (its id) a reported save answered
+        # the step of the save that answered it: a later save (a periodic one) may be reported before the agent
+        # reads the file again, and the launcher must not take that one for the answer
+        self.answered_step: int | None = None
         self.total_steps: int | None = None
         self.metrics: dict[str, float] = {}  # what the launcher's status line shows (loss, tokens/s, MFU)
         self.status: str | None = None  # what the rank is doing before its next step ("compiling")
@@ -58,7 +61,9 @@ class _ProgressFile:
         saved = saved_step is not None and int(saved_step) != self.saved_step
         if saved:
             self.saved_step = int(saved_step)
-            self.answered = _saverequest.answered()
+            answered = _saverequest.answered()
+            if answered != self.answered:
+                self.answered, self.answered_step = answered, self.saved_step
         if save_s is not None and _math.isfinite(save_s) and save_s >= 0:
             self.save_s = float(save_s)
         path = _os.environ.get("DISTLAUNCH_PROGRESS_FILE")
@@ -79,6 +84,7 @@ class _ProgressFile:
             "saved_step": self.saved_step,
             "save_s": None if self.save_s is None else round(self.save_s, 3),
             "answered": self.answered,
+            "answered_step": self.answered_step,
             "total_steps": self.total_steps,
             "metrics": self.metrics,
             "status": self.status,

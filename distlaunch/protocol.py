@@ -14,11 +14,12 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
     {"ev": "started", "rank": 3, "pid": 1234}
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
     {"ev": "progress", "ranks": {"3": {"step": 120,            ranks called distlaunch.progress() (at most one
-     "compute_s": 0.21, "n": 50, "saved_step": 100,            event a second); ranks: each one's report as it
-     "save_s": 1.2, "answered": 2, "at": 1795552340.5}}}        wrote it, by global rank (step, median seconds
-                                                               outside collectives over its last n steps,
-                                                               newest checkpoint step, how long that save took,
-                                                               the newest save request it answered, its wall
+     "compute_s": 0.21, "n": 50, "saved_step": 100,            event a second, but at once for a new saved_step);
+     "save_s": 1.2, "answered": 2, "answered_step": 100,       ranks: each one's report as it wrote it, by global
+     "at": 1795552340.5}}}                                     rank (step, median seconds outside collectives
+                                                               over its last n steps, newest checkpoint step,
+                                                               how long that save took, the newest save request
+                                                               it answered and the step of that answer, its wall
                                                                clock; any may be null); a rank whose report
                                                                could not be read is left out, its call still
                                                                counts as progress

@@ -12,7 +12,8 @@ from distlaunch.agent.channel import Events
 from distlaunch.agent.ranks import Rank
 from distlaunch.agent.scratch import rank_file
 
-PROGRESS_POLL_S = 1.0
+PROGRESS_POLL_S = 1.0  # progress events: at most one a second, but a new checkpoint goes out at once
+PROGRESS_LOOK_S = 0.1  # the files are looked at this often (a stat each), so a new checkpoint is not a second late
 PROGRESS_MAX_BYTES = 4096  # a report is ~120 bytes: anything longer is not one
 
 
@@ -41,28 +42,34 @@ class Heartbeat:
 
 class Progress:
     """Ranks report progress (``distlaunch.progress()``) by replacing their progress file in the scratch folder
-    with a small JSON object (step, median compute time, saved checkpoint step). Once a second, the files that
-    changed are read and sent as one ``progress`` event: every one counts as progress for the launcher's hang
-    watch, and their contents feed its straggler watch and goodput accounting."""
+    with a small JSON object (step, median compute time, saved checkpoint step). The files that changed are read
+    and sent as one ``progress`` event, once a second: every one counts as progress for the launcher's hang
+    watch, and their contents feed its straggler watch and goodput accounting. A report of a new checkpoint goes
+    out at once: a SIGTERM right after a save is answered by what that save took (the launcher's grace-period
+    budget), and a save request by the step that answered it."""
 
     def __init__(self, scratch: str, events: Events):
         self.scratch = scratch
         self.events = events
-        self.seen: dict[int, int] = {}  # rank -> the mtime (ns) of its progress file last reported
-        self.checked = 0.0
+        self.seen: dict[int, int] = {}  # rank -> the mtime (ns) of its progress file last read
+        self.saved: dict[int, object] = {}  # rank -> the saved_step of its report last read
+        self.reports: dict[str, dict] = {}  # read since the last event, by rank
+        self.moved = False  # a file changed since the last event (readable or not: it counts as progress)
+        self.new_save = False
+        self.looked = 0.0
+        self.sent = 0.0
 
     def arm(self, env: dict, rank: int) -> None:
         """Name the rank's progress file in its environment."""
         env["DISTLAUNCH_PROGRESS_FILE"] = rank_file(self.scratch, rank, "progress")
 
     def check(self, ranks: list[Rank], at_once: bool = False) -> None:
-        """Report the ranks whose progress file changed since the last report, once a second (``at_once``: now,
-        as when a rank ended: the steps it reported last are what a restart recomputes)."""
+        """Read the files that changed; report them once a second, at once when one has a new checkpoint
+        (``at_once``: now, as when a rank ended: the steps it reported last are what a restart recomputes)."""
         now = time.monotonic()
-        if now - self.checked < PROGRESS_POLL_S and not at_once:
+        if now - self.looked < PROGRESS_LOOK_S and not at_once:
             return
-        self.checked = now
-        moved, reports = False, {}
+        self.looked = now
         for rank in ranks:
             path = rank_file(self.scratch, rank.rank, "progress")
             try:
@@ -72,12 +79,16 @@ class Progress:
             if self.seen.get(rank.rank) == mtime:
                 continue
             self.seen[rank.rank] = mtime
-            moved = True
+            self.moved = True
             report = read_progress(path)
             if report is not None:
-                reports[str(rank.rank)] = report
-        if moved:
-            self.events.emit(ev=p.PROGRESS, ranks=reports)
+                self.reports[str(rank.rank)] = report
+                saved = report.get("saved_step")
+                self.new_save |= saved is not None and saved != self.saved.get(rank.rank)
+                self.saved[rank.rank] = saved
+        if self.moved and (at_once or self.new_save or now - self.sent >= PROGRESS_POLL_S):
+            self.events.emit(ev=p.PROGRESS, ranks=self.reports)
+            self.reports, self.moved, self.new_save, self.sent = {}, False, False, now
 
 
 def read_progress(path: str) -> dict | None:

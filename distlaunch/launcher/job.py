@@ -369,9 +369,8 @@ class _Attempt:
             self.saves.ask(ask, time.monotonic())
             return True
         if unfit != "no rank reports checkpoints":  # a job that saves nothing loses nothing it could have kept
-            self.saves.lost_work = lost_work(self.steps)
-            lost = f"; {self.saves.lost_work}" if self.saves.lost_work else ""
-            self.sink.notice(f"received {name}; no save before the stop: {unfit}{lost}{time_limit_hint()}")
+            self.saves.stopped_unsaved = True  # the report says what is lost, once the ranks have ended
+            self.sink.notice(f"received {name}; no save before the stop: {unfit}{time_limit_hint()}")
         return False
 
 
@@ -512,7 +511,7 @@ def _report(
         attempts=[t.report for t in times],
         goodput=account(times, wall_s) if len(attempts) > 1 or last.steps.last_step is not None else None,
         saved_on_request=[s for a in attempts for s in a.saves.saved],
-        lost_work=last.saves.lost_work,
+        lost_work=lost_work(last.steps) if last.saves.stopped_unsaved else None,
     )
 
 

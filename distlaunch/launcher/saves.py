@@ -55,7 +55,9 @@ class SaveWatch(Watch):
     pending: _Pending | None = None
     saved: list[SavedOnRequest] = field(default_factory=list)
     outcome: tuple[int, str] | None = None  # a stop after the save (or after giving up on it): exit code, why
-    lost_work: str | None = None
+    # the job stops without a save it asked for (or that did not fit): the report says what that lost, from the
+    # ranks' last reports (read as they end; a report read when the stop began may be a second old)
+    stopped_unsaved: bool = False
     _next_id: int = 0
     _exit_by: float | None = None  # after a save-and-stop: the ranks end by themselves before this, or are stopped
 
@@ -119,7 +121,11 @@ class SaveWatch(Watch):
         says which request the rank's newest save answered: an older save, or the step it resumed from, is no
         answer."""
         saved = {rank: step for rank, step in self.saved_steps().items() if step is not None}
-        answers = [step for rank, step in saved.items() if _answered_id(self.reports[rank]) >= pending.id]
+        answers = [
+            _answered_step(self.reports[rank], step)
+            for rank, step in saved.items()
+            if _answered_id(self.reports[rank]) >= pending.id
+        ]
         if not answers:
             return None
         # A rank that saved the same step as one that answered took part in that save (a collective one), though
@@ -158,9 +164,9 @@ class SaveWatch(Watch):
         if pending.then != "stop":
             return None
         stop = next(a for a in pending.asks if a.then == "stop")
-        self.lost_work = lost_work(self.steps)
+        self.stopped_unsaved = True
         self.outcome = (stop.fallback_code, f"{stop.why} asked for a save that did not come")
-        return Stop(f"no checkpoint saved; {self.lost_work}" if self.lost_work else "no checkpoint saved")
+        return Stop("no checkpoint saved")
 
     def inbox_answer(self, ask: SaveAsk, answer: dict) -> None:
         if self.inbox is not None:
@@ -187,6 +193,13 @@ class SaveWatch(Watch):
 def _answered_id(report: dict) -> int:
     answered = report.get("answered")
     return answered if isinstance(answered, int) else 0
+
+
+def _answered_step(report: dict, saved_step: int) -> int:
+    """The step whose save answered the rank's newest request: its newest save may be a later one (a periodic save
+    done before the agent read the report again)."""
+    step = report.get("answered_step")
+    return step if isinstance(step, int) and step <= saved_step else saved_step
 
 
 def lost_work(steps: StepTimeline) -> str | None:

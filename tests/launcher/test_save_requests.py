@@ -119,13 +119,19 @@ def test_a_rank_reads_its_request_file_and_a_reported_save_answers_it(tmp_path, 
     monkeypatch.setenv("DISTLAUNCH_REQUEST_FILE", str(path))
     monkeypatch.setenv("DISTLAUNCH_PROGRESS_FILE", str(tmp_path / "rank0.progress"))
     monkeypatch.setattr(saverequest, "_requests", saverequest._Requests())
+    monkeypatch.setattr(distlaunch, "_progress", distlaunch._ProgressFile())
     assert not distlaunch.checkpoint_requested()  # no file yet
     path.write_text('{"id": 1, "then": "continue", "why": "distlaunch checkpoint"}')
     assert distlaunch.save_request() == saverequest.SaveRequest(1, "continue", "distlaunch checkpoint")
     assert distlaunch.checkpoint_requested()  # until a save is reported
     distlaunch.progress(step=7, saved_step=7, save_s=0.5)
     assert not distlaunch.checkpoint_requested()
-    assert json.loads((tmp_path / "rank0.progress").read_text())["save_s"] == 0.5
+    report = json.loads((tmp_path / "rank0.progress").read_text())
+    assert (report["save_s"], report["answered"], report["answered_step"]) == (0.5, 1, 7)
+    # a periodic save a step later, before the agent read the file again: step 7 stays the answer
+    distlaunch.progress(step=8, saved_step=8)
+    report = json.loads((tmp_path / "rank0.progress").read_text())
+    assert (report["saved_step"], report["answered"], report["answered_step"]) == (8, 1, 7)
     path.write_text('{"id": 2, "then": "stop", "why": "SIGUSR1"}  ')  # a new request (another size, another stamp)
     assert distlaunch.save_request() == saverequest.SaveRequest(2, "stop", "SIGUSR1")
     path.write_text("{not json")  # never a failure in the rank: the last one read stands
@@ -163,3 +169,20 @@ def test_a_save_is_done_only_once_every_checkpointing_rank_saved_for_this_reques
     assert watch.tick(5.6) is None
     stop = watch.tick(5.8)
     assert stop is not None and stop.reason == watch.outcome[1]
+
+
+def test_the_answer_is_the_save_that_answered_not_a_later_periodic_one():
+    from distlaunch.launcher.goodput import StepTimeline
+    from distlaunch.launcher.requests import SaveAsk
+    from distlaunch.launcher.saves import SaveWatch
+    from distlaunch.launcher.watch import Agents
+    from tests.launcher.test_stragglers import _plan
+
+    watch = SaveWatch(Agents(_plan()), None, StepTimeline(), [].append, grace_period=5.0)
+    watch.on_event(0, _progress({0: {"step": 3, "saved_step": 0}, 1: {"step": 3, "saved_step": 0}}))
+    watch.ask(SaveAsk("continue", "distlaunch checkpoint"), now=0.0)
+    # both ranks saved step 4 as asked, then step 5 as it was due, before their agent read the reports again
+    after = {"step": 5, "saved_step": 5, "answered": 1, "answered_step": 4, "save_s": 0.2}
+    watch.on_event(0, _progress({0: after, 1: after}))
+    assert watch.tick(0.5) is None and watch.pending is None
+    assert [(s.step, s.then) for s in watch.saved] == [(4, "continue")]

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -95,8 +97,8 @@ def test_the_agent_sends_each_report_once_and_a_corrupt_file_as_a_plain_mark(tmp
     progress = Progress(make_scratch(), Events(out))
     ranks = _ranks(progress, ["report", "corrupt"])
     progress.check(ranks)
-    progress.check(ranks)  # within the second: nothing read
-    progress.checked = 0.0
+    progress.check(ranks)  # within a tenth of a second: nothing looked at
+    progress.looked = progress.sent = 0.0
     progress.check(ranks)  # a second later, nothing changed: nothing sent
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     assert len(events) == 1 and events[0]["ev"] == "progress"
@@ -108,10 +110,44 @@ def test_the_agent_sends_each_report_once_and_a_corrupt_file_as_a_plain_mark(tmp
         "saved_step": 5,
         "save_s": None,  # no save timed (distlaunch.progress(save_s=...))
         "answered": 0,  # no save request answered (distlaunch.checkpoint_requested())
+        "answered_step": None,
         "total_steps": None,  # what the status line shows: nothing said
         "metrics": {},
         "status": None,
     }
+
+
+def test_a_new_checkpoint_goes_out_at_once_and_a_plain_step_within_the_second(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    out = io.StringIO()
+    progress = Progress(make_scratch(), Events(out))
+    env: dict[str, str] = {}
+    progress.arm(env, 0)
+    monkeypatch.setenv("DISTLAUNCH_PROGRESS_FILE", env["DISTLAUNCH_PROGRESS_FILE"])
+    reports, ranks = distlaunch._ProgressFile(), [SimpleNamespace(rank=0)]
+
+    def sent_steps() -> list[tuple[int, int | None]]:
+        events = [json.loads(line) for line in out.getvalue().splitlines()]
+        return [(e["ranks"]["0"]["step"], e["ranks"]["0"]["saved_step"]) for e in events]
+
+    def step(n: int, saved: int | None = None) -> None:
+        reports.written_at = -math.inf  # past the rank's own tenth of a second between writes
+        reports.note(n, 0.1, saved)
+        progress.looked = 0.0  # the agent's next look, a tenth of a second later
+        progress.check(ranks)
+
+    step(1)
+    assert sent_steps() == [(1, None)]  # the first report
+    step(2)
+    step(3)
+    assert sent_steps() == [(1, None)]  # plain steps wait for the second
+    step(4, saved=4)
+    assert sent_steps() == [(1, None), (4, 4)]  # a save does not
+    step(5, saved=4)
+    assert sent_steps() == [(1, None), (4, 4)]
+    progress.sent = 0.0  # a second later
+    step(6, saved=4)
+    assert sent_steps() == [(1, None), (4, 4), (6, 4)]
 
 
 # -- the launcher's side: StragglerWatch --------------------------------------------------------------------------
