@@ -7,8 +7,8 @@ NCCL refuses two ranks on one GPU ("invalid usage": each rank of a communicator 
 own), so the two ranks here talk over gloo with CUDA tensors: gloo copies them through the host
 and takes fp32 all-reduce, all-gather and reduce-scatter on CUDA tensors, but not send/recv (it
 fails with "Bad address") nor bf16. That covers dp with every ZeRO stage and tp in fp32, on the
-GPU's kernels, streams and allocator; pp, which sends activations between stages, is run too and
-reported as failing there. Each layout trains the tiny GPT for 6 steps (fp32, the same seed and
+GPU's kernels, streams and allocator, eager and under torch.compile (tp=2, ZeRO-3); pp, which sends
+activations between stages, is run too and reported as failing there. Each layout trains the tiny GPT for 6 steps (fp32, the same seed and
 batch); the script prints each layout's largest loss difference from the single rank.
 """
 
@@ -40,6 +40,8 @@ LAYOUTS = {
     "dp2 zero2": ["parallel.zero=2"],
     "dp2 zero3": ["parallel.zero=3"],
     "tp2": ["parallel.tp=2"],
+    "tp2 compiled": ["parallel.tp=2", "train.compile=true"],
+    "dp2 zero3 compiled": ["parallel.zero=3", "train.compile=true"],
     "pp2": ["parallel.pp=2"],  # last: a rank that fails here leaves no later layout waiting
 }
 TOLERANCE = 1e-4  # fp32; the CPU parity tests hold 1e-5 over 20 steps
@@ -89,7 +91,7 @@ def run_part(device_type: str, world: int) -> dict[str, dict]:
         else [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *me]
     )
     try:
-        proc = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=300)
+        proc = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=600)
         out = proc.stdout
     except subprocess.TimeoutExpired as err:
         out = err.stdout or ""
@@ -117,13 +119,13 @@ def main() -> None:
     for name in LAYOUTS:
         got = layouts.get(name)
         if got is None:
-            print(f"{name:>9}: did not run (an earlier layout stopped the job)")
+            print(f"{name:>18}: did not run (an earlier layout stopped the job)")
         elif "error" in got:
-            print(f"{name:>9}: fails: {got['error']}")
+            print(f"{name:>18}: fails: {got['error']}")
         else:
             diff = max(abs(a - b) for a, b in zip(got["losses"], single, strict=True))
             verdict = "matches" if diff <= TOLERANCE else "DIFFERS"
-            print(f"{name:>9}: {verdict} one rank over {STEPS} steps, largest loss difference {diff:.1e}")
+            print(f"{name:>18}: {verdict} one rank over {STEPS} steps, largest loss difference {diff:.1e}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """bf16 tokens/s, MFU and peak memory of ``distlaunch train`` on one GPU, against a reference loop.
 
-    python bench/gpu_throughput.py            # 125m and 1.3b, bf16, one GPU, every figure printed
+    python bench/gpu_throughput.py                          # 125m and 1.3b, bf16, one GPU, every figure printed
+    python bench/gpu_throughput.py --presets 1.3b --rounds 3  # one preset, three rounds
 
-For each preset, in the same run and on the same GPU, one after the other:
+For each preset, in the same run and on the same GPU, ``--rounds`` rounds (3) of the two loops back to back, in
+alternating order (the figures printed are the median round's):
 
 - the engine: ``distlaunch train -n 1`` (the NCCL path with one rank), bf16, one micro-batch per
   step; its summary gives the median tokens/s over steps 2..N and the MFU, its step records the
@@ -43,6 +45,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--presets", default="125m,1.3b", help="comma-separated presets of the default runs")
     parser.add_argument("--steps", type=int, default=30, help="steps per loop (the first ones are warm-up)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds per preset: engine and reference back to back, in alternating order",
+    )
     parser.add_argument("--reference", nargs=3, metavar=("PRESET", "SEQ_LEN", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--sync-audit", nargs=3, metavar=("PRESET", "SEQ_LEN", "BATCH"), help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -221,11 +229,21 @@ def main() -> None:
     figures = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset, seq_len, batch in [r for r in DEFAULT_RUNS if r[0] in wanted]:
-            engine = run_engine(preset, seq_len, batch, args.steps, Path(tmp))
-            reference = run_reference(preset, seq_len, batch, args.steps)
-            syncs = run_sync_audit(preset, seq_len, batch)
-            ratio = engine["tokens_per_s"] / reference["tokens_per_s"]
             head = f"{preset:>5} bf16, batch {batch} x {seq_len}"
+            rounds = []
+            for i in range(args.rounds):
+                # alternating order: whichever runs second finds the GPU warm (clocks, caches) the first found cold
+                if i % 2 == 0:
+                    engine = run_engine(preset, seq_len, batch, args.steps, Path(tmp))
+                    reference = run_reference(preset, seq_len, batch, args.steps)
+                else:
+                    reference = run_reference(preset, seq_len, batch, args.steps)
+                    engine = run_engine(preset, seq_len, batch, args.steps, Path(tmp))
+                rounds.append((engine["tokens_per_s"] / reference["tokens_per_s"], engine, reference))
+                print(f"{head}, round {i + 1}: ratio engine / reference {rounds[-1][0]:.3f}", flush=True)
+            # the figures below are the median round's (by its ratio)
+            ratio, engine, reference = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+            syncs = run_sync_audit(preset, seq_len, batch)
             print(
                 f"{head}, distlaunch train : {engine['tokens_per_s']:10.0f} tok/s  MFU {pct(engine['mfu'])}  peak {gib(engine['peak_bytes'])}"
                 f"  (planned {gib(engine['planned_peak_bytes'])}: {planned_ratio(engine)} x measured)"
@@ -233,7 +251,7 @@ def main() -> None:
             print(
                 f"{head}, reference loop   : {reference['tokens_per_s']:10.0f} tok/s  MFU {pct(reference['mfu'])}  peak {gib(reference['peak_bytes'])}"
             )
-            print(f"{head}, ratio engine / reference {ratio:.3f} (goal >= 0.95)")
+            print(f"{head}, ratio engine / reference {ratio:.3f} (the median round of {len(rounds)}; goal >= 0.95)")
             where = f", the first at {syncs['first_sync']}" if syncs["first_sync"] else ""
             print(f"{head}, host syncs in engine steps 4-6: {syncs['host_syncs']}{where} (goal: 0)", flush=True)
             figures.append(
@@ -244,6 +262,7 @@ def main() -> None:
                     "engine": engine,
                     "reference": reference,
                     "ratio": ratio,
+                    "round_ratios": [r[0] for r in rounds],
                     "sync_audit": syncs,
                 }
             )

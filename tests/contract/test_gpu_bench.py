@@ -1,4 +1,4 @@
-"""The GPU benchmark on a machine without a visible GPU: one line and exit 1, not a CPU run."""
+"""The GPU benchmarks on a machine without a visible GPU: one line and exit 1, not a CPU run."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_throughput_refuses_without_a_gpu():
+@pytest.mark.parametrize("script", ["gpu_throughput.py", "gpu_checks.py"])
+def test_a_gpu_benchmark_refuses_without_a_gpu(script):
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "gpu_throughput.py")],
+        [sys.executable, str(REPO / "bench" / script)],
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # no GPU visible, whatever the machine has
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -22,7 +25,7 @@ def test_gpu_throughput_refuses_without_a_gpu():
         start_new_session=True,  # its own group: a run it starts by mistake ends with it
     )
     try:
-        out, err = proc.communicate(timeout=60)  # without the check: 125m training on the CPU
+        out, err = proc.communicate(timeout=60)  # without the check: 125m and 1.3b training on the CPU
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -32,3 +35,14 @@ def test_gpu_throughput_refuses_without_a_gpu():
         "error: no CUDA GPU is visible (torch.cuda.is_available() is False); run this on a GPU machine"
     ]
     assert out == ""
+
+
+def test_gpu_checks_names_an_unknown_section_in_one_line():
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_checks.py"), "--only", "doctor,nccl"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: --only nccl: no such section (sections: device, duplicate-gpu, nccl-hang, doctor, template, tf32, layouts)"
+    ]
