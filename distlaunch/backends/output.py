@@ -16,6 +16,7 @@ from distlaunch.files import open_regular
 from distlaunch.jobs.store import JobRecord
 
 POLL_S = 0.2
+MARK_BYTES = 64  # the last bytes a follower read: while the file still holds them there, it was not truncated
 WRITER_WAIT_S = 10.0  # logs --follow: how long a job that has ended may still be writing its report
 
 
@@ -126,16 +127,19 @@ def file_lines(
                 else:
                     last.append(line)
         yield from last or ()
+        mark = _mark(f)
         while follow:
-            chunk = f.read()
-            if not chunk and os.fstat(f.fileno()).st_size < f.buffer.tell():
+            if _truncated(f, mark):
                 # emptied under us (to free its disk, as logrotate's copytruncate does): the writer appends from
                 # the new end, so read again from the start, as tail -F does; what was not yet read is gone
                 yield Note(f"{path} was truncated; following it from its new start")
-                pending = ""
+                pending, mark = "", b""
                 f.seek(0)
                 continue
-            if not chunk:
+            chunk = f.read()
+            if chunk:
+                mark = _mark(f)
+            else:
                 if not ended():
                     time.sleep(POLL_S)
                     continue
@@ -145,3 +149,19 @@ def file_lines(
         if pending and keep(pending):
             yield pending
     ended.tell(on_end)
+
+
+def _mark(f) -> bytes:
+    """The last bytes read from ``f`` (at most ``MARK_BYTES``), as the file holds them now."""
+    pos = f.buffer.tell()
+    start = max(0, pos - MARK_BYTES)
+    return os.pread(f.fileno(), pos - start, start)
+
+
+def _truncated(f, mark: bytes) -> bool:
+    """The file no longer holds, where they were read, the bytes read last (``mark``): it was truncated, whether or
+    not it has grown past that point again since (which a size check alone misses)."""
+    pos = f.buffer.tell()
+    if os.fstat(f.fileno()).st_size < pos:
+        return True
+    return bool(mark) and os.pread(f.fileno(), len(mark), pos - len(mark)) != mark

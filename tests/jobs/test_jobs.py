@@ -120,6 +120,32 @@ def test_logs_follow_prints_until_the_job_ends(state, tmp_path):
     assert sorted(errors[1:]) == ["[rank 0] rank 0 says goodbye on stderr", "[rank 1] rank 1 says goodbye on stderr"]
 
 
+def test_a_follower_sees_a_truncation_after_which_the_file_grew_past_its_old_end(tmp_path):
+    """Between two looks of a follower, the file was emptied and written past the point the follower had read to (a
+    fast writer, a busy machine): its size alone says nothing, the bytes it read last are no longer there."""
+    from distlaunch.backends.output import Note, file_lines
+    from distlaunch.jobs.store import JobRecord
+
+    path = tmp_path / "output.log"
+    path.write_text("".join(f"[rank 0] tick {i}\n" for i in range(10)))
+    before = path.stat().st_size
+
+    def rewrite_then_say_running(record):  # the follower found nothing new: between this look and the next one
+        if path.stat().st_size == before:
+            os.truncate(path, 0)
+            with open(path, "a") as f:
+                f.write("".join(f"[rank 0] after {i}\n" for i in range(20)))
+            assert path.stat().st_size > before
+        return record
+
+    record = JobRecord(job_id="dl-follow", backend="local", command=[], cwd=str(tmp_path), hosts=[], world_size=1)
+    lines = file_lines(record, path, follow=True, keep=lambda line: True, tail=None, reread=rewrite_then_say_running)
+    assert [next(lines) for _ in range(10)][-1] == "[rank 0] tick 9"
+    note = next(lines)
+    assert isinstance(note, Note) and note == f"{path} was truncated; following it from its new start"
+    assert [next(lines) for _ in range(20)] == [f"[rank 0] after {i}" for i in range(20)]
+
+
 def test_logs_follow_goes_on_when_the_output_file_is_truncated_under_it(state, tmp_path):
     """A long job's output.log emptied to free its disk (by hand, or logrotate's copytruncate): the job appends
     from the new start, and a follower waiting at its old end printed nothing more until the file grew past it,
