@@ -24,6 +24,7 @@ import torch.distributed as dist
 from ddp_reference import Reference, arguments, init
 from engine_throughput import engine_overrides
 
+from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.config import load_config
 from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh
@@ -75,6 +76,9 @@ def main() -> None:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(times, f)
     dist.destroy_process_group()
+    # as the engine's ranks leave: at interpreter shutdown a gloo thread of one of the two engines' groups can
+    # abort the process ("terminate called without an active exception"), and torchrun then fails the run
+    end_process(0)
 
 
 if __name__ == "__main__":

@@ -49,8 +49,9 @@ def device_peak_bytes(device: torch.device) -> int | None:
     return None
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 MMAP_THRESHOLD = 4 * 2**20
+TRIM_THRESHOLD = 64 * 2**20
 
 
 def return_freed_host_memory() -> None:
@@ -63,12 +64,20 @@ def return_freed_host_memory() -> None:
     preset resided at 2.0-2.4 GiB after two steps while its live tensors were 625 MiB
     (docs/benchmarks.md, "Engine memory"). A fixed threshold keeps the resident memory to the live tensors plus the heap of the
     small ones, for the cost of fresh pages for each large tensor. Not glibc: left as it is.
+
+    A fixed threshold also stops the trim threshold from growing with it: it stays at 128 KiB, so
+    every free that leaves more than that unused at the top of a heap hands it back to the system,
+    and the next step faults the same pages in again, zeroed. Every step frees and allocates the
+    same tensors under 4 MiB, so that cost 5-7% of a dp=2 step of the tiny preset on 2 cores
+    (docs/benchmarks.md, "Engine throughput"). Up to ``TRIM_THRESHOLD`` unused at a heap's top now
+    stays for the next step.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
     mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def peak_rss_bytes() -> int | None:
