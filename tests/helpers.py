@@ -83,6 +83,23 @@ def pids_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def left_behind(name: str, value: str, timeout: float) -> list[str]:
+    """The processes with NAME=VALUE in their environment still there after ``timeout`` seconds, each as
+    "pid command (state)" so that a failure says what outlived the job; empty once all are gone."""
+    wait_until(lambda: not pids_with_env(name, value), timeout)
+    found = []
+    for pid in pids_with_env(name, value):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # ended while we looked
+        found.append(f"{pid} {command} ({state})")
+    return found
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
     """Poll ``predicate`` until true or timeout; returns its last value."""
     deadline = time.monotonic() + timeout

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.sshd import start_sshd
-from helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
+from helpers import distlaunch_cmd, left_behind, pids_with_env, run_cli, wait_until
 
 from tests.doctor.conftest import free_port, host_block, write_config
 
@@ -192,13 +192,13 @@ def test_hung_interpreter_is_named_a_hang_and_nothing_is_left(sshd_cluster, tmp_
     assert "install Python" not in python["hint"]
     assert "hangs" in get(report, "master-port", "node1")["detail"]
     assert "Traceback" not in err, err
-    assert wait_until(lambda: not pids_with_env("DOCTOR_TEST_MARK", marker), timeout=10), "processes left behind"
+    assert not (left := left_behind("DOCTOR_TEST_MARK", marker, 10)), f"processes left behind: {left}"
     # the job agrees, within the start time it is given (a cold Python on a network file system may need more)
     job = run_cli("run", *args, *ALLREDUCE, timeout=180, env={"DISTLAUNCH_AGENT_START_TIMEOUT": "4"})
     assert job.returncode == 3, job.stderr
     assert "node2: " in job.stderr and "did not say hello within 4s: the interpreter hangs at startup" in job.stderr
     assert "DISTLAUNCH_AGENT_START_TIMEOUT=SECONDS" in job.stderr, job.stderr
-    assert wait_until(lambda: not pids_with_env("DOCTOR_TEST_MARK", marker), timeout=10), "processes left behind"
+    assert not (left := left_behind("DOCTOR_TEST_MARK", marker, 10)), f"processes left behind: {left}"
     bad = run_cli("run", *args, *ALLREDUCE, timeout=180, env={"DISTLAUNCH_AGENT_START_TIMEOUT": "soon"})
     assert bad.returncode == 2, bad.stderr
     assert bad.stderr.strip() == (

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from tests.fixtures.tmpfs import small_disk
-from tests.helpers import distlaunch_cmd, pids_with_env, run_cli, wait_until
+from tests.helpers import distlaunch_cmd, left_behind, run_cli, wait_until
 
 FILL = str(Path(__file__).parent / "scripts" / "fill_disk.py")
 
@@ -30,7 +30,7 @@ def cli(*args: str, state: Path, stdout=subprocess.PIPE, **env: str) -> subproce
         timeout=120,
         env={**base, "NO_COLOR": "1", "COLUMNS": "120", "DISTLAUNCH_STATE_DIR": str(state), **env},
     )
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10), "job processes left behind"
+    assert not (left := left_behind("DLTEST_MARK", mark, 10)), f"job processes left behind: {left}"
     return done
 
 

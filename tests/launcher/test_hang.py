@@ -14,7 +14,7 @@ import pytest
 
 from distlaunch.launcher.stacks import group_stacks, summary
 from tests.fixtures import require
-from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
+from tests.helpers import distlaunch_cmd, left_behind, wait_until
 from tests.launcher.scripts.nccl_dumper import dump_bytes
 
 LATE = str(Path(__file__).parent / "scripts" / "late_rank.py")
@@ -65,7 +65,7 @@ def test_a_rank_that_never_joins_the_all_reduce_is_named_and_the_job_exits_124(t
     assert f"<module> ({LATE}:28)" in stacks["rank3.txt"]  # py-spy's full filename
     assert "all_reduce" in stacks["rank0.txt"]
     assert "finished" not in r.stdout + r.stderr  # a hung job is reported hung, not finished
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"
+    assert not (left := left_behind("DLTEST_MARK", tmp_path.name, 10)), f"ranks left behind: {left}"
 
 
 # four ranks, no torch (quick to start): each naps in a function of its own
@@ -95,7 +95,7 @@ def test_without_a_working_py_spy_every_rank_sends_its_faulthandler_stack(tmp_pa
     heads = sorted(p.read_text().splitlines()[0] for p in folder.iterdir())
     assert heads == [f"# rank {r} on localhost (faulthandler)" for r in range(4)]
     assert 'napper.py", line 5 in nap' in (folder / "rank0.txt").read_text()
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks or dumps left behind"
+    assert not (left := left_behind("DLTEST_MARK", tmp_path.name, 10)), f"ranks or dumps left behind: {left}"
 
 
 WAITER = "import threading\nprint('waiting', flush=True)\nthreading.Event().wait(60)\n"
@@ -156,7 +156,7 @@ def test_nccl_flight_recorder_dumps_reach_the_job_folder_byte_for_byte(tmp_path)
     assert f"nccl_trace_rank_2 was cut to its first {4 << 20} of {len(dump_bytes(2))} bytes" in r.stderr
     assert f"NCCL flight recorder dumps of ranks 0-2: {folder} " in r.stderr
     assert f"python -m torch.distributed.flight_recorder.fr_trace {folder} -p nccl_trace_rank_" in r.stderr
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", tmp_path.name), 10), "ranks left behind"
+    assert not (left := left_behind("DLTEST_MARK", tmp_path.name, 10)), f"ranks left behind: {left}"
 
 
 def test_a_hang_that_a_restart_recovered_from_is_not_the_outcome(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import children, distlaunch_cmd, pids_with_env, run_cli, wait_until
+from tests.helpers import children, distlaunch_cmd, left_behind, pids_with_env, run_cli, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -77,7 +77,7 @@ def test_failing_rank_stops_the_others_and_sets_the_exit_code():
     assert time.monotonic() - began < 2 + 10
     assert "rank 2 on localhost exited with code 7" in err
     assert "rank 2 failing now" in err  # the root-cause table shows its last output
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
+    assert not (left := left_behind("DLTEST_MARK", mark, 5)), f"job processes left behind: {left}"
 
 
 def test_the_rank_that_failed_first_is_the_root_cause_even_when_its_report_comes_last(tmp_path):
@@ -125,7 +125,7 @@ def test_a_rank_that_failed_before_an_interrupt_is_the_outcome(tmp_path):
     assert "received SIGTERM; stopping all ranks" in err
     assert "rank 1 on localhost exited with code 42, before the stop: it failed first (the root cause)" in err
     assert proc.returncode == 42, err
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
+    assert not (left := left_behind("DLTEST_MARK", mark, 5)), f"job processes left behind: {left}"
 
 
 def test_an_interrupt_during_a_stop_is_answered_and_the_failure_stays_the_outcome(tmp_path):
@@ -151,7 +151,7 @@ def test_an_interrupt_during_a_stop_is_answered_and_the_failure_stays_the_outcom
         proc.kill()
     assert "received SIGINT; already stopping all ranks (a second Ctrl-C kills them at once)" in err, seen + err
     assert proc.returncode == 5, err
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "job processes left behind"
+    assert not (left := left_behind("DLTEST_MARK", mark, 5)), f"job processes left behind: {left}"
 
 
 def test_a_launcher_frozen_past_the_heartbeat_timeout_never_reports_success(tmp_path):
@@ -163,7 +163,7 @@ def test_a_launcher_frozen_past_the_heartbeat_timeout_never_reports_success(tmp_
     try:
         wait_for_lines(proc, "up", 2)
         proc.send_signal(signal.SIGSTOP)
-        assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 30), "the agent kept the ranks"
+        assert not (left := left_behind("DLTEST_MARK", mark, 30)), f"the agent kept the ranks: {left}"
         proc.send_signal(signal.SIGCONT)
         _out, err = proc.communicate(timeout=60)
     finally:
@@ -205,7 +205,7 @@ def test_interrupt_stops_every_rank_even_stubborn_ones(sig, code):
     proc.send_signal(sig)
     proc.communicate(timeout=30)
     assert proc.returncode == code
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "a rank or its child survived"
+    assert not (left := left_behind("DLTEST_MARK", mark, 5)), f"a rank or its child survived: {left}"
 
 
 def test_ranks_die_when_the_launcher_is_killed():
@@ -213,7 +213,7 @@ def test_ranks_die_when_the_launcher_is_killed():
     wait_for_lines(proc, "ready", 3)
     proc.kill()  # SIGKILL: the launcher gets no chance to clean up; the agent must
     proc.wait()
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 5), "ranks outlived a SIGKILLed launcher"
+    assert not (left := left_behind("DLTEST_MARK", mark, 5)), f"ranks outlived a SIGKILLed launcher: {left}"
 
 
 def test_lines_are_whole_and_never_mixed(tmp_path):

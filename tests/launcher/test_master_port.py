@@ -35,7 +35,7 @@ def test_two_jobs_started_at_once_on_one_fixed_port_never_share_it(tmp_path):
     """Nothing listens on the port until rank 0 starts its store: the first job holds the port from its
     launch on, so a second launch at that moment is refused instead of joining the first job's store."""
     from distlaunch.contract.endpoint import free_port
-    from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
+    from tests.helpers import distlaunch_cmd, left_behind
 
     # The mark finds this job's processes among every process on the machine: a suite running beside this one
     # has a tmp_path of the same name, so the mark is random.
@@ -49,7 +49,8 @@ def test_two_jobs_started_at_once_on_one_fixed_port_never_share_it(tmp_path):
         text=True,
     )
     try:
-        assert "up" in first.stdout.readline()  # the first job runs; nothing listens on the port yet
+        line = first.stdout.readline()  # the first job runs; nothing listens on the port yet
+        assert "up" in line, line or f"the first job ended (code {first.wait()}): {first.stderr.read()}"
         second = run_cli("run", "-n", "1", "--master-port", str(port), str(slow), timeout=60)
         assert second.returncode == 2, second.stdout + second.stderr
         assert second.stderr.startswith(f"error: --master-port {port} is held by distlaunch job dl-"), second.stderr
@@ -57,7 +58,7 @@ def test_two_jobs_started_at_once_on_one_fixed_port_never_share_it(tmp_path):
     finally:
         first.terminate()  # our own child
         first.communicate(timeout=30)
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10)
+    assert not (left := left_behind("DLTEST_MARK", mark, 10)), f"the first job's processes outlived it: {left}"
     again = run_cli("run", "-n", "1", "--master-port", str(port), "--", sys.executable, "-c", "pass", timeout=60)
     assert again.returncode == 0, again.stderr  # released when the first job ended
 

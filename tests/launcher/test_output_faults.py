@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 from distlaunch.agent import SPLIT_MARK
-from tests.helpers import children, distlaunch_cmd, pids_with_env, wait_until
+from tests.helpers import children, distlaunch_cmd, left_behind, pids_with_env, wait_until
 
 FLOOD = str(Path(__file__).parent / "scripts" / "flood.py")
 
@@ -51,7 +51,7 @@ def test_a_blocked_stdout_does_not_stop_fail_fast_or_lose_the_exit_code(tmp_path
     assert "rank 2 on localhost exited with code 5" in text
     assert "rank 2 failing now" in text
     assert re.search(r"distlaunch: \d+ lines \(\d+ bytes\) of rank output never reached stdout", text), text
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10), "job processes left behind"
+    assert not (left := left_behind("DLTEST_MARK", mark, 10)), f"job processes left behind: {left}"
 
 
 def test_sigterm_stops_a_flooding_job_whose_stdout_nobody_reads(tmp_path):
@@ -64,7 +64,7 @@ def test_sigterm_stops_a_flooding_job_whose_stdout_nobody_reads(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 143, err.read_text()
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10), "job processes left behind"
+    assert not (left := left_behind("DLTEST_MARK", mark, 10)), f"job processes left behind: {left}"
 
 
 def test_a_50_mib_line_arrives_whole_in_marked_pieces_with_flat_memory(tmp_path):

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from distlaunch.contract.endpoint import free_port
-from tests.helpers import children, distlaunch_cmd, finish, invoke, on_fresh_ports, pids_with_env, wait_until
+from tests.helpers import (
+    children,
+    distlaunch_cmd,
+    finish,
+    invoke,
+    left_behind,
+    on_fresh_ports,
+    pids_with_env,
+    wait_until,
+)
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ALLREDUCE = ["-m", "distlaunch.examples.allreduce"]
@@ -236,7 +245,7 @@ def test_a_frozen_agent_on_node_1_is_named_and_every_node_stops(tmp_path):
     assert [code for code, _, _ in results] == [3, 3], [err for _, _, err in results]
     assert "localhost has been silent for" in results[1][2] and "--heartbeat-timeout 3" in results[1][2]
     assert "stopped because rank 1 on node 1 failed with code 3" in results[0][2]
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), timeout=15), "a rank outlived its frozen agent"
+    assert not (left := left_behind("DLTEST_MARK", mark, 15)), f"a rank outlived its frozen agent: {left}"
 
 
 def test_a_node_that_cannot_run_its_part_stops_the_others(tmp_path):

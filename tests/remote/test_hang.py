@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
+from tests.helpers import distlaunch_cmd, left_behind
 from tests.launcher.scripts.nccl_dumper import dump_bytes
 from tests.launcher.test_hang import DUMPER, LATE
 from tests.remote.test_multihost import cli_env
@@ -33,7 +33,7 @@ def test_a_late_rank_on_a_remote_host_is_named_with_its_host_and_the_job_exits_1
     assert 'late_rank.py", line 28 in <module>' in stacks["rank3.txt"]
     assert stacks["rank1.txt"].startswith("# rank 1 on node1 ") and "all_reduce" in stacks["rank1.txt"]
     assert f"full stacks: {job / 'stacks'}" in r.stderr
-    assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", job.name), 10), "job processes left behind"
+    assert not (left := left_behind("DISTLAUNCH_JOB_ID", job.name, 10)), f"job processes left behind: {left}"
 
 
 def test_nccl_flight_recorder_dumps_of_remote_ranks_reach_the_job_folder(sshd_cluster, tmp_path):
@@ -52,4 +52,4 @@ def test_nccl_flight_recorder_dumps_of_remote_ranks_reach_the_job_folder(sshd_cl
         assert (folder / f"nccl_trace_rank_{rank}").read_bytes() == dump_bytes(rank)
     assert (folder / "nccl_trace_rank_2").read_bytes() == dump_bytes(2)[: 4 << 20]
     assert f"NCCL flight recorder dumps of ranks 0-2: {folder} " in r.stderr
-    assert wait_until(lambda: not pids_with_env("DISTLAUNCH_JOB_ID", folder.parent.name), 10), "left behind"
+    assert not (left := left_behind("DISTLAUNCH_JOB_ID", folder.parent.name, 10)), f"left behind: {left}"

@@ -18,7 +18,7 @@ from distlaunch.errors import ExitCode
 from distlaunch.remote.command import run_command
 from distlaunch.remote.ssh import HostsFailed, SshError, connect, connect_all, require_all
 from distlaunch.remote.sshconfig import resolve_targets
-from tests.helpers import distlaunch_cmd, pids_with_env, wait_until
+from tests.helpers import distlaunch_cmd, left_behind
 
 UNUSED_ADDRESS = "127.0.0.99"  # on loopback, nothing listens here: connections are refused at once
 
@@ -146,7 +146,7 @@ def test_a_proxy_command_that_never_connects_is_named_and_ended(sshd_cluster, tm
     assert err.kind == "timeout", err
     assert f"no SSH handshake came through ProxyCommand 'env DLTEST_MARK={mark} sleep 300' within 0.5s" in str(err)
     assert "run the ProxyCommand by hand" in str(err)
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10), "the ProxyCommand still runs"
+    assert not (left := left_behind("DLTEST_MARK", mark, 10)), f"the ProxyCommand still runs: {left}"
 
 
 def test_proxy_jump(sshd_cluster, tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from distlaunch.remote.sshconfig import MATCH_EXEC_TIMEOUT_S, resolve_targets
-from tests.helpers import pids_with_env, run_cli, wait_until
+from tests.helpers import left_behind, run_cli
 
 
 def test_match_exec_picks_the_settings_its_command_answers_for(tmp_path):
@@ -35,4 +35,4 @@ def test_a_match_exec_command_that_hangs_is_one_line_and_is_ended(tmp_path):
         f"error: ssh config: Match exec 'sleep 300' did not finish within {MATCH_EXEC_TIMEOUT_S:g}s (hint: fix or "
         "remove that Match exec (OpenSSH runs it too, before every connection))"
     ], r.stderr
-    assert wait_until(lambda: not pids_with_env("DLTEST_MARK", mark), 10), "the Match exec command still runs"
+    assert not (left := left_behind("DLTEST_MARK", mark, 10)), f"the Match exec command still runs: {left}"
