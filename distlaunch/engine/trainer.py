@@ -7,7 +7,8 @@ Parallelism is applied to the built model in a fixed order, each step one small 
 2. tensor parallel: shard the stage's weights over the tp group (``apply_tp``),
 3. ``train.compile`` (``torch.compile`` per block), then activation checkpointing
    (``train.activation_checkpointing``) around each compiled block,
-4. ZeRO-3 only: ``fully_shard`` every block and the stage over the dp group (``shard_fully``),
+4. ZeRO-3 only: ``fully_shard`` every block and the stage over the dp group (``shard_fully``;
+   the token embedding sharded by rows instead where ``looks_up_sharded``: ``parallel/lookup.py``),
 5. ``materialize``: allocate this rank's shards on the device and fill each with its slice of
    the parameter's initial value (from seed and name, identical in any layout); no rank ever
    holds more than its shards plus one whole parameter,
@@ -51,7 +52,7 @@ from distlaunch.engine.parallel.activation import apply_activation_checkpointing
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.compile import apply_compile, compile_enabled
 from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP, shard_fully
-from distlaunch.engine.parallel.dims import ParallelDims
+from distlaunch.engine.parallel.dims import ParallelDims, looks_up_sharded
 from distlaunch.engine.parallel.materialize import materialize
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
@@ -162,7 +163,8 @@ class Engine:
         if train.activation_checkpointing:
             apply_activation_checkpointing(self.chunks)
         if dims.zero == 3:
-            shard_fully(self.chunks, mesh["dp"], train.precision, train.reduce_dtype)
+            sharded_lookup = looks_up_sharded(dims, train.seq_len, self.model_cfg.vocab_size)
+            shard_fully(self.chunks, mesh["dp"], train.precision, train.reduce_dtype, sharded_lookup)
         materialize(self.chunks, device, train.seed)
         make_optimizer = make_optimizer_factory(train.lr, train.weight_decay, (train.beta1, train.beta2))
         self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer, train)

@@ -22,6 +22,8 @@ from torch.testing import assert_close
 from distlaunch.engine.model import GPT, GPTConfig, init_weights
 from distlaunch.engine.optim import make_optimizer_factory
 from distlaunch.engine.parallel.data import ReplicatedDP, full_tensor
+from distlaunch.engine.parallel.lookup import ShardedTokenEmbedding
+from distlaunch.engine.parallel.materialize import local_slice
 from distlaunch.engine.parallel.mesh import init_process_group, read_env
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, tp_plan
 from distlaunch.engine.parallel.zero import ShardedDP
@@ -161,6 +163,52 @@ def check_pipeline_stages_compose_to_the_model() -> None:
         for stage in range(n_stages):
             h = split_stage(model, stage, n_stages)(h)
         assert_close(h, model(x))
+
+
+def _lookup_job(vocab: int, dim: int, compute_dtype: torch.dtype = torch.float32):
+    """(table, full weight, this rank's ids, every rank's ids): a ShardedTokenEmbedding over both ranks
+    holding the rows of the same full weight, and different token ids on each rank."""
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    table = ShardedTokenEmbedding(vocab, dim, mesh, compute_dtype).to_empty(device="cpu")
+    full = torch.randn(vocab, dim, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        table.weight.to_local().copy_(local_slice(full, table.weight))
+    gen = torch.Generator().manual_seed(9)
+    every = [torch.randint(0, vocab, (3, 5), generator=gen) for _ in range(2)]
+    every[1][0, :2] = torch.tensor([0, vocab - 1])  # the first and the last row (the shorter shard's)
+    return table, full, every[dist.get_rank()], every
+
+
+def check_sharded_lookup_matches_a_plain_embedding() -> None:
+    """Rows split 4 + 3 over the two dp ranks; each rank looks up its own tokens and gets the rows of
+    its shard's gradient of the dp mean, as FSDP's reduce-scatter would give it."""
+    for compute_dtype in (torch.float32, torch.bfloat16):
+        table, full, ids, every = _lookup_job(7, 6, compute_dtype)
+        out = table(ids)
+        assert out.dtype == compute_dtype, out.dtype
+        assert_close(out, F.embedding(ids, full).to(compute_dtype), rtol=0, atol=0)
+        grads = [torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(20 + r)) for r in range(2)]
+        out.backward(grads[dist.get_rank()].to(compute_dtype))
+        plain = full.clone().requires_grad_(True)
+        looked_up = [F.embedding(i, plain).to(compute_dtype) for i in every]
+        sum((e * g.to(compute_dtype)).sum() for e, g in zip(looked_up, grads, strict=True)).backward()
+        mine = table.weight.grad.to_local()
+        assert_close(mine, local_slice(plain.grad / 2, table.weight), rtol=1e-6, atol=1e-6)
+
+
+def check_sharded_lookup_never_holds_the_whole_table() -> None:
+    """A 16 MiB table over 2 ranks: a forward and backward allocate this rank's gradient (8 MiB) and
+    buffers of a few tokens, never a whole-table copy (FSDP's unit: the gathered table, then a
+    whole-table gradient and its reduce-scatter buffer, 32 MiB at once)."""
+    from tests.live_memory import PeakLiveBytes, count_allocations
+
+    count_allocations()
+    table, full, ids, _ = _lookup_job(65536, 64)
+    table_bytes = full.numel() * 4
+    with PeakLiveBytes() as window:
+        table(ids).sum().backward()
+    grown = window.peak - window.start
+    assert table_bytes // 2 <= grown < table_bytes * 0.6, (grown, table_bytes)
 
 
 CHECKS = {name: fn for name, fn in globals().items() if name.startswith("check_")}

@@ -7,7 +7,7 @@ import pytest
 from distlaunch.contract.layout import parse_layout
 from distlaunch.engine.config import Preset, load_config
 from distlaunch.engine.model import PRESETS, GPTConfig, num_params
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
+from distlaunch.engine.parallel.dims import looks_up_sharded, resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import read_env
 from distlaunch.engine.parallel.pipeline import bubble_fraction, stage_layer_counts
 from distlaunch.errors import UsageError
@@ -199,3 +199,20 @@ def test_presets_and_sizes():
     assert sizes["tiny"] < sizes["small"] < sizes["125m"] < sizes["350m"] < sizes["1.3b"]
     for cfg in PRESETS.values():  # every preset runs with tp up to 4 (heads and vocab divisible)
         assert cfg.d_model % cfg.n_head == 0 and cfg.n_head % 4 == 0 and cfg.vocab_size % 4 == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world", "sharded"),
+    [
+        (["parallel.zero=3", "train.seq_len=64"], 4, True),  # 4 x 1 x 64 = 256 tokens <= 50,304 rows
+        (["parallel.zero=2", "train.seq_len=64"], 4, False),  # ZeRO-0/1/2 keep the whole table
+        (["parallel.zero=3", "parallel.tp=2", "train.seq_len=64"], 4, False),  # tp: vocab-parallel over tp
+        (["parallel.zero=3", "train.seq_len=64"], 1, False),  # dp=1: nothing to shard over
+        (["parallel.zero=3", "train.seq_len=2048", "train.global_batch_size=32"], 4, False),  # 4x8x2048 > 50,304
+    ],
+)
+def test_zero3_looks_the_token_table_up_sharded_where_that_moves_fewer_bytes(overrides, world, sharded):
+    model = PRESETS["125m"]
+    cfg = load_config(None, ["model.preset='125m'", "train.global_batch_size=4", *overrides])
+    dims = resolve_parallel_dims(cfg, model, world)
+    assert looks_up_sharded(dims, cfg.train.seq_len, model.vocab_size) is sharded

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.hooks import register_weak_hook
+from distlaunch.engine.parallel.lookup import ShardedTokenEmbedding
 from distlaunch.engine.parallel.units import tune_unit, unit_groups
 from distlaunch.engine.parallel.wire import all_reduce_bucket
 from distlaunch.engine.precision import dtype, reduce_dtype_name
@@ -286,21 +287,32 @@ def mixed_precision_policy(precision: str, reduce_dtype: str | None = None) -> M
 
 
 def shard_fully(
-    chunks: list[nn.Module], dp_mesh: DeviceMesh, precision: str = "fp32", reduce_dtype: str | None = None
+    chunks: list[nn.Module],
+    dp_mesh: DeviceMesh,
+    precision: str = "fp32",
+    reduce_dtype: str | None = None,
+    sharded_lookup: bool = False,
 ) -> None:
     """ZeRO-3: ``fully_shard`` (FSDP2) every block, the embeddings, the head with the final norm
     (``parallel/units.py``), then every chunk, so only one unit's parameters are unsharded at a
-    time. Applied to the model while it is still on the meta device, before ``materialize``."""
+    time. ``sharded_lookup`` (``dims.looks_up_sharded``): the token embedding becomes a
+    ``ShardedTokenEmbedding`` instead, which FSDP leaves alone. Applied to the model while it is
+    still on the meta device, before ``materialize``."""
     mp_policy = mixed_precision_policy(precision, reduce_dtype)
     # with tp the head returns its vocab shard of the logits as a view (DTensor.to_local);
     # the loss only reads it out of place, so FSDP's in-place warning does not apply
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     for chunk in chunks:
+        ignored = set()
+        if sharded_lookup and chunk.tok_emb is not None:
+            rows, width = chunk.tok_emb.weight.shape
+            chunk.tok_emb = ShardedTokenEmbedding(rows, width, dp_mesh, dtype(precision))
+            ignored.add(chunk.tok_emb.weight)
         for modules in [[b] for b in chunk.blocks.values()] + unit_groups(chunk):
             # the head runs last in forward and first in backward: kept unsharded in between
             fully_shard(modules, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=modules[0] is not chunk.head)
             tune_unit(modules[0], dp_mesh)
-        fully_shard(chunk, mesh=dp_mesh, mp_policy=mp_policy)
+        fully_shard(chunk, mesh=dp_mesh, mp_policy=mp_policy, ignored_params=ignored)
 
 
 class FullyShardedDP(DataParallelBase):

@@ -17,7 +17,7 @@ from distlaunch.engine.parallel.bucketing import ALL_REDUCE_BACKENDS
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def reduces_by_all_reduce(group: dist.ProcessGroup) -> bool:
@@ -105,7 +105,7 @@ class ReduceScatter:
         # ``send`` is not kept: the work holds it while the collective runs, and frees it once done
         # (a bucket's send buffer must not live on until the step's last bucket is waited for)
         self.out = send.new_empty(send.shape[1:])
-        self.work = _reduce_scatter(self.out, send.view(-1), group=group, async_op=True)
+        self.work = reduce_scatter(self.out, send.view(-1), group=group, async_op=True)
 
     def wait(self) -> None:
         self.work.wait()

@@ -121,9 +121,17 @@ def gathered_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
     return head_unit_numel(model, dims, pp_rank) + min(2, layers) * block_numel(model, dims.tp)
 
 
-def unsharded_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
+def token_table_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, sharded_lookup: bool) -> int:
+    """The token embedding's parameters in this rank's stages where ZeRO-3 never gathers them
+    (``sharded_lookup``: ``dims.looks_up_sharded``, ``parallel/lookup.py``), else 0."""
+    return model.vocab_size * model.d_model if sharded_lookup and 0 in rank_stages(dims, pp_rank) else 0
+
+
+def unsharded_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, sharded_lookup: bool = False) -> int:
     """Parameters ZeRO-3 holds unsharded at most. With pp, the whole stage: torch's PipelineStage
-    keeps FSDP from resharding after a backward and reduce-scatters only after the last micro-batch."""
+    keeps FSDP from resharding after a backward and reduce-scatters only after the last micro-batch
+    (less a token embedding looked up sharded, which is never gathered)."""
     if dims.pp > 1:
-        return sum(x.numel for x in rank_tensors(model, dims, pp_rank))
+        stage = sum(x.numel for x in rank_tensors(model, dims, pp_rank))
+        return stage - token_table_numel(model, dims, pp_rank, sharded_lookup)
     return gathered_numel(model, dims, pp_rank)

@@ -16,7 +16,7 @@ from math import ceil
 
 from distlaunch.engine.config import TrainSection
 from distlaunch.engine.parallel.bucketing import ALL_REDUCE_BACKENDS, GATHERS_IN_FLIGHT, cut_buckets
-from distlaunch.engine.parallel.dims import ParallelDims
+from distlaunch.engine.parallel.dims import ParallelDims, looks_up_sharded
 from distlaunch.engine.planner.activations import activation_bytes, chunks_take_turns, later_in_flight
 from distlaunch.engine.planner.shapes import (
     FP32,
@@ -30,6 +30,7 @@ from distlaunch.engine.planner.shapes import (
     rank_tensors,
     stage_tensors,
     state_bytes,
+    token_table_numel,
     unsharded_numel,
 )
 from distlaunch.engine.precision import ELEMENT_BYTES, model_dtype_name, reduce_dtype_name
@@ -112,6 +113,11 @@ class RankStep:
     def state(self) -> tuple[int, int, int]:
         return state_bytes(self.tensors, self.dims.zero, self.dims.dp, self.dp_rank, self.train.precision)
 
+    @cached_property
+    def sharded_lookup(self) -> bool:
+        """ZeRO-3 looks the token embedding up sharded (``dims.looks_up_sharded``): never gathered."""
+        return looks_up_sharded(self.dims, self.train.seq_len, self.model.vocab_size)
+
     @property
     def kept(self) -> dict[str, int]:
         """The state no step frees: parameters and optimizer state (gradients come and go)."""
@@ -182,13 +188,15 @@ def step_moments(
     return moments
 
 
-def unsharded_grad_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
+def unsharded_grad_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, sharded_lookup: bool = False) -> int:
     """Gradients ZeRO-3 with pp holds unsharded at once: each chunk accumulates its micro-batches'
     gradients unsharded until its last backward. One chunk per rank: the whole stage. Interleaved
     chunks are reduce-scattered one by one, right after their own last backward (torch's runtime
     schedule inserts a REDUCE_GRAD there); with one round of pp micro-batches a chunk's backwards
-    all come before the next chunk's first, so only one chunk's are unsharded at a time."""
+    all come before the next chunk's first, so only one chunk's are unsharded at a time. A token
+    embedding looked up sharded has only its shard's gradient, counted with the kept state."""
     chunks = [sum(t.numel for t in stage_tensors(model, s, dims.n_stages, dims.tp)) for s in rank_stages(dims, pp_rank)]
+    chunks[0] -= token_table_numel(model, dims, pp_rank, sharded_lookup)  # stage 0 is a rank's first chunk
     if dims.virtual_stages > 1 and chunks_take_turns(dims):
         return max(chunks)
     return sum(chunks)
@@ -255,7 +263,7 @@ def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
     dims, model = step.dims, step.model
     elem = FP32 if step.train.precision == "fp32" else 2
     block = block_numel(model, dims.tp)
-    unsharded = unsharded_numel(model, dims, step.pp_rank)
+    unsharded = unsharded_numel(model, dims, step.pp_rank, step.sharded_lookup)
     carried = step.state[1] if dims.accum_steps > 1 else 0
     copy = elem * block if step.copies else 0  # gloo's copy of the block it all-gathers
     backward = step.kept | {"gradients": carried, "activations": step.activations()}
@@ -277,7 +285,7 @@ def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
     gathered = gathered_numel(model, dims, step.pp_rank)
     backward |= {"unsharded params": elem * gathered, "gloo copy": copy}
     in_flight, regathers = later_in_flight(dims, step.pp_rank)
-    grads = unsharded_grad_numel(model, dims, step.pp_rank)
+    grads = unsharded_grad_numel(model, dims, step.pp_rank, step.sharded_lookup)
     later = step.kept | {"gradients": carried, "activations": step.activations(in_flight=in_flight)}
     later |= {"unsharded params": elem * unsharded, "unsharded grads": FP32 * grads}
     later |= {"gradient temporary": step.largest_tensor(), "gloo copy": copy if regathers else 0}
