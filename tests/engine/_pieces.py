@@ -196,6 +196,21 @@ def check_sharded_lookup_matches_a_plain_embedding() -> None:
         assert_close(mine, local_slice(plain.grad / 2, table.weight), rtol=1e-6, atol=1e-6)
 
 
+def check_sharded_lookup_refuses_a_token_outside_the_table_on_every_rank() -> None:
+    """Rank 1's batch holds an id one past the last row: no rank holds that row, so without a check it
+    would embed as zeros. Both ranks see it (the ids are gathered) and both raise, neither waits."""
+    table, _, ids, _ = _lookup_job(7, 6)
+    if dist.get_rank() == 1:
+        ids = ids.clone()
+        ids[2, 4] = 7
+    try:
+        table(ids)
+    except IndexError as err:
+        assert "token id 7 is outside the vocabulary (0..6)" in str(err), err
+    else:
+        raise AssertionError("an id outside the table was embedded")
+
+
 def check_sharded_lookup_never_holds_the_whole_table() -> None:
     """A 16 MiB table over 2 ranks: a forward and backward allocate this rank's gradient (8 MiB) and
     buffers of a few tokens, never a whole-table copy (FSDP's unit: the gathered table, then a

@@ -49,6 +49,7 @@ class ShardedTokenEmbedding(nn.Module):
         self.weight = nn.Parameter(distribute_tensor(full, dp_mesh, [Shard(0)], src_data_rank=None))
         self.group = dp_mesh.get_group()
         self.dp, self.dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
+        self.num_embeddings = num_embeddings
         self.start = min(self.dp_rank * math.ceil(num_embeddings / self.dp), num_embeddings)
         self.compute_dtype = compute_dtype
 
@@ -63,6 +64,7 @@ class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids: torch.Tensor, rows: torch.Tensor, table: ShardedTokenEmbedding) -> torch.Tensor:
         every = _gather(ids, table)  # (dp, B, T): every rank's token ids
+        _check_ids(every, table.num_embeddings)
         local = every - table.start
         outside = (local < 0) | (local >= rows.shape[0])
         local = local.masked_fill(outside, 0)
@@ -83,6 +85,20 @@ class _Lookup(torch.autograd.Function):
         rows_grad = torch.zeros(ctx.rows_shape, dtype=ctx.rows_dtype, device=grad.device)
         rows_grad.index_add_(0, local.reshape(-1), every.reshape(-1, every.shape[-1]))
         return None, rows_grad.div_(table.dp), None
+
+
+def _check_ids(every: torch.Tensor, rows: int) -> None:
+    """A token id outside the table would find no rank holding its row and silently embed as zeros
+    (a plain embedding raises); here every rank sees every id, so all of them fail together, none
+    left waiting in a collective. On a GPU the check is asynchronous (no host sync per step)."""
+    bad = (every < 0) | (every >= rows)
+    if every.device.type != "cpu":
+        torch._assert_async(~bad.any(), f"a token id is outside the vocabulary (0..{rows - 1})")
+    elif bad.any():
+        raise IndexError(
+            f"token id {int(every[bad][0])} is outside the vocabulary (0..{rows - 1}): "
+            "check that the data was prepared with this model's tokenizer"
+        )
 
 
 def _gather(t: torch.Tensor, table: ShardedTokenEmbedding) -> torch.Tensor:
