@@ -8,7 +8,8 @@ Parallelism is applied to the built model in a fixed order, each step one small 
 3. ``train.compile`` (``torch.compile`` per block), then activation checkpointing
    (``train.activation_checkpointing``) around each compiled block,
 4. ZeRO-3 only: ``fully_shard`` every block and the stage over the dp group (``shard_fully``;
-   the token embedding sharded by rows instead where ``looks_up_sharded``: ``parallel/lookup.py``),
+   the token embedding and the head sharded by rows instead where ``shards_vocab_over_dp``:
+   ``parallel/vocab.py``),
 5. ``materialize``: allocate this rank's shards on the device and fill each with its slice of
    the parameter's initial value (from seed and name, identical in any layout); no rank ever
    holds more than its shards plus one whole parameter,
@@ -52,7 +53,7 @@ from distlaunch.engine.parallel.activation import apply_activation_checkpointing
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.compile import apply_compile, compile_enabled
 from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP, shard_fully
-from distlaunch.engine.parallel.dims import ParallelDims, looks_up_sharded
+from distlaunch.engine.parallel.dims import ParallelDims, shards_vocab_over_dp
 from distlaunch.engine.parallel.materialize import materialize
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
@@ -152,6 +153,10 @@ class Engine:
         self.pp_rank = mesh["pp"].get_local_rank()
         self.dp_rank = mesh["dp"].get_local_rank()
         self.tp_mesh = mesh["tp"] if dims.tp > 1 else None
+        # ZeRO-3 may shard the vocabulary tables over dp instead of gathering them (parallel/vocab.py):
+        # the logits are then vocabulary-parallel over dp, as they are over tp with tp
+        self.vocab_over_dp = shards_vocab_over_dp(dims, cfg.train.seq_len, self.model_cfg.vocab_size)
+        self.vocab_mesh = mesh["dp"] if self.vocab_over_dp else self.tp_mesh
         train = cfg.train
         return_freed_host_memory()  # before the first tensor of the model (memory.py says why)
         self.chunks = build_chunks(self.model_cfg, dims, self.pp_rank)
@@ -163,8 +168,7 @@ class Engine:
         if train.activation_checkpointing:
             apply_activation_checkpointing(self.chunks)
         if dims.zero == 3:
-            sharded_lookup = looks_up_sharded(dims, train.seq_len, self.model_cfg.vocab_size)
-            shard_fully(self.chunks, mesh["dp"], train.precision, train.reduce_dtype, sharded_lookup)
+            shard_fully(self.chunks, mesh["dp"], train.precision, train.reduce_dtype, self.vocab_over_dp)
         materialize(self.chunks, device, train.seed)
         make_optimizer = make_optimizer_factory(train.lr, train.weight_decay, (train.beta1, train.beta2))
         self.data_parallel = build_data_parallel(self.chunks, dims, mesh["dp"], make_optimizer, train)
@@ -195,7 +199,8 @@ class Engine:
         # of the batch mean; times the fp16 loss scale (1 otherwise). fp32 logits: the softmax
         # of a 16-bit forward is computed in full precision.
         rounds = self.dims.microbatches * self.dims.accum_steps
-        return cross_entropy(logits.float(), targets, self.tp_mesh) * (self.scaler.scale / rounds)
+        loss = cross_entropy(logits.float(), targets, self.vocab_mesh, every_rank=self.vocab_over_dp)
+        return loss * (self.scaler.scale / rounds)
 
     def forward_backward(self, step: int) -> torch.Tensor:
         """Run all micro-batches of ``step``; returns this rank's loss (0 off the last stage),
@@ -212,7 +217,7 @@ class Engine:
         x, y = to_device(x, self.device), to_device(y, self.device)
         total = torch.zeros((), device=self.device)
         precision = self.cfg.train.precision
-        with loss_context(self.tp_mesh):
+        with loss_context(self.vocab_mesh):
             for xr, yr in zip(x.chunk(self.dims.accum_steps), y.chunk(self.dims.accum_steps), strict=False):
                 if self.schedule is not None:
                     with autocast(precision, self.device):  # forward and backward interleave

@@ -22,10 +22,10 @@ from torch.testing import assert_close
 from distlaunch.engine.model import GPT, GPTConfig, init_weights
 from distlaunch.engine.optim import make_optimizer_factory
 from distlaunch.engine.parallel.data import ReplicatedDP, full_tensor
-from distlaunch.engine.parallel.lookup import ShardedTokenEmbedding
 from distlaunch.engine.parallel.materialize import local_slice
 from distlaunch.engine.parallel.mesh import init_process_group, read_env
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, tp_plan
+from distlaunch.engine.parallel.vocab import ShardedHead, ShardedTokenEmbedding
 from distlaunch.engine.parallel.zero import ShardedDP
 
 CFG = GPTConfig(n_layer=2, n_head=4, d_model=32, max_seq_len=16)
@@ -209,6 +209,35 @@ def check_sharded_lookup_refuses_a_token_outside_the_table_on_every_rank() -> No
         assert "token id 7 is outside the vocabulary (0..6)" in str(err), err
     else:
         raise AssertionError("an id outside the table was embedded")
+
+
+def check_sharded_head_and_loss_match_a_plain_head() -> None:
+    """The head's rows split 4 + 4 over the two dp ranks, each rank with tokens of its own: every
+    rank's loss is the mean over both ranks' tokens, the weight's gradient is this rank's rows of
+    that mean's, and the hidden states' gradient is that of the rank's own tokens' mean (what the
+    rest of its backward expects under FSDP, which averages over dp after)."""
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    head = ShardedHead(8, 6, mesh, torch.float32).to_empty(device="cpu")
+    full = torch.randn(8, 6, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        head.weight.to_local().copy_(local_slice(full, head.weight))
+    gen = torch.Generator().manual_seed(9)
+    hidden = [torch.randn(3, 5, 6, generator=gen) for _ in range(2)]
+    targets = [torch.randint(0, 8, (3, 5), generator=gen) for _ in range(2)]
+    rank = dist.get_rank()
+    mine = hidden[rank].clone().requires_grad_(True)
+    with loss_context(mesh):
+        loss = cross_entropy(head(mine), targets[rank], mesh, every_rank=True)
+        loss.backward()
+    plain = full.clone().requires_grad_(True)
+    plain_hidden = [h.clone().requires_grad_(True) for h in hidden]
+    per_rank = [
+        F.cross_entropy((h @ plain.T).flatten(0, 1), t.flatten()) for h, t in zip(plain_hidden, targets, strict=True)
+    ]
+    (sum(per_rank) / 2).backward()
+    assert_close(loss.to_local(), (sum(per_rank) / 2).detach())
+    assert_close(head.weight.grad.to_local(), local_slice(plain.grad, head.weight))
+    assert_close(mine.grad, plain_hidden[rank].grad * 2)  # d(own mean)/dh = dp x d(dp mean)/dh
 
 
 def check_sharded_lookup_never_holds_the_whole_table() -> None:

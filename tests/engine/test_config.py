@@ -7,7 +7,7 @@ import pytest
 from distlaunch.contract.layout import parse_layout
 from distlaunch.engine.config import Preset, load_config
 from distlaunch.engine.model import PRESETS, GPTConfig, num_params
-from distlaunch.engine.parallel.dims import looks_up_sharded, resolve_parallel_dims
+from distlaunch.engine.parallel.dims import resolve_parallel_dims, shards_vocab_over_dp
 from distlaunch.engine.parallel.mesh import read_env
 from distlaunch.engine.parallel.pipeline import bubble_fraction, stage_layer_counts
 from distlaunch.errors import UsageError
@@ -211,8 +211,8 @@ def test_presets_and_sizes():
         (["parallel.zero=3", "train.seq_len=2048", "train.global_batch_size=32"], 4, False),  # 4x8x2048 > 50,304
     ],
 )
-def test_zero3_looks_the_token_table_up_sharded_where_that_moves_fewer_bytes(overrides, world, sharded):
+def test_zero3_shards_the_vocabulary_tables_over_dp_where_that_moves_fewer_bytes(overrides, world, sharded):
     model = PRESETS["125m"]
     cfg = load_config(None, ["model.preset='125m'", "train.global_batch_size=4", *overrides])
     dims = resolve_parallel_dims(cfg, model, world)
-    assert looks_up_sharded(dims, cfg.train.seq_len, model.vocab_size) is sharded
+    assert shards_vocab_over_dp(dims, cfg.train.seq_len, model.vocab_size) is sharded

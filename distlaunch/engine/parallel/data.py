@@ -36,8 +36,8 @@ from torch.distributed.tensor import DTensor, Shard
 
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.hooks import register_weak_hook
-from distlaunch.engine.parallel.lookup import ShardedTokenEmbedding
 from distlaunch.engine.parallel.units import tune_unit, unit_groups
+from distlaunch.engine.parallel.vocab import shard_vocab_tables
 from distlaunch.engine.parallel.wire import all_reduce_bucket
 from distlaunch.engine.precision import dtype, reduce_dtype_name
 
@@ -291,23 +291,19 @@ def shard_fully(
     dp_mesh: DeviceMesh,
     precision: str = "fp32",
     reduce_dtype: str | None = None,
-    sharded_lookup: bool = False,
+    vocab_over_dp: bool = False,
 ) -> None:
     """ZeRO-3: ``fully_shard`` (FSDP2) every block, the embeddings, the head with the final norm
     (``parallel/units.py``), then every chunk, so only one unit's parameters are unsharded at a
-    time. ``sharded_lookup`` (``dims.looks_up_sharded``): the token embedding becomes a
-    ``ShardedTokenEmbedding`` instead, which FSDP leaves alone. Applied to the model while it is
-    still on the meta device, before ``materialize``."""
+    time. ``vocab_over_dp`` (``dims.shards_vocab_over_dp``): the token embedding and the head
+    become ``vocab.ShardedTokenEmbedding`` and ``vocab.ShardedHead`` instead, which FSDP leaves
+    alone. Applied to the model while it is still on the meta device, before ``materialize``."""
     mp_policy = mixed_precision_policy(precision, reduce_dtype)
     # with tp the head returns its vocab shard of the logits as a view (DTensor.to_local);
     # the loss only reads it out of place, so FSDP's in-place warning does not apply
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     for chunk in chunks:
-        ignored = set()
-        if sharded_lookup and chunk.tok_emb is not None:
-            rows, width = chunk.tok_emb.weight.shape
-            chunk.tok_emb = ShardedTokenEmbedding(rows, width, dp_mesh, dtype(precision))
-            ignored.add(chunk.tok_emb.weight)
+        ignored = shard_vocab_tables(chunk, dp_mesh, dtype(precision)) if vocab_over_dp else set()
         for modules in [[b] for b in chunk.blocks.values()] + unit_groups(chunk):
             # the head runs last in forward and first in backward: kept unsharded in between
             fully_shard(modules, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=modules[0] is not chunk.head)

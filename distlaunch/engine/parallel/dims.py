@@ -42,14 +42,15 @@ class ParallelDims:
         return f"dp={self.dp},tp={self.tp},pp={self.pp},zero={self.zero}"
 
 
-def looks_up_sharded(dims: ParallelDims, seq_len: int, vocab_size: int) -> bool:
-    """Whether ZeRO-3 keeps the token embedding sharded and looks tokens up where their rows live
-    (``parallel/lookup.py``) instead of gathering the table as an FSDP unit: with tp=1 (tp makes
-    the table vocabulary-parallel over the tp group instead), and when one micro-batch's tokens of
-    all dp ranks together are no more than the vocabulary's rows, so that the (dp, micro-batch,
-    seq, d_model) buffers it moves are no larger than the table FSDP would gather."""
+def shards_vocab_over_dp(dims: ParallelDims, seq_len: int, vocab_size: int) -> bool:
+    """Whether ZeRO-3 keeps the token embedding and the LM head sharded by rows over dp and brings
+    every dp rank's tokens to them (``parallel/vocab.py``) instead of gathering each table as an
+    FSDP unit: with tp=1 (tp makes both vocabulary-parallel over the tp group instead), a vocabulary
+    that dp divides (the head's logits are then even shards), and where one micro-batch's tokens
+    of all dp ranks together are no more than the vocabulary's rows, so that the (dp, micro-batch,
+    seq, d_model) buffers that travel are no larger than a table FSDP would gather."""
     tokens = dims.dp * dims.micro_batch_size * seq_len
-    return dims.zero == 3 and dims.tp == 1 and dims.dp > 1 and tokens <= vocab_size
+    return dims.zero == 3 and dims.tp == 1 and dims.dp > 1 and vocab_size % dims.dp == 0 and tokens <= vocab_size
 
 
 def stage_layer_counts(n_layer: int, n_stages: int) -> list[int]:

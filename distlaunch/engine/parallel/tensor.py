@@ -26,6 +26,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from distlaunch.engine.model import GPT
+from distlaunch.engine.parallel.wire import gather_stacked
 
 
 def tp_plan(model: GPT) -> dict[str, ParallelStyle]:
@@ -54,17 +55,24 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh) -> GPT:
     return model
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp_mesh: DeviceMesh | None) -> torch.Tensor:
-    """Mean token cross-entropy; with tp the logits are this rank's vocabulary shard."""
-    if tp_mesh is None or tp_mesh.size() == 1:
+def cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, vocab_mesh: DeviceMesh | None, every_rank: bool = False
+) -> torch.Tensor:
+    """Mean token cross-entropy. With a ``vocab_mesh`` the logits are this rank's vocabulary shard over
+    it: tp's (B, T, V/tp), or (``every_rank``) ZeRO-3's ``vocab.ShardedHead``'s (dp*B, T, V/dp), which
+    covers every dp rank's tokens: the targets are gathered to match, and the loss is the mean over
+    the dp group's tokens."""
+    if vocab_mesh is None or vocab_mesh.size() == 1:
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, V) vs (B*T,)
-    sharded = DTensor.from_local(logits, tp_mesh, [Shard(-1)])  # (B, T, V/tp) per rank
+    if every_rank:
+        targets = gather_stacked(targets, vocab_mesh.get_group()).flatten(0, 1)  # (dp*B, T)
+    sharded = DTensor.from_local(logits, vocab_mesh, [Shard(-1)])
     return F.cross_entropy(sharded.flatten(0, 1), targets.flatten())  # must run in loss_context
 
 
-def loss_context(tp_mesh: DeviceMesh | None) -> contextlib.AbstractContextManager:
+def loss_context(vocab_mesh: DeviceMesh | None) -> contextlib.AbstractContextManager:
     """Context for forward *and* backward of the loss: the sharded cross-entropy needs both."""
-    if tp_mesh is None or tp_mesh.size() == 1:
+    if vocab_mesh is None or vocab_mesh.size() == 1:
         return contextlib.nullcontext()
     return loss_parallel()
 

@@ -7,11 +7,12 @@ block), so they are units of their own instead of one root unit that stayed unsh
 first forward to the end of backward (both tables at once, with their gradients):
 
 - ``tok_emb`` + ``pos_emb``: gathered for the forward only. An embedding's backward needs no
-  weights, so the unit is not gathered again for it (``set_unshard_in_backward``). Where
-  ``dims.looks_up_sharded``, ``tok_emb`` is never gathered (``parallel/lookup.py``) and
-  ``pos_emb`` is a unit alone.
+  weights, so the unit is not gathered again for it (``set_unshard_in_backward``).
 - ``head`` + ``norm``: the head first, so FSDP's reduce (whose loop keeps its last gradient alive
   until the collective returns) frees the head's gradient once it is copied in.
+
+Where ``dims.shards_vocab_over_dp``, ``tok_emb`` and ``head`` are no units at all, but sharded by
+rows and never gathered (``parallel/vocab.py``); ``pos_emb`` and ``norm`` are then units alone.
 
 On gloo a reduce-scatter clones its input, all-reduces the clone and copies this rank's part out
 (``wire.reduces_by_all_reduce``); ``InPlaceReduceScatter`` all-reduces FSDP's own input buffer
@@ -26,7 +27,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
-from distlaunch.engine.parallel.lookup import ShardedTokenEmbedding
+from distlaunch.engine.parallel.vocab import ShardedHead, ShardedTokenEmbedding
 from distlaunch.engine.parallel.wire import reduces_by_all_reduce
 
 try:  # FSDP2's interface for a custom reduce-scatter (torch >= 2.8)
@@ -51,11 +52,13 @@ def unit_groups(chunk: nn.Module) -> list[list[nn.Module]]:
     """The units of a model chunk besides its blocks: the embeddings (first stage) and the head
     with the final norm (last stage); a middle stage has neither."""
     groups = []
-    if isinstance(chunk.tok_emb, ShardedTokenEmbedding):  # already sharded, gathered never
+    if isinstance(chunk.tok_emb, ShardedTokenEmbedding):  # sharded by rows already, never gathered
         groups.append([chunk.pos_emb])
     elif chunk.tok_emb is not None:
         groups.append([chunk.tok_emb, chunk.pos_emb])
-    if chunk.head is not None:
+    if isinstance(chunk.head, ShardedHead):
+        groups.append([chunk.norm])
+    elif chunk.head is not None:
         groups.append([chunk.head, chunk.norm])
     return groups
 

@@ -112,3 +112,22 @@ class ReduceScatter:
 
     def result(self) -> torch.Tensor:
         return self.out.float()  # fp32: itself, no copy
+
+
+def gather_stacked(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Every rank's ``t``, stacked in rank order: (ranks, *t.shape)."""
+    ranks = group.size()
+    out = t.new_empty(ranks * t.numel())
+    all_gather(out, t.contiguous().view(-1), group=group)
+    return out.view(ranks, *t.shape)
+
+
+def sum_own_slot(blocks: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Slot ``group.rank()`` of ``blocks`` (ranks, ...) summed over ``group``: a reduce-scatter (gloo: an
+    all-reduce of ``blocks`` in place, the same bytes without gloo's copy)."""
+    if reduces_by_all_reduce(group):
+        dist.all_reduce(blocks, group=group)
+        return blocks[group.rank()].clone()
+    out = blocks.new_empty(blocks.shape[1:])
+    reduce_scatter(out, blocks.reshape(-1), group=group)
+    return out

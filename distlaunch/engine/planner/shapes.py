@@ -108,30 +108,36 @@ def block_numel(model: GPTConfig, tp: int) -> int:
     return 4 * d + (3 * d * d + d * d + 2 * f * d) // tp
 
 
-def head_unit_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
-    """Parameters of ZeRO-3's head unit (the final norm and the LM head, on the last stage)."""
-    return 2 * model.d_model + model.vocab_size // dims.tp * model.d_model if holds_last_stage(dims, pp_rank) else 0
+def head_unit_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, vocab_over_dp: bool = False) -> int:
+    """Parameters of ZeRO-3's head unit (the final norm and the LM head, on the last stage; the norm
+    alone where the head is sharded by rows over dp, ``vocab_over_dp``)."""
+    if not holds_last_stage(dims, pp_rank):
+        return 0
+    return 2 * model.d_model + (0 if vocab_over_dp else model.vocab_size // dims.tp * model.d_model)
 
 
-def gathered_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
+def gathered_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, vocab_over_dp: bool = False) -> int:
     """Parameters ZeRO-3 holds unsharded while it gathers unit by unit (parallel/units.py): the
     head unit (kept from its forward to its backward) and two blocks (the one running, the next
     one prefetched). The embeddings are gathered for the forward only."""
     layers = rank_layers(model, dims, pp_rank)
-    return head_unit_numel(model, dims, pp_rank) + min(2, layers) * block_numel(model, dims.tp)
+    return head_unit_numel(model, dims, pp_rank, vocab_over_dp) + min(2, layers) * block_numel(model, dims.tp)
 
 
-def token_table_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, sharded_lookup: bool) -> int:
-    """The token embedding's parameters in this rank's stages where ZeRO-3 never gathers them
-    (``sharded_lookup``: ``dims.looks_up_sharded``, ``parallel/lookup.py``), else 0."""
-    return model.vocab_size * model.d_model if sharded_lookup and 0 in rank_stages(dims, pp_rank) else 0
+def vocab_tables_numel(model: GPTConfig, stage: int, n_stages: int, vocab_over_dp: bool) -> int:
+    """The token embedding's and the LM head's parameters in pipeline stage ``stage`` where ZeRO-3
+    never gathers them (``vocab_over_dp``: ``dims.shards_vocab_over_dp``, ``parallel/vocab.py``), else 0."""
+    if not vocab_over_dp:
+        return 0
+    return model.vocab_size * model.d_model * ((stage == 0) + (stage == n_stages - 1))
 
 
-def unsharded_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, sharded_lookup: bool = False) -> int:
+def unsharded_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, vocab_over_dp: bool = False) -> int:
     """Parameters ZeRO-3 holds unsharded at most. With pp, the whole stage: torch's PipelineStage
     keeps FSDP from resharding after a backward and reduce-scatters only after the last micro-batch
-    (less a token embedding looked up sharded, which is never gathered)."""
+    (less the vocabulary tables sharded over dp, which are never gathered)."""
     if dims.pp > 1:
-        stage = sum(x.numel for x in rank_tensors(model, dims, pp_rank))
-        return stage - token_table_numel(model, dims, pp_rank, sharded_lookup)
-    return gathered_numel(model, dims, pp_rank)
+        stages = rank_stages(dims, pp_rank)
+        tables = sum(vocab_tables_numel(model, s, dims.n_stages, vocab_over_dp) for s in stages)
+        return sum(x.numel for x in rank_tensors(model, dims, pp_rank)) - tables
+    return gathered_numel(model, dims, pp_rank, vocab_over_dp)

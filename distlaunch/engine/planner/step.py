@@ -16,7 +16,7 @@ from math import ceil
 
 from distlaunch.engine.config import TrainSection
 from distlaunch.engine.parallel.bucketing import ALL_REDUCE_BACKENDS, GATHERS_IN_FLIGHT, cut_buckets
-from distlaunch.engine.parallel.dims import ParallelDims, looks_up_sharded
+from distlaunch.engine.parallel.dims import ParallelDims, shards_vocab_over_dp
 from distlaunch.engine.planner.activations import activation_bytes, chunks_take_turns, later_in_flight
 from distlaunch.engine.planner.shapes import (
     FP32,
@@ -30,8 +30,8 @@ from distlaunch.engine.planner.shapes import (
     rank_tensors,
     stage_tensors,
     state_bytes,
-    token_table_numel,
     unsharded_numel,
+    vocab_tables_numel,
 )
 from distlaunch.engine.precision import ELEMENT_BYTES, model_dtype_name, reduce_dtype_name
 from distlaunch.engine.presets import GPTConfig
@@ -114,9 +114,9 @@ class RankStep:
         return state_bytes(self.tensors, self.dims.zero, self.dims.dp, self.dp_rank, self.train.precision)
 
     @cached_property
-    def sharded_lookup(self) -> bool:
-        """ZeRO-3 looks the token embedding up sharded (``dims.looks_up_sharded``): never gathered."""
-        return looks_up_sharded(self.dims, self.train.seq_len, self.model.vocab_size)
+    def vocab_over_dp(self) -> bool:
+        """ZeRO-3 shards the vocabulary tables over dp (``dims.shards_vocab_over_dp``): never gathered."""
+        return shards_vocab_over_dp(self.dims, self.train.seq_len, self.model.vocab_size)
 
     @property
     def kept(self) -> dict[str, int]:
@@ -188,15 +188,18 @@ def step_moments(
     return moments
 
 
-def unsharded_grad_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, sharded_lookup: bool = False) -> int:
+def unsharded_grad_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int, vocab_over_dp: bool = False) -> int:
     """Gradients ZeRO-3 with pp holds unsharded at once: each chunk accumulates its micro-batches'
     gradients unsharded until its last backward. One chunk per rank: the whole stage. Interleaved
     chunks are reduce-scattered one by one, right after their own last backward (torch's runtime
     schedule inserts a REDUCE_GRAD there); with one round of pp micro-batches a chunk's backwards
-    all come before the next chunk's first, so only one chunk's are unsharded at a time. A token
-    embedding looked up sharded has only its shard's gradient, counted with the kept state."""
-    chunks = [sum(t.numel for t in stage_tensors(model, s, dims.n_stages, dims.tp)) for s in rank_stages(dims, pp_rank)]
-    chunks[0] -= token_table_numel(model, dims, pp_rank, sharded_lookup)  # stage 0 is a rank's first chunk
+    all come before the next chunk's first, so only one chunk's are unsharded at a time. Vocabulary
+    tables sharded over dp have only their shard's gradient, counted with the kept state."""
+    chunks = [
+        sum(t.numel for t in stage_tensors(model, s, dims.n_stages, dims.tp))
+        - vocab_tables_numel(model, s, dims.n_stages, vocab_over_dp)
+        for s in rank_stages(dims, pp_rank)
+    ]
     if dims.virtual_stages > 1 and chunks_take_turns(dims):
         return max(chunks)
     return sum(chunks)
@@ -263,7 +266,7 @@ def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
     dims, model = step.dims, step.model
     elem = FP32 if step.train.precision == "fp32" else 2
     block = block_numel(model, dims.tp)
-    unsharded = unsharded_numel(model, dims, step.pp_rank, step.sharded_lookup)
+    unsharded = unsharded_numel(model, dims, step.pp_rank, step.vocab_over_dp)
     carried = step.state[1] if dims.accum_steps > 1 else 0
     copy = elem * block if step.copies else 0  # gloo's copy of the block it all-gathers
     backward = step.kept | {"gradients": carried, "activations": step.activations()}
@@ -271,7 +274,7 @@ def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
         # the head's gradient is computed first and reduced with the root unit at the very end.
         # One block later, that block's activations and the logits are gone, but its gradients
         # are in their reduce-scatter.
-        head = head_unit_numel(model, dims, step.pp_rank)
+        head = head_unit_numel(model, dims, step.pp_rank, step.vocab_over_dp)
         backward |= {"unsharded params": elem * unsharded, "unsharded grads": FP32 * head, "gloo copy": copy}
         # the head unit is resharded after its backward; its gradients wait in their reduce-scatter input
         later = backward | {"activations": step.activations(done=1), "unsharded grads": FP32 * (head + block)}
@@ -282,10 +285,10 @@ def zero3_moments(step: RankStep) -> dict[str, dict[str, int]]:
     # above. Each backward leaves its units unsharded and accumulates into the stage's unsharded
     # gradients (fp32: FSDP2 accumulates in the reduce dtype), so a later backward has the whole
     # stage unsharded besides the activations still in flight; a forward in between reshards.
-    gathered = gathered_numel(model, dims, step.pp_rank)
+    gathered = gathered_numel(model, dims, step.pp_rank, step.vocab_over_dp)
     backward |= {"unsharded params": elem * gathered, "gloo copy": copy}
     in_flight, regathers = later_in_flight(dims, step.pp_rank)
-    grads = unsharded_grad_numel(model, dims, step.pp_rank, step.sharded_lookup)
+    grads = unsharded_grad_numel(model, dims, step.pp_rank, step.vocab_over_dp)
     later = step.kept | {"gradients": carried, "activations": step.activations(in_flight=in_flight)}
     later |= {"unsharded params": elem * unsharded, "unsharded grads": FP32 * grads}
     later |= {"gradient temporary": step.largest_tensor(), "gloo copy": copy if regathers else 0}
