@@ -132,6 +132,8 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
             {str(p.dtype) for group in engine.data_parallel.optimizer.param_groups for p in group["params"]}
         ),
         "compiled_blocks": sum(is_compiled(b) for chunk in engine.chunks for b in chunk.blocks.values()),
+        # the classes of the vocabulary tables this rank's stages have (ZeRO-3 may shard them over dp)
+        "vocab_tables": sorted({type(t).__name__ for c in engine.chunks for t in (c.tok_emb, c.head) if t is not None}),
     }
     return result, weakref.ref(engine.data_parallel)
 

@@ -107,6 +107,20 @@ def test_loss_curve_matches_single_process(world_size, name, reference, layout_r
     assert max(_relative(ranks[0]["grad_norms"], reference["grad_norms"])) <= NORM_RTOL
 
 
+ZERO3 = [(world, name) for world, name in CASES if "zero3" in name]
+
+
+@pytest.mark.parametrize("world_size,name", ZERO3, ids=[n for _, n in ZERO3])
+def test_zero3_shards_the_vocabulary_tables_over_dp_where_tp_does_not(world_size, name, layout_results):
+    """The layouts above hold the parity of ``parallel/vocab.py`` only if they run it: every ZeRO-3 layout
+    here without tp shards both tables over dp (the tiny model's 256 rows take one micro-batch's tokens
+    of every dp rank), and the one with tp keeps FSDP's units (tp makes them vocabulary-parallel)."""
+    for rank in layout_results(world_size)[name]:
+        tables = set(rank["vocab_tables"])
+        sharded = {t for t in tables if t.startswith("Sharded")}
+        assert tables and sharded == (tables if "tp2" not in name else set()), (name, tables)
+
+
 @pytest.mark.parametrize("world_size,name", CASES, ids=[n for _, n in CASES])
 def test_step1_gradients_match_single_process(world_size, name, reference, layout_results):
     ranks = layout_results(world_size)[name]
