@@ -4,6 +4,9 @@ Gradients are accumulated in fp32 whatever ``train.reduce_dtype`` says
 (``data.Fp32Gradients``); only the collective's buffer is in the reduce dtype
 (``precision.reduce_dtype_name``), filled with one copy that also casts, and the result lands back
 in fp32. A bf16 buffer is half the bytes of an fp32 one on the wire and in memory.
+
+Also the two moves ZeRO-3's row-sharded vocabulary tables make (``parallel/vocab.py``): every rank's
+tensor stacked (``gather_stacked``) and one rank's slot summed over the group (``sum_own_slot``).
 """
 
 from __future__ import annotations
