@@ -19,7 +19,7 @@ out of time is reported and the next one runs (a run cut short keeps what it pri
 - ``tf32``: an fp32 125m job with torch.compile, ``train.tf32`` left out, then set true: the TF32 warnings
   each prints, and tokens/s;
 - ``layouts``: ``bench/gpu_layouts.py`` (two ranks on the GPU over gloo with CUDA tensors, torch.compile
-  with tp=2 and with ZeRO-3 among them), against one rank.
+  with tp=2 and with ZeRO-3, and fp16 with ZeRO-3 among them), against one rank.
 
 Throughput against the reference loop is ``bench/gpu_throughput.py --presets 1.3b --rounds 3``. Every
 command's whole output goes to ``--out`` (a new temporary folder by default), named at the end.
