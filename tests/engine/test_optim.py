@@ -65,15 +65,18 @@ def test_the_schedule_sets_every_groups_rate_and_resumes_from_its_step():
     assert again.optimizer.param_groups[0]["lr"] == rates[0] == rates[1]
 
 
+# ends as `python -m distlaunch.engine` does (end_process, not sys.exit): a rank that goes through the
+# interpreter's shutdown after training can abort in torch's C++ teardown ("terminate called without an
+# active exception", SIGABRT; once in a full suite run), which the engine's own exit never meets
 PROBE = """
 import json, os, sys
-from distlaunch.engine.__main__ import main
+from distlaunch.engine.__main__ import end_process, main
 
 code = main(sys.argv[1:])
 heavy = {m: m in sys.modules for m in ("torch._dynamo", "torch.distributed.pipelining")}
 with open(f"imported.{os.environ['RANK']}.json", "w") as f:
     json.dump(heavy, f)
-sys.exit(code)
+end_process(code)
 """
 
 
