@@ -52,13 +52,10 @@ TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3}
 
 
 def precision_of(overrides: list[str]) -> str:
-    """The ``train.precision`` a layout's overrides set (fp32 when they set none): the one-rank run
-    it is compared with trains in the same precision."""
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key == "train.precision":
-            return value.strip("'")
-    return "fp32"
+    """The ``train.precision`` of a layout: the one-rank run it is compared with trains in the same one."""
+    from distlaunch.engine.config import load_config
+
+    return load_config(None, BASE + overrides).train.precision
 
 
 PRECISIONS = sorted({precision_of(extra) for extra in LAYOUTS.values()})

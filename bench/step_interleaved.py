@@ -75,9 +75,16 @@ def time_phases(engine: Engine) -> dict[str, list[float]]:
     return spent
 
 
+WARM_UP = 2  # steps left out of the phase medians: the first ones build buffers and warm up
+
+
+def median_ms(seconds: list[float]) -> float:
+    return statistics.median(seconds[WARM_UP:]) * 1000
+
+
 def phase_medians(spent: dict[str, list[float]]) -> dict[str, float]:
-    """Median milliseconds of each phase over steps 3..N (the first two build buffers and warm up)."""
-    return {phase: statistics.median(times[2:]) * 1000 for phase, times in spent.items() if len(times) > 2}
+    """Median milliseconds of each phase over steps 3..N."""
+    return {phase: median_ms(times) for phase, times in spent.items() if len(times) > WARM_UP}
 
 
 def stepper(engine: Engine):
@@ -100,7 +107,7 @@ def main() -> None:
         engines["reference"] = build_engine(args, 0, device)
     spent = {key: time_phases(engine) for key, engine in engines.items()} if args.phases else {}
     engine_step = stepper(engines["engine"])
-    reference_step = stepper(engines["reference"]) if args.against == "zero0" else Reference(args, device).step
+    reference_step = stepper(engines["reference"]) if "reference" in engines else Reference(args, device).step
 
     times: dict[str, list[float]] = {"engine_s": [], "reference_s": []}
     cpu: dict[str, list[float]] = {"engine_s": [], "reference_s": []}
@@ -138,7 +145,7 @@ def print_phases(times: dict, keys: list[str]) -> None:
     for phase in PHASES:
         cells = [times[f"{key}_phases_ms"].get(phase) for key in keys]
         print(f"{phase:40}" + "".join(f"{'-' if c is None else f'{c:.2f}':>12}" for c in cells))
-    steps = [statistics.median(times[f"{key}_s"][2:]) * 1000 for key in keys]
+    steps = [median_ms(times[f"{key}_s"]) for key in keys]
     print(f"{'whole step':40}" + "".join(f"{ms:>12.2f}" for ms in steps))
 
 
