@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.model import GPT, PRESETS, init_weights
 from distlaunch.engine.optim import build_scheduler
+from distlaunch.training.config import load_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from distlaunch.engine.config import load_config
+from distlaunch.training.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

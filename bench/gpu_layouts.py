@@ -53,7 +53,7 @@ TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3}
 
 def precision_of(overrides: list[str]) -> str:
     """The ``train.precision`` of a layout: the one-rank run it is compared with trains in the same one."""
-    from distlaunch.engine.config import load_config
+    from distlaunch.training.config import load_config
 
     return load_config(None, BASE + overrides).train.precision
 
@@ -66,11 +66,11 @@ def train_layouts(device_type: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from distlaunch.engine.config import load_config
-    from distlaunch.engine.parallel.dims import resolve_parallel_dims
     from distlaunch.engine.parallel.mesh import build_mesh
-    from distlaunch.engine.presets import model_config
     from distlaunch.engine.trainer import Engine
+    from distlaunch.training.config import load_config
+    from distlaunch.training.dims import resolve_parallel_dims
+    from distlaunch.training.presets import model_config
 
     device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":

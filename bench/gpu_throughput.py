@@ -159,11 +159,11 @@ def sync_audit(preset: str, seq_len: int, batch: int) -> dict:
 
     import torch
 
-    from distlaunch.engine.config import load_config
-    from distlaunch.engine.parallel.dims import resolve_parallel_dims
     from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, pick_device, read_env
-    from distlaunch.engine.presets import model_config
     from distlaunch.engine.trainer import Engine
+    from distlaunch.training.config import load_config
+    from distlaunch.training.dims import resolve_parallel_dims
+    from distlaunch.training.presets import model_config
 
     cfg = load_config(None, engine_sets(preset, seq_len, batch, steps=6))
     env = read_env()

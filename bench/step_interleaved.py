@@ -31,11 +31,11 @@ from ddp_reference import Reference, arguments, init
 from engine_throughput import engine_overrides
 
 from distlaunch.engine.__main__ import end_process
-from distlaunch.engine.config import load_config
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh
-from distlaunch.engine.presets import model_config
 from distlaunch.engine.trainer import Engine, read_results
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
+from distlaunch.training.presets import model_config
 
 
 def build_engine(args, zero: int, device) -> Engine:

@@ -3,7 +3,7 @@ script or the module Python runs. Each check answers with a problem (a small JSO
 
 Standard library only (Python 3.8+): the agent checks its host with it before any rank starts anywhere, the
 launcher checks this machine with it, and a rank's own interpreter runs this file to look for a ``-m``
-module. The words for a problem are the launcher's (launcher/program.py); the rules are here, once.
+module. The words for a problem are the launcher's (launcher/planning/program.py); the rules are here, once.
 
 Problems: ``program-missing``, ``program-directory``, ``program-not-executable``, ``script-missing``,
 ``script-directory``, ``module-missing``; each with ``name`` (as the user wrote it) and, where one was

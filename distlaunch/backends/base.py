@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel
 
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.options import ExecOptions, LaunchOptions, NodeOptions
+from distlaunch.contract.sink import Sink
 from distlaunch.errors import DistlaunchError, HostError, UsageError
 from distlaunch.jobs.store import JobRecord, jobs_dir, read_record, write_record
-from distlaunch.launcher.job import ExecOptions, Sink
-from distlaunch.launcher.pernode import NodeOptions
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport
-    from distlaunch.launcher.snapshots import StacksSnapshot
+    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
 
 
 class LaunchRequest(BaseModel):

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 from distlaunch.backends.base import CheckpointSaved, LaunchRequest
 from distlaunch.backends.output import FileOutput
 from distlaunch.backends.ranklog_lines import rank_log_lines
+from distlaunch.contract.sink import Sink
 from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE, STOP_FILE, JobRecord, free_space, jobs_dir
-from distlaunch.launcher.job import Sink
-from distlaunch.launcher.stragglers import read_stragglers
+from distlaunch.launcher.supervising.stragglers import read_stragglers
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport
-    from distlaunch.launcher.snapshots import StacksSnapshot
+    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
 
 
 class LauncherDriven(FileOutput):
@@ -51,7 +51,7 @@ class LauncherDriven(FileOutput):
             os.kill(owner.pid, signal.SIGTERM)  # the launcher stops every rank: SIGTERM, grace period, SIGKILL
 
     def checkpoint(self, record: JobRecord, then: str, timeout: float) -> CheckpointSaved:
-        from distlaunch.launcher.requests import post_request, wait_answer
+        from distlaunch.launcher.supervising.requests import post_request, wait_answer
 
         name = post_request(record, "checkpoint", then=then)
         answer = wait_answer(record, name, timeout, "with a checkpoint")
@@ -82,7 +82,7 @@ class LauncherDriven(FileOutput):
         return rank_log_lines(record, follow, ranks, tail, stderr, self.reread, on_end)
 
     def stacks(self, record: JobRecord, timeout: float) -> StacksSnapshot:
-        from distlaunch.launcher.snapshots import request_stacks
+        from distlaunch.launcher.supervising.snapshots import request_stacks
 
         return request_stacks(record, timeout)
 
@@ -94,20 +94,20 @@ class Hosts(LauncherDriven):
         pass  # every option applies; --detach hands the plan to a supervisor
 
     def plan(self, request: LaunchRequest):
-        from distlaunch.launcher.launch import check_shown_local_ranks, plan_for
+        from distlaunch.launcher.running.launch import check_shown_local_ranks, plan_for
 
         plan = plan_for(request.opts, request.exec_opts.workdir)
         check_shown_local_ranks(plan, request.exec_opts.local_ranks_filter)
         return plan
 
     def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
-        from distlaunch.launcher.launch import launch
+        from distlaunch.launcher.running.launch import launch
 
         return launch(plan, request.opts, request.exec_opts, sink, command=request.command)
 
     def detach(self, request: LaunchRequest, plan) -> JobRecord:
-        from distlaunch.launcher.detach import DetachedLaunch, detach
-        from distlaunch.launcher.launch import check_launch
+        from distlaunch.launcher.running.detach import DetachedLaunch, detach
+        from distlaunch.launcher.running.launch import check_launch
 
         check_launch(plan, request.opts)  # what a foreground run checks, before the supervisor starts
         return detach(

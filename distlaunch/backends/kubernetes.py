@@ -19,7 +19,7 @@ from distlaunch.jobs.store import FINAL_STATES, STOP_FILE, JobRecord, jobs_dir, 
 
 if TYPE_CHECKING:
     from distlaunch.k8s.manifest import K8sJobOptions
-    from distlaunch.launcher.snapshots import StacksSnapshot
+    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
 
 log = logging.getLogger("distlaunch")
 

@@ -1,6 +1,6 @@
 """This node's part of a job started once per node (``--nnodes``, torchrun's multi-node form).
 
-The nodes meet at a rendezvous (distlaunch/launcher/rendezvous.py); each node's launcher records and drives
+The nodes meet at a rendezvous (distlaunch/launcher/elastic/rendezvous.py); each node's launcher records and drives
 its own ranks, so a recorded per-node job is answered as any launcher-driven one.
 """
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from distlaunch.backends.base import LaunchRequest
 from distlaunch.backends.hosts import LauncherDriven
-from distlaunch.launcher.job import Sink
+from distlaunch.contract.sink import Sink
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport
@@ -21,11 +21,11 @@ class Node(LauncherDriven):
     records = ()  # its launcher records the job as local or ssh: Hosts answers for it
 
     def plan(self, request: LaunchRequest):
-        from distlaunch.launcher.pernode import dry_run_plan
+        from distlaunch.launcher.elastic.pernode import dry_run_plan
 
         return dry_run_plan(request.opts, request.node, request.exec_opts.workdir)
 
     def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
-        from distlaunch.launcher.pernode import launch_node
+        from distlaunch.launcher.running.node import launch_node
 
         return launch_node(request.opts, request.node, request.exec_opts, sink)

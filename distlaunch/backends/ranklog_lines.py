@@ -1,4 +1,4 @@
-"""A job's output read back from its rank logs (launcher/ranklogs.py): what ``distlaunch logs`` shows of a job that
+"""A job's output read back from its rank logs (launcher/supervising/ranklogs.py): what ``distlaunch logs`` shows of a job that
 ran in a terminal. Each rank's previous part is read before the part written now; the ranks' lines are merged by
 their time stamps and printed as the terminal showed them (``[rank N] …``); ``--follow`` follows every rank's log
 across its rotations, as ``tail -F`` does.
@@ -18,7 +18,7 @@ from distlaunch.backends.output import POLL_S, JobEnd, Note
 from distlaunch.errors import UsageError
 from distlaunch.jobs.logs import KEEP_LOGS_OF, logged_ranks, rank_log_parts
 from distlaunch.jobs.store import JobRecord, jobs_dir
-from distlaunch.launcher.ranklogs import parse_line
+from distlaunch.launcher.supervising.ranklogs import parse_line
 
 # a rank's line as read: (time stamp, out|err, the line, the rank's label)
 Line = tuple[str, str, str, str]

@@ -10,8 +10,8 @@ import os
 from typing import TYPE_CHECKING
 
 from distlaunch.backends.base import Backend, LaunchRequest
+from distlaunch.contract.sink import Sink
 from distlaunch.errors import UsageError
-from distlaunch.launcher.job import Sink
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport

@@ -14,8 +14,8 @@ from distlaunch.backends.recorded import find_job
 from distlaunch.backends.registry import of_record
 from distlaunch.cli.render import print_json
 from distlaunch.data.source import describe_data
-from distlaunch.engine.checkpoint.report import CheckpointReport, inspect_checkpoint, verify_folder
 from distlaunch.readable import plural
+from distlaunch.training.checkpoint.report import CheckpointReport, inspect_checkpoint, verify_folder
 
 
 class _JobOrCommand(TyperGroup):

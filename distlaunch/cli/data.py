@@ -14,7 +14,7 @@ from distlaunch.cli.render import print_json
 from distlaunch.data.prepare import DEFAULT_SHARD_TOKENS, PrepareReport, PrepareSpec, prepare
 from distlaunch.data.verify import verify_dataset
 from distlaunch.errors import DistlaunchError, Interrupted
-from distlaunch.launcher.signals import interrupts_unwind
+from distlaunch.launcher.running.signals import interrupts_unwind
 from distlaunch.readable import plural
 
 data_app = typer.Typer(

@@ -57,12 +57,10 @@ from distlaunch.cli.options import (
     given_flags,
     parse_local_ranks,
 )
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.options import ExecOptions, LaunchOptions, NodeOptions
 from distlaunch.errors import UsageError
-from distlaunch.launcher.elastic import DEFAULT_MAX_RESTARTS, node_range
-from distlaunch.launcher.job import ExecOptions
-from distlaunch.launcher.pernode import NodeOptions
-from distlaunch.launcher.requests import check_signals
+from distlaunch.launcher.elastic.healing import DEFAULT_MAX_RESTARTS, node_range
+from distlaunch.launcher.supervising.requests import check_signals
 from distlaunch.protocol import GRACE_PERIOD_S
 
 # -- the groups of options commands take, and how a command takes them ------------------------------------------
@@ -183,7 +181,7 @@ def with_options(
 
 
 def spares_given(values: Mapping[str, Any]) -> bool:
-    """``--nnodes`` with a hostfile and no per-node option: a job with spares (launcher/elastic.py)."""
+    """``--nnodes`` with a hostfile and no per-node option: a job with spares (launcher/elastic/healing.py)."""
     per_node = ("node_rank", "node_rank_alias", "rdzv_endpoint", "rdzv_endpoint_alias")
     return (
         values.get("nnodes") is not None

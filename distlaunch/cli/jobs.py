@@ -19,7 +19,7 @@ from distlaunch.backends.registry import of_record
 from distlaunch.cli.render import print_json, render_recovery, render_report
 from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
-from distlaunch.launcher.stacks import ranges
+from distlaunch.launcher.supervising.stacks import ranges
 from distlaunch.readable import plural
 
 RECENT = 20  # what 'distlaunch jobs' shows without --all

@@ -12,7 +12,7 @@ from distlaunch.backends.kubernetes import Kubernetes
 from distlaunch.cli.groups import command_line
 from distlaunch.k8s.manifest import K8sJobOptions, manifest
 from distlaunch.k8s.yaml import dump_all
-from distlaunch.launcher.spec import parse_seconds
+from distlaunch.launcher.planning.spec import parse_seconds
 
 k8s_app = typer.Typer(
     name="k8s", help="Run a job on Kubernetes: an Indexed Job, one pod per node, no operator.", no_args_is_help=True

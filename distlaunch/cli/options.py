@@ -16,8 +16,8 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from distlaunch.contract.hostname import host_problem
 from distlaunch.errors import UsageError
-from distlaunch.launcher.requests import parse_forward_signals, parse_save_signal
-from distlaunch.launcher.spec import parse_backend, parse_log_size, parse_nproc, parse_seconds
+from distlaunch.launcher.planning.spec import parse_backend, parse_log_size, parse_nproc, parse_seconds
+from distlaunch.launcher.supervising.requests import parse_forward_signals, parse_save_signal
 
 LAUNCH = "Launch options"
 

@@ -19,8 +19,8 @@ from collections import deque
 from typing import TextIO
 
 from distlaunch.cli.statusline import status_text
+from distlaunch.contract.sink import JobStatus
 from distlaunch.files import os_error_words
-from distlaunch.launcher.liveview import JobStatus
 from distlaunch.readable import plural
 
 _PALETTE = (36, 32, 33, 35, 34, 96, 92, 93, 95, 94)  # ANSI foreground colours, cycled by rank

@@ -13,8 +13,8 @@ from rich.text import Text
 from distlaunch.cli.lines import print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
-from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.stacks import ranges
+from distlaunch.launcher.planning.plan import LaunchPlan
+from distlaunch.launcher.supervising.stacks import ranges
 from distlaunch.readable import plural
 from distlaunch.slurm.env import SlurmRank
 

@@ -9,7 +9,7 @@ status line: what a job prints there is its ranks' lines, whole."""
 
 from __future__ import annotations
 
-from distlaunch.launcher.liveview import JobStatus
+from distlaunch.contract.sink import JobStatus
 from distlaunch.readable import clock, plural, rate, time_left
 
 SEP = " · "

@@ -18,12 +18,10 @@ from distlaunch.cli import groups as g
 from distlaunch.cli import options as o
 from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
-from distlaunch.engine.planner import MemoryPlan
 from distlaunch.errors import UsageError
-from distlaunch.launcher.plan import LaunchPlan
-from distlaunch.launcher.spec import local_gpu_count
-from distlaunch.launcher.stacks import ranges
-from distlaunch.launcher.train import (
+from distlaunch.launcher.planning.plan import LaunchPlan
+from distlaunch.launcher.planning.spec import local_gpu_count
+from distlaunch.launcher.planning.train import (
     TrainPlan,
     check_tracking,
     check_training_files,
@@ -35,6 +33,8 @@ from distlaunch.launcher.train import (
     train_config,
     train_plan,
 )
+from distlaunch.launcher.supervising.stacks import ranges
+from distlaunch.training.planner import MemoryPlan
 
 Config = Annotated[
     Path | None,

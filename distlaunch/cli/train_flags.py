@@ -1,9 +1,9 @@
 """Another trainer's flag given to ``distlaunch train`` (``--steps 10``), answered with the ``--set`` that says the
-same (``--set train.steps=10``); the names are engine/aliases.py's."""
+same (``--set train.steps=10``); the names are training/aliases.py's."""
 
 from __future__ import annotations
 
-from distlaunch.engine.aliases import ALIAS_NOTES, KEY_ALIASES, SETTING_ALIASES
+from distlaunch.training.aliases import ALIAS_NOTES, KEY_ALIASES, SETTING_ALIASES
 
 
 def trainer_flag(option: str, args: list[str]) -> str | None:

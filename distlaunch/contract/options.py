@@ -8,7 +8,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from distlaunch import protocol as p
+
 BackendName = Literal["auto", "nccl", "gloo"]
+OnStraggler = Literal["warn", "replace"]  # --on-straggler: say so, or also take its host out at a checkpoint
+DEFAULT_MAX_BYTES = 64 << 20  # --log-max-size: per rank, twice that on disk with the previous part
 """``--backend``, one type in every options model (the CLI refuses anything else: ``launcher.spec.parse_backend``)."""
 
 
@@ -60,10 +64,37 @@ class LaunchOptions(ProgramOptions, HostOptions):
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: sys.executable)
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
-    nodes: NodeRange | None = None  # --nnodes MIN:MAX with a hostfile: spares, shrinking (launcher/elastic.py)
+    nodes: NodeRange | None = None  # --nnodes MIN:MAX with a hostfile: spares, shrinking (launcher/elastic/healing.py)
 
     @model_validator(mode="after")
     def _interpreter(self) -> LaunchOptions:
         """One rule for the ranks' interpreter: --python, else --remote-python, else the launcher's own."""
         self.python = self.python or self.remote_python or sys.executable
         return self
+
+
+class ExecOptions(BaseModel):
+    """How a job is supervised, as the user typed it (run, train): stopping, restarts, logs, the watches and the
+    signals. Each default is written here only; the CLI's options take theirs from these fields."""
+
+    grace_period: float = p.GRACE_PERIOD_S  # seconds between SIGTERM and SIGKILL when stopping ranks
+    max_restarts: int = 0
+    log_dir: Path | None = None  # the rank logs' folder is <log_dir>/<job id>; None: the job's folder in the job store
+    log_max_size: int = DEFAULT_MAX_BYTES  # a rank log this big is rotated (one previous part kept); 0: never
+    workdir: str | None = None
+    heartbeat_timeout: float = 30.0  # a host silent this long is given up (exit 3); 0: never
+    local_ranks_filter: list[int] | None = None  # show only these local ranks' output (log files keep all)
+    hang_timeout: float = 0.0  # no output and no distlaunch.progress() this long: stacks, stop, exit 124; 0: off
+    hang_report: float = 1800.0  # the same, but the stacks are only printed (once per stall), the job runs on; 0: off
+    on_straggler: OnStraggler = "warn"  # a rank named a straggler: say so; replace: also take its host out
+    save_signal: str | None = "USR1"  # asks every rank for a checkpoint, then a stop (exit 75); None: not trapped
+    forward_signals: list[str] = []  # signals passed on to every rank (USR2, ...)
+
+
+class NodeOptions(BaseModel):
+    """The per-node options as the user typed them."""
+
+    nnodes: int
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None  # HOST:PORT of the nodes' store (default: master address, master port + 1)
+    rdzv_timeout: float = 300.0

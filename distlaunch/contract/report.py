@@ -38,6 +38,7 @@ class RankExit(BaseModel):
 
 
 HOST_SILENT_CODE = int(ExitCode.HOST)  # a host went silent mid-run: counted as unreachable
+LOST_AGENT_CODE = 255  # an agent that vanished without reporting its ranks (host down, connection cut)
 HANG_CODE = int(ExitCode.HANG)  # no progress for --hang-timeout: stacks gathered, every rank stopped
 REQUEUE_CODE = int(ExitCode.SAVED_TO_REQUEUE)  # saved as asked, then stopped: requeue it and it resumes there
 
@@ -131,7 +132,7 @@ class Straggler(BaseModel):
 
 
 class SavedOnRequest(BaseModel):
-    """A checkpoint the ranks saved because it was asked of them (launcher/saves.py)."""
+    """A checkpoint the ranks saved because it was asked of them (launcher/supervising/saves.py)."""
 
     step: int  # the step every reporting rank saved
     why: str  # who asked: "SIGUSR1", "SIGTERM", "distlaunch checkpoint", "distlaunch stop --checkpoint"
@@ -152,7 +153,9 @@ class RunReport(BaseModel):
     unconfirmed_hosts: list[str] = Field(default_factory=list)  # after a second interrupt: not confirmed clean
     hang: HangReport | None = None
     stragglers: int = 0  # processes carrying the job's id that outlived their rank and were ended
-    stragglers_found: list[Straggler] = Field(default_factory=list)  # ranks named slow (launcher/stragglers.py)
+    stragglers_found: list[Straggler] = Field(
+        default_factory=list
+    )  # ranks named slow (launcher/supervising/stragglers.py)
     wall_s: float = 0.0
     attempts: list[AttemptReport] = Field(default_factory=list)
     goodput: Goodput | None = None

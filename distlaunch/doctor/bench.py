@@ -1,16 +1,15 @@
 """``doctor --bench``: all-reduce bandwidth across the hosts, measured by real ranks started through the
-launcher's own machinery (``distlaunch.launcher.launch``) running ``distlaunch.doctor.allreduce_bench``."""
+launcher's own machinery (``distlaunch.launcher.running.launch``) running ``distlaunch.doctor.allreduce_bench``."""
 
 from __future__ import annotations
 
 import json
 
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.options import ExecOptions, LaunchOptions
 from distlaunch.doctor.gather import HostResult
 from distlaunch.doctor.model import LOCAL, BenchResult, BenchRow, Check, DoctorOptions, check
 from distlaunch.errors import DistlaunchError, UsageError
-from distlaunch.launcher.job import ExecOptions
-from distlaunch.launcher.launch import launch, plan_for
+from distlaunch.launcher.running.launch import launch, plan_for
 from distlaunch.readable import plural
 
 RESULT_PREFIX = "distlaunch-bench "  # as allreduce_bench prints it (that module imports torch, so not imported here)

@@ -8,9 +8,9 @@ from distlaunch.contract.layout import layout_spec
 from distlaunch.doctor.gather import CLOCK_ROUND_TRIPS, HostResult, ListenerResult
 from distlaunch.doctor.model import LOCAL, Check, check
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.listener_script import describe_holders
-from distlaunch.launcher.plan import host_layout
+from distlaunch.launcher.planning.hostfile import HostSlots
+from distlaunch.launcher.planning.listener_script import describe_holders
+from distlaunch.launcher.planning.plan import host_layout
 from distlaunch.readable import plural
 from distlaunch.remote import sshlog
 from distlaunch.remote.ssh import SshError

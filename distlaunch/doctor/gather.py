@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from distlaunch.doctor.model import DoctorOptions, HostFacts
 from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession, StartGate
-from distlaunch.launcher import listener_script
-from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.launcher.planning import listener_script
+from distlaunch.launcher.planning.hostfile import HostSlots
 from distlaunch.readable import plural
 from distlaunch.remote import sshlog
 from distlaunch.remote.command import SHELL_FILES, shell_hang, without_shell_ready

@@ -40,8 +40,8 @@ from distlaunch.doctor.checks_network import (
 from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
 from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check
 from distlaunch.errors import UsageError
-from distlaunch.launcher.launch import spec_for
-from distlaunch.launcher.spec import is_local_host, resolve_hosts
+from distlaunch.launcher.planning.spec import is_local_host, resolve_hosts
+from distlaunch.launcher.running.launch import spec_for
 from distlaunch.remote.sshconfig import resolve_targets
 
 PROBED = ("python", "torch-version", "nccl", "gpus", "loopback-hostname", "master-reachable", "nic", "shm", "memlock")

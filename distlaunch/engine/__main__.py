@@ -15,30 +15,11 @@ or with torchrun: ``torchrun --nproc-per-node 8 -m distlaunch.engine --set paral
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from distlaunch.errors import DistlaunchError
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The engine's command line."""
-    parser = argparse.ArgumentParser(prog="python -m distlaunch.engine", description=__doc__.split("\n")[0])
-    parser.add_argument("config", nargs="?", help="TOML training config (optional)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config key, e.g. --set train.steps=50 (repeatable)",
-    )
-    parser.add_argument(
-        "--metrics-file",
-        default=None,
-        help="rank 0's metrics.jsonl (default: $DISTLAUNCH_METRICS_FILE, else $DISTLAUNCH_LOG_DIR/metrics.jsonl)",
-    )
-    return parser.parse_args(argv)
+from distlaunch.training.argv import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         from distlaunch.engine.torch_floor import check_torch
 
         check_torch(torch.__version__)
-        from distlaunch.engine.config import load_config
         from distlaunch.engine.loop import run
         from distlaunch.engine.parallel.mesh import read_env
-        from distlaunch.engine.places import metrics_path
+        from distlaunch.training.config import load_config
+        from distlaunch.training.places import metrics_path
 
         env = read_env()
         cfg = load_config(args.config, args.set, os.environ.get("DISTLAUNCH_PARALLEL"))

@@ -15,19 +15,19 @@ import torch.distributed as dist
 import distlaunch
 from distlaunch.engine.checkpoint.session import Checkpointing
 from distlaunch.engine.compute import StepClock
-from distlaunch.engine.config import TrainingConfig
 from distlaunch.engine.memory import device_peak_bytes, peak_rss_bytes
 from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
 from distlaunch.engine.model import num_params
 from distlaunch.engine.parallel.compile import compile_enabled
-from distlaunch.engine.parallel.dims import ParallelDims, resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_group, pick_device
-from distlaunch.engine.places import create_checkpoint_dir, hold_checkpoint_dir
-from distlaunch.engine.presets import model_config
 from distlaunch.engine.progress import ProgressReport, write_loss_curve
 from distlaunch.engine.tracking import open_tracking
 from distlaunch.engine.trainer import Engine, StepResult, read_results
 from distlaunch.errors import DistlaunchError
+from distlaunch.training.config import TrainingConfig
+from distlaunch.training.dims import ParallelDims, resolve_parallel_dims
+from distlaunch.training.places import create_checkpoint_dir, hold_checkpoint_dir
+from distlaunch.training.presets import model_config
 
 
 def step_record(engine: Engine, result: StepResult, mfu_scale: float | None) -> dict[str, Any]:

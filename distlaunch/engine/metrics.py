@@ -19,9 +19,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from distlaunch.engine.checkpoint.folder import os_reason
 from distlaunch.engine.model import GPTConfig, num_params
-from distlaunch.engine.places import METRICS_FILE, check_place, place_refusal
+from distlaunch.training.checkpoint.folder import os_reason
+from distlaunch.training.places import METRICS_FILE, check_place, place_refusal
 
 if TYPE_CHECKING:
     from distlaunch.engine.tracking import Tracking

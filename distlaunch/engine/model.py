@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distlaunch.engine.presets import PRESETS, GPTConfig  # noqa: F401 - re-exported
+from distlaunch.training.presets import PRESETS, GPTConfig  # noqa: F401 - re-exported
 
 
 class Embedding(nn.Embedding):

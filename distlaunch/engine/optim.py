@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
-from distlaunch.engine.config import TrainSection
+from distlaunch.training.config import TrainSection
 
 CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_, so a single process matches it exactly
 

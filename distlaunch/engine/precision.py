@@ -27,7 +27,8 @@ the trainer hands it the *global* gradient norm, which is already all-reduced ov
 (tp, pp, dp); a non-finite element anywhere makes that sum non-finite on every rank, so all
 ranks skip the same step and shrink the scale together.
 
-torch is imported inside the functions: the memory planner reads ``model_dtype_name`` without it.
+torch is imported inside the functions. The dtype rules themselves (which dtype, by name) are torch-free, in
+``distlaunch.training.precision``, where the memory planner reads them too.
 """
 
 from __future__ import annotations
@@ -35,38 +36,14 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+from distlaunch.training.precision import model_dtype_name
+
 if TYPE_CHECKING:
     import torch
 
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # Inductor's (and its attention pass's) advice on every rank of an fp32 CUDA job; moot once the
 # user chose either way with train.tf32
 TF32_ADVICE = r"TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled"
-
-
-def model_dtype_name(precision: str, zero: int) -> str:
-    """The dtype of the model's parameters for ``train.precision`` and ZeRO stage ``zero``
-    (ZeRO-3's are the sharded fp32 masters; FSDP2 casts its all-gathers)."""
-    return "bf16" if precision == "bf16" and zero in (0, 1, 2) else "fp32"
-
-
-def reduce_dtype_name(precision: str, reduce_dtype: str | None) -> str:
-    """What the gradients are reduced in: ``train.reduce_dtype`` when set, else bf16 for bf16
-    training and fp32 otherwise (fp16's loss-scaled gradients keep fp32's range and digits)."""
-    if reduce_dtype is not None:
-        return reduce_dtype
-    return "bf16" if precision == "bf16" else "fp32"
-
-
-def hidden_dtype_name(precision: str, zero: int) -> str:
-    """The dtype of the hidden states between and around the blocks (the residual stream, and
-    the layer norms' inputs): that of the weights the blocks compute with. 16-bit parameters
-    make 16-bit hidden states, and so does ZeRO-3 in 16 bits (FSDP2 casts its all-gathered
-    weights and each unit's inputs); fp32 parameters under autocast (fp16 with ZeRO-0/1/2) keep
-    them fp32, and only the matmuls' inputs and outputs are 16-bit."""
-    if precision != "fp32" and zero == 3:
-        return precision
-    return model_dtype_name(precision, zero)
 
 
 def dtype(precision: str) -> torch.dtype:

@@ -37,7 +37,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from distlaunch.data.source import DataIdentity
 from distlaunch.engine.checkpoint.state import OptimizerHyperparams, ScheduleStep, TrainState
 from distlaunch.engine.compute import waiting
-from distlaunch.engine.config import TrainingConfig, TrainSection
 from distlaunch.engine.data import build_samplers, to_device
 from distlaunch.engine.memory import device_peak_bytes, peak_rss_bytes, return_freed_host_memory, storage_bytes
 from distlaunch.engine.model import GPT, GPTConfig
@@ -53,7 +52,6 @@ from distlaunch.engine.parallel.activation import apply_activation_checkpointing
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.compile import apply_compile, compile_enabled
 from distlaunch.engine.parallel.data import DataParallelBase, FullyShardedDP, ReplicatedDP, shard_fully
-from distlaunch.engine.parallel.dims import ParallelDims, shards_vocab_over_dp
 from distlaunch.engine.parallel.materialize import materialize
 from distlaunch.engine.parallel.pipeline import build_schedule, split_pipeline
 from distlaunch.engine.parallel.tensor import apply_tp, cross_entropy, loss_context, loss_value
@@ -64,9 +62,11 @@ from distlaunch.engine.precision import (
     autocast,
     dtype,
     model_dtype,
-    reduce_dtype_name,
 )
-from distlaunch.engine.presets import model_config
+from distlaunch.training.config import TrainingConfig, TrainSection
+from distlaunch.training.dims import ParallelDims, shards_vocab_over_dp
+from distlaunch.training.precision import reduce_dtype_name
+from distlaunch.training.presets import model_config
 
 
 @dataclass(frozen=True)

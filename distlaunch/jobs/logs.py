@@ -1,6 +1,6 @@
 """Rank logs as the job store sees them: their names, where a job's are, and how long the store keeps them.
 
-Every job keeps one log per rank (launcher/ranklogs.py writes them): ``rank<N>.log`` and, once it was rotated,
+Every job keeps one log per rank (launcher/supervising/ranklogs.py writes them): ``rank<N>.log`` and, once it was rotated,
 its previous part ``rank<N>.log.1``, in the job's folder here or in ``<log-dir>/<job id>``. The store keeps
 the logs of its newest jobs only (``prune_logs``): a job's logs may take gigabytes, and a state directory must
 not grow with every job ever run.

@@ -38,7 +38,7 @@ LAUNCH_FILE = "launch.json"  # a detached job's plan and options, for its superv
 STOP_FILE = "stop-requested"  # written by 'distlaunch stop' before it signals the job: the end reads "stopped"
 JobState = Literal["pending", "running", "succeeded", "failed", "interrupted", "stopped", "lost"]
 FINAL_STATES = ("succeeded", "failed", "interrupted", "stopped")
-# A detached job's folder exists a moment before its supervisor writes the record (launcher/detach.py waits
+# A detached job's folder exists a moment before its supervisor writes the record (launcher/running/detach.py waits
 # START_TIMEOUT_S for it, then removes the folder): a listing meanwhile leaves such a folder out.
 STARTING_S = 30.0
 
@@ -123,7 +123,7 @@ class JobRecord(BaseModel):
     # (RunReport's ``attempts`` and ``goodput``; the plan and hosts become the next attempt's)
     attempts: list[AttemptReport] = Field(default_factory=list)
     goodput: Goodput | None = None
-    # ranks named slow while it runs: read from the job folder's stragglers.json (launcher/stragglers.py), which its
+    # ranks named slow while it runs: read from the job folder's stragglers.json (launcher/supervising/stragglers.py), which its
     # launcher writes the moment it names one; the report has them too once the job ended
     stragglers_found: list[Straggler] = Field(default_factory=list)
     error: str | None = None  # why it ended without a report (a host failed in preflight, ...)

@@ -14,10 +14,10 @@ import re
 from pydantic import BaseModel, Field
 
 from distlaunch.contract.env import parse_env
-from distlaunch.engine.planner.saving import DEFAULT_SAVE_S, SaveEstimate, program_save_estimate
 from distlaunch.errors import UsageError
-from distlaunch.launcher.saves import FIT_MARGIN
+from distlaunch.launcher.supervising.saves import FIT_MARGIN
 from distlaunch.protocol import GRACE_PERIOD_S
+from distlaunch.training.planner.saving import DEFAULT_SAVE_S, SaveEstimate, program_save_estimate
 
 MASTER_ADDR_VAR = "DISTLAUNCH_MASTER_ADDR"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1035 label: the Service's name is one
@@ -51,7 +51,7 @@ class TerminationGrace(BaseModel):
 
     seconds: int  # terminationGracePeriodSeconds: ceil(save_s) + grace_period
     grace_period: float  # the pods' launcher's --grace-period
-    save_s: float  # the engine's save-on-request estimate (engine/planner/saving.py), else DEFAULT_SAVE_S
+    save_s: float  # the engine's save-on-request estimate (training/planner/saving.py), else DEFAULT_SAVE_S
     estimate: SaveEstimate | None = None
     how: str
 

@@ -14,7 +14,7 @@ from distlaunch.contract.endpoint import step_port
 from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, resolve_layout, tp_group_across_nodes
 from distlaunch.errors import UsageError
-from distlaunch.launcher.plan import mask_env
+from distlaunch.launcher.planning.plan import mask_env
 from distlaunch.readable import plural
 from distlaunch.slurm.step import SlurmStep, node_of_rank
 

@@ -17,7 +17,7 @@ from distlaunch.contract.env import parse_env
 from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
 from distlaunch.contract.options import LaunchOptions, ProgramOptions, SharedOptions
 from distlaunch.errors import UsageError
-from distlaunch.launcher.program import build_command, check_script
+from distlaunch.launcher.planning.program import build_command, check_script
 from distlaunch.protocol import GRACE_PERIOD_S
 from distlaunch.readable import plural
 from distlaunch.slurm.lead import is_engine

@@ -1,7 +1,7 @@
 """How far ahead of its time limit Slurm warns a batch job: LEAD in ``#SBATCH --signal=B:USR1@LEAD``.
 
 LEAD is computed, not guessed. For the bundled engine (``-m distlaunch.engine`` with its config and ``--set``):
-the engine's save-on-request time from the planner (``engine/planner/saving.py``: the bytes a node writes over a
+the engine's save-on-request time from the planner (``training/planner/saving.py``: the bytes a node writes over a
 conservative write bandwidth, plus two steps timed from their FLOPs), plus ``SLURM_SIGNAL_RESOLUTION_S``, rounded
 up to whole seconds. For any other program: ``DEFAULT_SAVE_S`` plus the same resolution. ``--signal-lead``
 replaces it.
@@ -21,8 +21,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from distlaunch.contract.options import ProgramOptions
-from distlaunch.engine.planner.saving import DEFAULT_SAVE_S, SaveEstimate, engine_argv, program_save_estimate
 from distlaunch.errors import UsageError
+from distlaunch.training import argv
+from distlaunch.training.planner.saving import DEFAULT_SAVE_S, SaveEstimate, program_save_estimate
 
 SLURM_SIGNAL_RESOLUTION_S = 60  # "may be sent up to 60 seconds earlier than specified" (sbatch --signal)
 SLURM_CHECK_PERIOD_S = 30  # slurmctld looks at time limits this often (its PERIODIC_TIMEOUT)
@@ -50,7 +51,7 @@ class SignalLead(BaseModel):
 
 def is_engine(opts: ProgramOptions) -> bool:
     """The program is the bundled engine (``-m distlaunch.engine``), which saves when asked."""
-    return engine_argv(opts.module, opts.program) is not None
+    return argv.is_engine(opts.module, opts.program)
 
 
 def engine_estimate(

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from distlaunch.contract.report import REQUEUE_CODE
 from distlaunch.errors import HostError
-from distlaunch.launcher.signals import SignalTrap, catch
+from distlaunch.launcher.running.signals import SignalTrap, catch
 from distlaunch.slurm.jobstate import SLURM_CMD_TIMEOUT_S
 from distlaunch.slurm.savesignal import CheckpointForwarder, SaveForwarder
 from distlaunch.slurm.stopper import StepRef, StepStopper

@@ -13,8 +13,8 @@ from distlaunch.contract.env import launcher_defaults, parse_env
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
-from distlaunch.launcher.program import build_command, check_script
-from distlaunch.launcher.spec import local_gpu_count
+from distlaunch.launcher.planning.program import build_command, check_script
+from distlaunch.launcher.planning.spec import local_gpu_count
 from distlaunch.saverequest import rank_signals
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank

@@ -22,13 +22,13 @@ import torch.distributed as dist
 from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.checkpoint.session import Checkpointing
 from distlaunch.engine.checkpoint.shards import param_entries
-from distlaunch.engine.config import load_config
 from distlaunch.engine.loop import train
 from distlaunch.engine.metrics import MetricsWriter
 from distlaunch.engine.model import PRESETS
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
 
 
 def run_phase(overrides: list[str], rank: int, world_size: int, metrics: Path, masters: Path | None) -> None:

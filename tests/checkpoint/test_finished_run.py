@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from distlaunch.engine.checkpoint.folder import latest_checkpoint
-from distlaunch.engine.places import CHECKPOINT_LOCK
 from distlaunch.engine.progress import summary_table
+from distlaunch.training.checkpoint.folder import latest_checkpoint
+from distlaunch.training.places import CHECKPOINT_LOCK
 from tests.checkpoint.conftest import REPO, cli_env, engine_args
 from tests.helpers import run_cli
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distlaunch.engine.checkpoint.folder import list_checkpoints
+from distlaunch.training.checkpoint.folder import list_checkpoints
 from tests.checkpoint.conftest import REPO, cli_env, engine_args
 from tests.fixtures.tmpfs import small_disk as mounted
 from tests.helpers import run_cli

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from distlaunch.engine.checkpoint.folder import META_FILE
-from distlaunch.engine.checkpoint.manifest import read_meta
+from distlaunch.training.checkpoint.folder import META_FILE
+from distlaunch.training.checkpoint.manifest import read_meta
 from tests.checkpoint.conftest import REPO, cli_env, engine_args
 from tests.helpers import invoke, run_cli
 

@@ -8,7 +8,10 @@ import sys
 
 import pytest
 
-from distlaunch.engine.checkpoint.folder import (
+from distlaunch.engine.fault import FaultPlan
+from distlaunch.engine.watchdog import STEP_TIMEOUT_EXIT
+from distlaunch.errors import UsageError
+from distlaunch.training.checkpoint.folder import (
     LATEST_FILE,
     META_FILE,
     latest_checkpoint,
@@ -18,11 +21,9 @@ from distlaunch.engine.checkpoint.folder import (
     remove_leftovers,
     resolve_checkpoint,
 )
-from distlaunch.engine.checkpoint.resume import resume_source
-from distlaunch.engine.config import FaultSection
-from distlaunch.engine.fault import FaultPlan, restart_count
-from distlaunch.engine.watchdog import STEP_TIMEOUT_EXIT
-from distlaunch.errors import UsageError
+from distlaunch.training.checkpoint.resume import resume_source
+from distlaunch.training.config import FaultSection
+from distlaunch.training.faults import restart_count
 
 
 def save(root, step: int, tag: str = "job-r0"):

@@ -10,9 +10,9 @@ import signal
 import subprocess
 import sys
 
-from distlaunch.engine.checkpoint.folder import list_checkpoints
-from distlaunch.engine.places import CHECKPOINT_LOCK
 from distlaunch.files import lock_holder
+from distlaunch.training.checkpoint.folder import list_checkpoints
+from distlaunch.training.places import CHECKPOINT_LOCK
 from tests.checkpoint.conftest import REPO, cli_env
 from tests.helpers import distlaunch_cmd, run_cli, wait_until
 

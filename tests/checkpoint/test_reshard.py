@@ -20,7 +20,7 @@ import torch
 
 from distlaunch.engine.checkpoint.export import consolidated_state
 from distlaunch.engine.model import GPT
-from distlaunch.engine.presets import model_config
+from distlaunch.training.presets import model_config
 from tests.checkpoint.conftest import SAME_LAYOUT_RTOL, max_relative, step_losses
 from tests.engine.harness import spawn_ok
 

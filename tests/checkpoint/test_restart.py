@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from distlaunch.engine.checkpoint.export import consolidated_state
-from distlaunch.engine.checkpoint.folder import LEFTOVER, latest_checkpoint
+from distlaunch.training.checkpoint.folder import LEFTOVER, latest_checkpoint
 from tests.checkpoint.conftest import SAME_LAYOUT_RTOL, STEPS, launch_engine, max_relative
 
 

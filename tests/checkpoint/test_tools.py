@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from distlaunch.data.source import BUNDLED_CORPUS, data_fingerprint
-from distlaunch.engine.checkpoint.folder import LEFTOVER, latest_checkpoint
-from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.model import GPT, PRESETS
-from distlaunch.engine.places import CHECKPOINT_LOCK
+from distlaunch.training.checkpoint.folder import LEFTOVER, latest_checkpoint
+from distlaunch.training.config import load_config
+from distlaunch.training.places import CHECKPOINT_LOCK
 from tests.checkpoint.conftest import BASE, REPO, cli_env, engine_args, step_losses
 from tests.helpers import invoke
 

@@ -2,8 +2,8 @@ import pytest
 
 from distlaunch.contract.layout import Layout, LayoutSpec, groups, layout_spec, parse_layout, resolve_layout
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.plan import host_layout
+from distlaunch.launcher.planning.hostfile import HostSlots
+from distlaunch.launcher.planning.plan import host_layout
 
 
 def test_one_grammar_for_shape_zero_and_pipeline():

@@ -10,7 +10,7 @@ import torch
 
 from distlaunch.data.index import read_index
 from distlaunch.engine.data import BatchSampler, DataPosition, load_split
-from distlaunch.engine.presets import PRESETS, model_config
+from distlaunch.training.presets import PRESETS, model_config
 from tests.checkpoint.conftest import SAME_LAYOUT_RTOL, launch_engine, max_relative
 from tests.data.conftest import paragraphs
 from tests.helpers import invoke

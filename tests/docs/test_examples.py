@@ -115,7 +115,7 @@ def test_the_run_report_example_is_a_run_report():
 
 def test_the_plan_schema_example_is_a_dry_runs_plan(tmp_path):
     """plan.md's schema (jsonc) against a real --dry-run --json of the same job: the same keys everywhere."""
-    from distlaunch.launcher.plan import LaunchPlan
+    from distlaunch.launcher.planning.plan import LaunchPlan
 
     shown = json_of(_json_block("docs/plan.md", '"groups"'))
     shown["nodes"][0]["ranks"][0]["env"].pop("...")
@@ -133,7 +133,7 @@ def test_the_plan_schema_example_is_a_dry_runs_plan(tmp_path):
 
 
 def test_the_memory_example_is_a_dry_runs_memory_plan():
-    from distlaunch.engine.planner import MemoryPlan
+    from distlaunch.training.planner import MemoryPlan
 
     shown = json_of(_json_block("docs/train.md", '"memory"'))
     memory = MemoryPlan.model_validate(shown["memory"])
@@ -152,7 +152,7 @@ def test_the_index_example_is_a_prepared_folders_index():
 def test_the_meta_json_example_is_what_a_checkpoint_of_that_job_holds(tmp_path):
     """checkpointing.md's meta.json against a real checkpoint of the job it describes (tiny, dp=2, ZeRO-0):
     the same keys, and the same component counts and sizes (only times, hashes and shard bytes differ)."""
-    from distlaunch.engine.checkpoint.manifest import CheckpointMeta
+    from distlaunch.training.checkpoint.manifest import CheckpointMeta
 
     shown = json_of(_json_block("docs/checkpointing.md", '"components"'))
     for digest in shown["files"].values():  # the page shortens each SHA-256 to its first hex digits
@@ -182,7 +182,7 @@ _NONE_WORDS = ("none", "derived", "auto", "world / (tp·pp)", "lr / 10", "the bu
 def _config_rows() -> list[tuple[str, int, str, str]]:
     """(page, line, section.key, default as written) for every row of a config key table in the docs: keys
     written whole (``checkpoint.every``), or bare under a ``[section]`` heading."""
-    from distlaunch.engine.config import TrainingConfig
+    from distlaunch.training.config import TrainingConfig
 
     rows = []
     for path in DOCS:
@@ -220,7 +220,7 @@ def _reads_as(shown: str, value: object) -> bool:
 
 def test_the_config_key_tables_give_the_real_defaults():
     """Every config key a docs table lists exists, with the default the table gives."""
-    from distlaunch.engine.config import TrainingConfig
+    from distlaunch.training.config import TrainingConfig
 
     defaults = TrainingConfig()
     rows = _config_rows()
@@ -240,7 +240,7 @@ def test_every_config_the_docs_name_or_show_loads():
     """A TOML block in the docs, and every shipped template a page names, is a config the engine takes."""
     import tomllib
 
-    from distlaunch.engine.config import TrainingConfig, load_config
+    from distlaunch.training.config import TrainingConfig, load_config
 
     shown = [(name, b) for name, page in PAGES.items() for b in page.of("toml")]
     for _name, block in shown:  # a bad one raises, naming the key

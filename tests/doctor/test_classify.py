@@ -27,8 +27,8 @@ from distlaunch.doctor.gather import HostResult, ListenerResult
 from distlaunch.doctor.model import DoctorReport, HostFacts, check
 from distlaunch.doctor.sessions import StartGate
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.listener_script import decode_address
+from distlaunch.launcher.planning.hostfile import HostSlots
+from distlaunch.launcher.planning.listener_script import decode_address
 from distlaunch.remote.ssh import SshError
 from distlaunch.remote.sshconfig import SshTarget
 

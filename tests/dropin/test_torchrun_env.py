@@ -8,10 +8,10 @@ from pathlib import Path
 
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
-from distlaunch.launcher.hostfile import HostSlots
-from distlaunch.launcher.pernode import node_plan
-from distlaunch.launcher.plan import LaunchSpec, build_plan
-from distlaunch.launcher.spec import make_spec
+from distlaunch.launcher.elastic.pernode import node_plan
+from distlaunch.launcher.planning.hostfile import HostSlots
+from distlaunch.launcher.planning.plan import LaunchSpec, build_plan
+from distlaunch.launcher.planning.spec import make_spec
 from distlaunch.slurm.env import map_rank
 from distlaunch.slurm.step import read_step
 from distlaunch.slurm.task import task_env

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 
 from distlaunch.engine.__main__ import end_process
-from distlaunch.engine.config import load_config
 from distlaunch.engine.model import PRESETS
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
 from tests.live_memory import PeakLiveBytes, count_allocations
 
 

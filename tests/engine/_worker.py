@@ -22,12 +22,12 @@ from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from distlaunch.engine.__main__ import end_process
-from distlaunch.engine.config import load_config
 from distlaunch.engine.model import PRESETS
 from distlaunch.engine.parallel.compile import is_compiled
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
 from distlaunch.engine.trainer import Engine
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
 
 
 def _sent(func, args: tuple) -> list[torch.Tensor]:

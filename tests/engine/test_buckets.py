@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distlaunch.engine.config import load_config
 from distlaunch.engine.model import GPT, PRESETS
 from distlaunch.engine.parallel.buckets import plan_buckets
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.planner.step import rank_buckets
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
+from distlaunch.training.planner.step import rank_buckets
 from tests.engine.harness import run_layouts
 from tests.engine.test_parity import BASE, LOSS_RTOL
 

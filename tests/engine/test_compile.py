@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distlaunch.engine.config import load_config
 from distlaunch.engine.model import GPT, PRESETS
 from distlaunch.engine.parallel.compile import apply_compile, compile_enabled, is_compiled
 from distlaunch.errors import UsageError
+from distlaunch.training.config import load_config
 
 
 def test_compile_setting_is_validated_and_auto_means_cuda_only():

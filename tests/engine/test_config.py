@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from distlaunch.contract.layout import parse_layout
-from distlaunch.engine.config import Preset, load_config
 from distlaunch.engine.model import PRESETS, GPTConfig, num_params
-from distlaunch.engine.parallel.dims import resolve_parallel_dims, shards_vocab_over_dp
 from distlaunch.engine.parallel.mesh import read_env
 from distlaunch.engine.parallel.pipeline import bubble_fraction, stage_layer_counts
 from distlaunch.errors import UsageError
+from distlaunch.training.config import Preset, load_config
+from distlaunch.training.dims import resolve_parallel_dims, shards_vocab_over_dp
 
 TINY = PRESETS["tiny"]
 

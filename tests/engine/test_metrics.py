@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from distlaunch.engine.config import load_config
 from distlaunch.engine.loop import read_due
 from distlaunch.engine.metrics import flops_per_token, peak_flops_of
 from distlaunch.engine.model import PRESETS
+from distlaunch.training.config import load_config
 
 
 @pytest.mark.parametrize(("preset", "seq_len"), [("125m", 1024), ("1.3b", 2048), ("tiny", 256)])

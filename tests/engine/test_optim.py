@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from distlaunch.engine.config import TrainSection
 from distlaunch.engine.optim import AdamW, build_scheduler, make_optimizer_factory
+from distlaunch.training.config import TrainSection
 from tests.helpers import run_cli
 
 

@@ -19,10 +19,10 @@ import sys
 import pytest
 import torch
 
-from distlaunch.engine.config import load_config
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.planner import rank_memory
-from distlaunch.engine.presets import model_config
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
+from distlaunch.training.planner import rank_memory
+from distlaunch.training.presets import model_config
 from tests.engine.harness import spawn_ok
 from tests.engine.test_parity import BASE, LAYOUTS
 from tests.live_memory import nearest_peak

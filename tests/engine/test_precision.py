@@ -78,10 +78,10 @@ def test_model_dtype_and_fp32_master_weights(results, name):
 def test_planner_matches_measured_state_bytes(results, name):
     """What each rank really holds (bf16 ZeRO-0/1/2: 2-byte parameters, fp32 gradients, fp32
     master weights and Adam moments) is what ``distlaunch train --dry-run`` plans."""
-    from distlaunch.engine.config import load_config
-    from distlaunch.engine.parallel.dims import resolve_parallel_dims
-    from distlaunch.engine.planner import rank_memory
-    from distlaunch.engine.presets import PRESETS
+    from distlaunch.training.config import load_config
+    from distlaunch.training.dims import resolve_parallel_dims
+    from distlaunch.training.planner import rank_memory
+    from distlaunch.training.presets import PRESETS
 
     cfg = load_config(None, BASE_20 + LAYOUTS[name])
     model = PRESETS["tiny"]
@@ -96,10 +96,10 @@ def test_planner_matches_measured_state_bytes(results, name):
 def test_planner_counts_16bit_weight_copies_by_precision_and_stage():
     """ZeRO-3 in bf16 holds 16-bit copies of the head unit and two blocks; fp16 ZeRO-0/1/2 autocast
     copies of every weight; bf16 ZeRO-0/1/2 none (the parameters themselves are bf16)."""
-    from distlaunch.engine.config import load_config
-    from distlaunch.engine.parallel.dims import resolve_parallel_dims
-    from distlaunch.engine.planner import block_numel, unsharded_16bit_weights
-    from distlaunch.engine.presets import PRESETS
+    from distlaunch.training.config import load_config
+    from distlaunch.training.dims import resolve_parallel_dims
+    from distlaunch.training.planner import block_numel, unsharded_16bit_weights
+    from distlaunch.training.presets import PRESETS
 
     model = PRESETS["1.3b"]
     dims = {
@@ -119,10 +119,10 @@ def test_planner_counts_gradient_buckets_in_the_reduce_dtype(zero):
     """bf16 training reduces in bf16 by default: ZeRO-1/2's send buffers and received slots in
     flight at the gradient sync take half the bytes of ``train.reduce_dtype='fp32'``'s. ZeRO-0
     all-reduces a bucket of one fp32 tensor in place, but casts every bucket into a bf16 copy."""
-    from distlaunch.engine.config import load_config
-    from distlaunch.engine.parallel.dims import resolve_parallel_dims
-    from distlaunch.engine.planner.step import step_moments
-    from distlaunch.engine.presets import PRESETS
+    from distlaunch.training.config import load_config
+    from distlaunch.training.dims import resolve_parallel_dims
+    from distlaunch.training.planner.step import step_moments
+    from distlaunch.training.presets import PRESETS
 
     def sync(reduce_dtype: str) -> dict[str, int]:
         cfg = load_config(

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distlaunch.engine.config import load_config
 from distlaunch.engine.model import GPT, PRESETS
-from distlaunch.engine.precision import reduce_dtype_name
+from distlaunch.training.config import load_config
+from distlaunch.training.precision import reduce_dtype_name
 from tests.engine.harness import run_layouts
 from tests.engine.test_parity import BASE
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from distlaunch.engine.config import TrainSection
 from distlaunch.engine.optim import build_scheduler
+from distlaunch.training.config import TrainSection
 
 
 def rates(train: TrainSection) -> list[float]:

@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
-from distlaunch.engine.config import load_config
 from distlaunch.engine.precision import TF32_ADVICE, apply_tf32
 from distlaunch.errors import UsageError
+from distlaunch.training.config import load_config
 
 ADVICE = (
     "TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled. "

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from distlaunch.engine.__main__ import main
-from distlaunch.engine.config import tomllib
 from distlaunch.engine.torch_floor import TORCH_FLOOR, check_torch, floor_text
 from distlaunch.errors import UsageError
+from distlaunch.training.config import tomllib
 
 
 def test_pyproject_declares_the_floor_the_ranks_check():

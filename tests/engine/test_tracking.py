@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from distlaunch.engine.config import load_config
-from distlaunch.engine.tracking import TENSORBOARD_FOLDER
 from distlaunch.engine.wandb_run import RUN_FILE, WandbRunRecord, pick_run
 from distlaunch.errors import UsageError
 from distlaunch.extras import install_command
+from distlaunch.training.config import load_config
+from distlaunch.training.tracking import TENSORBOARD_FOLDER
 from tests.checkpoint.conftest import REPO, cli_env, step_losses
 from tests.helpers import distlaunch_cmd, invoke
 

@@ -281,11 +281,10 @@ def test_a_detach_that_cannot_start_says_why_in_one_line_and_leaves_nothing(stat
 
 
 def test_a_supervisor_that_dies_before_its_record_takes_its_folder_with_it(state, tmp_path, monkeypatch):
-    from distlaunch.contract.options import LaunchOptions
+    from distlaunch.contract.options import ExecOptions, LaunchOptions
     from distlaunch.errors import DistlaunchError
-    from distlaunch.launcher import detach as supervisor
-    from distlaunch.launcher.job import ExecOptions
-    from distlaunch.launcher.launch import plan_for
+    from distlaunch.launcher.running import detach as supervisor
+    from distlaunch.launcher.running.launch import plan_for
 
     monkeypatch.chdir(tmp_path)
     opts = LaunchOptions(program=["ticker.py", "1", "0"], nproc_per_node=1)

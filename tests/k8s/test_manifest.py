@@ -11,10 +11,10 @@ import yaml
 
 import distlaunch.examples
 from distlaunch.contract.endpoint import free_port
-from distlaunch.engine.planner.saving import DEFAULT_SAVE_S, engine_save_estimate
 from distlaunch.k8s.manifest import expand
 from distlaunch.k8s.yaml import dump_all
-from distlaunch.launcher.saves import FIT_MARGIN
+from distlaunch.launcher.supervising.saves import FIT_MARGIN
+from distlaunch.training.planner.saving import DEFAULT_SAVE_S, engine_save_estimate
 from tests.helpers import distlaunch_cmd, finish, invoke
 
 ALLREDUCE = str(Path(distlaunch.examples.__file__).parent / "allreduce.py")

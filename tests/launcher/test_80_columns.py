@@ -23,7 +23,7 @@ from distlaunch.contract.report import (
     Straggler,
 )
 from distlaunch.doctor.model import Check, DoctorReport
-from distlaunch.launcher.train import EMBEDDED_CONFIG
+from distlaunch.launcher.planning.train import EMBEDDED_CONFIG
 from tests.helpers import invoke
 
 WIDTH = 80

@@ -30,7 +30,7 @@ CASES = {
     ),
     "jobs": (
         ["jobs"],
-        [*HEAVY, "distlaunch.doctor", "distlaunch.data", "distlaunch.engine.planner",
+        [*HEAVY, "distlaunch.doctor", "distlaunch.data", "distlaunch.training.planner",
          *(COMMAND_MODULES - {"distlaunch.cli.jobs"})],
     ),
     "doctor --help": (

@@ -13,9 +13,9 @@ from distlaunch.contract.layout import Layout
 from distlaunch.contract.options import NodeRange
 from distlaunch.contract.report import AttemptReport, RankExit
 from distlaunch.errors import HostError, UsageError
-from distlaunch.launcher.elastic import Pool, fitted, host_fault, node_range, split_spares
-from distlaunch.launcher.goodput import AttemptTimes, StepTimeline, account
-from distlaunch.launcher.hostfile import HostSlots
+from distlaunch.launcher.elastic.healing import Pool, fitted, host_fault, node_range, split_spares
+from distlaunch.launcher.planning.hostfile import HostSlots
+from distlaunch.launcher.supervising.goodput import AttemptTimes, StepTimeline, account
 from tests.helpers import invoke
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distlaunch.launcher.stacks import group_stacks, summary
+from distlaunch.launcher.supervising.stacks import group_stacks, summary
 from tests.fixtures import require
 from tests.helpers import distlaunch_cmd, left_behind, wait_until
 from tests.launcher.scripts.nccl_dumper import dump_bytes

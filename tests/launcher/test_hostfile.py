@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostfile import apply_filters, parse_hostfile_text, read_hostfile
-from distlaunch.launcher.spec import is_local_host
+from distlaunch.launcher.planning.hostfile import apply_filters, parse_hostfile_text, read_hostfile
+from distlaunch.launcher.planning.spec import is_local_host
 from tests.helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from fixtures.terminal import Terminal
 from helpers import distlaunch_cmd
 
 from distlaunch.cli.statusline import status_text
-from distlaunch.launcher.liveview import JobStatus
+from distlaunch.contract.sink import JobStatus
 
 STATUS = r"^step (\d+)/40 · loss \d\.\d{4} · \d+(\.\d+)?k tok/s · MFU 3\d% · eta \d+s · 0:\d\d$"
 

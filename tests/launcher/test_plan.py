@@ -8,8 +8,8 @@ import pytest
 
 from distlaunch.contract.layout import layout_spec
 from distlaunch.errors import UsageError
-from distlaunch.launcher.hostfile import parse_hostfile_text, read_hostfile
-from distlaunch.launcher.plan import MASK, LaunchSpec, build_plan
+from distlaunch.launcher.planning.hostfile import parse_hostfile_text, read_hostfile
+from distlaunch.launcher.planning.plan import MASK, LaunchSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"

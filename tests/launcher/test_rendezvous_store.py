@@ -7,7 +7,7 @@ import pytest
 
 from distlaunch.contract.endpoint import free_port
 from distlaunch.errors import UsageError
-from distlaunch.launcher.rendezvous import NodeStore
+from distlaunch.launcher.elastic.rendezvous import NodeStore
 from tests.helpers import wait_until
 
 # Another node's view of the count, polled as fast as the store answers until told to stop: the largest

@@ -146,10 +146,10 @@ def _progress(reports: dict[int, dict]) -> dict:
 
 
 def test_a_save_is_done_only_once_every_checkpointing_rank_saved_for_this_request():
-    from distlaunch.launcher.goodput import StepTimeline
-    from distlaunch.launcher.requests import SaveAsk
-    from distlaunch.launcher.saves import SaveWatch
-    from distlaunch.launcher.watch import Agents
+    from distlaunch.launcher.supervising.goodput import StepTimeline
+    from distlaunch.launcher.supervising.requests import SaveAsk
+    from distlaunch.launcher.supervising.saves import SaveWatch
+    from distlaunch.launcher.supervising.watch import Agents
     from tests.launcher.test_stragglers import _plan
 
     notices: list[str] = []
@@ -172,10 +172,10 @@ def test_a_save_is_done_only_once_every_checkpointing_rank_saved_for_this_reques
 
 
 def test_the_answer_is_the_save_that_answered_not_a_later_periodic_one():
-    from distlaunch.launcher.goodput import StepTimeline
-    from distlaunch.launcher.requests import SaveAsk
-    from distlaunch.launcher.saves import SaveWatch
-    from distlaunch.launcher.watch import Agents
+    from distlaunch.launcher.supervising.goodput import StepTimeline
+    from distlaunch.launcher.supervising.requests import SaveAsk
+    from distlaunch.launcher.supervising.saves import SaveWatch
+    from distlaunch.launcher.supervising.watch import Agents
     from tests.launcher.test_stragglers import _plan
 
     watch = SaveWatch(Agents(_plan()), None, StepTimeline(), [].append, grace_period=5.0)

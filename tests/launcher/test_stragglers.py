@@ -24,16 +24,16 @@ from distlaunch.agent.ranks import Rank
 from distlaunch.agent.scratch import make_scratch
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.report import Straggler
-from distlaunch.launcher.hostfile import parse_hostfile_text
-from distlaunch.launcher.plan import LaunchPlan, LaunchSpec, build_plan
-from distlaunch.launcher.stragglers import (
+from distlaunch.launcher.planning.hostfile import parse_hostfile_text
+from distlaunch.launcher.planning.plan import LaunchPlan, LaunchSpec, build_plan
+from distlaunch.launcher.supervising.stragglers import (
     MIN_SAMPLES,
     RECORD_FILE,
     StragglerWatch,
     read_stragglers,
     record_straggler,
 )
-from distlaunch.launcher.watch import Agents
+from distlaunch.launcher.supervising.watch import Agents
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from distlaunch.engine.planner import saving
-from distlaunch.engine.presets import PRESETS
 from distlaunch.slurm.lead import SLURM_SIGNAL_RESOLUTION_S, time_limit_s
 from distlaunch.slurm.savesignal import saved_step
+from distlaunch.training.planner import saving
+from distlaunch.training.presets import PRESETS
 from tests.helpers import invoke
 
 ENGINE = ["-m", "distlaunch.engine", "--set", "checkpoint.dir=ckpt"]

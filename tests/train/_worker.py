@@ -22,16 +22,16 @@ import torch
 import torch.distributed as dist
 
 from distlaunch.engine.__main__ import end_process
-from distlaunch.engine.config import load_config
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.memory import storage_bytes
 from distlaunch.engine.model import GPT, PRESETS, init_weights
 from distlaunch.engine.optim import build_scheduler, make_optimizer_factory
 from distlaunch.engine.parallel.data import full_tensor
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
 from distlaunch.engine.parallel.mesh import build_mesh, init_process_group, read_env
-from distlaunch.engine.presets import model_config
 from distlaunch.engine.trainer import Engine
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
+from distlaunch.training.presets import model_config
 from tests.live_memory import PeakLiveBytes, count_allocations
 
 MEASURED_STEPS = (2, 3)  # after a warm-up step, so the optimizer state exists

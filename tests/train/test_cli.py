@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from distlaunch.engine.config import load_config
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.planner import plan_memory, rank_tensors
-from distlaunch.engine.presets import PRESETS
-from distlaunch.launcher.train import EMBEDDED_CONFIG, parse_size
+from distlaunch.launcher.planning.train import EMBEDDED_CONFIG, parse_size
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
+from distlaunch.training.planner import plan_memory, rank_tensors
+from distlaunch.training.presets import PRESETS
 from tests.helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def test_help_and_dry_run_never_import_torch():
 def test_auto_backend_trains_on_the_cpu_where_gpus_are_fewer_than_ranks():
     """The embedded 4-rank default on a 1-GPU workstation trains on the CPU, and says so; a GPU per
     rank, no GPU, a hostfile (other hosts' GPUs) or an explicit --backend keep the usual rule."""
-    from distlaunch.launcher.train import train_backend
+    from distlaunch.launcher.planning.train import train_backend
 
     backend, why = train_backend("auto", None, 4, 1)
     assert backend == "gloo" and why.startswith("4 ranks but 1 GPU here: training on the CPU with gloo")
@@ -227,8 +227,8 @@ def test_another_trainers_flag_is_answered_with_its_set_spelling(args, line):
 
 
 def test_every_trainer_flag_names_a_real_config_key():
-    from distlaunch.engine.aliases import KEY_ALIASES, SETTING_ALIASES
-    from distlaunch.engine.config import TrainingConfig
+    from distlaunch.training.aliases import KEY_ALIASES, SETTING_ALIASES
+    from distlaunch.training.config import TrainingConfig
 
     keys = {f"{s}.{k}" for s, f in TrainingConfig.model_fields.items() for k in f.annotation.model_fields}
     assert set(KEY_ALIASES.values()) <= keys

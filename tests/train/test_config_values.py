@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from distlaunch.engine.config import load_config
 from distlaunch.errors import UsageError
+from distlaunch.training.config import load_config
 from tests.helpers import invoke
 
 
@@ -89,7 +89,9 @@ def test_gpu_memory_must_be_positive(size):
 
 
 def test_unknown_gpu_memory_is_said_in_plain_words(monkeypatch):
-    monkeypatch.setattr("distlaunch.launcher.train.nvidia_smi_memory", lambda: None)  # as on a machine without GPUs
+    monkeypatch.setattr(
+        "distlaunch.launcher.planning.train.nvidia_smi_memory", lambda: None
+    )  # as on a machine without GPUs
     result = invoke(["train", "-n", "1", "--dry-run", "--backend", "nccl"])
     assert result.exit_code == 0, result.stderr
     text = " ".join(result.stdout.split())  # rich wraps at 100 columns

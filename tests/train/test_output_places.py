@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from distlaunch.engine.config import load_config
-from distlaunch.engine.places import CHECKPOINT_LOCK, METRICS_FILE, place_problem
 from distlaunch.errors import UsageError
-from distlaunch.launcher.train import check_training_files
+from distlaunch.launcher.planning.train import check_training_files
+from distlaunch.training.config import load_config
+from distlaunch.training.places import CHECKPOINT_LOCK, METRICS_FILE, place_problem
 from tests.checkpoint.conftest import cli_env
 from tests.helpers import invoke, run_cli
 
@@ -149,7 +149,7 @@ def test_a_folder_named_as_the_pointer_in_the_checkpoint_dir_is_refused_before_t
 
 
 def test_a_file_in_a_step_folders_place_is_replaced_by_the_save_and_leaves_nothing_behind(tmp_path):
-    from distlaunch.engine.checkpoint.folder import publish
+    from distlaunch.training.checkpoint.folder import publish
 
     (tmp_path / "step_000006").write_text("not a checkpoint")
     (tmp_path / "step_000006.tmp-ab").mkdir()

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from distlaunch.data.source import DataIdentity
-from distlaunch.engine.checkpoint.manifest import CheckpointMeta, Layout, write_meta
-from distlaunch.engine.presets import PRESETS
+from distlaunch.training.checkpoint.manifest import CheckpointMeta, Layout, write_meta
+from distlaunch.training.presets import PRESETS
 from tests.checkpoint.conftest import REPO, cli_env
 from tests.helpers import invoke, run_cli
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from distlaunch.data.source import BUNDLED_CORPUS
-from distlaunch.engine.config import load_config
 from distlaunch.engine.model import GPT, PRESETS, init_weights
-from distlaunch.engine.parallel.dims import resolve_parallel_dims
-from distlaunch.engine.planner import rank_memory
-from distlaunch.engine.presets import model_config
+from distlaunch.training.config import load_config
+from distlaunch.training.dims import resolve_parallel_dims
+from distlaunch.training.planner import rank_memory
+from distlaunch.training.presets import model_config
 from tests.engine.harness import spawn_ok
 from tests.helpers import invoke
 from tests.live_memory import PeakLiveBytes, count_allocations, nearest_peak

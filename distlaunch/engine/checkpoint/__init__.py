@@ -1,9 +1,7 @@
-"""Sharded, atomic checkpoints that any layout can resume from (docs/checkpointing.md).
+"""Sharded, atomic checkpoints that any layout can resume from (docs/checkpointing.md). The folder's format
+(step names, ``latest``, ``meta.json``, checksums, which one to resume) is torch-free, in
+``distlaunch.training.checkpoint``; this package holds the torch side:
 
-- ``folder``: the directory on disk: step names, the ``latest`` pointer, publishing, pruning (torch-free),
-- ``manifest``: ``meta.json``, its format and its one-line reasons when it is wrong (torch-free),
-- ``integrity``: checksums recorded at save and verified before a load (torch-free),
-- ``resume``: which checkpoint a job resumes from; ``distlaunch train`` checks it before launch (torch-free),
 - ``safe``: reading the index and shards without running code from them, one line per failure,
 - ``shards``: model and optimizer state under single-process names, ready for DCP resharding,
 - ``state``: registered train-state parts (LR schedule, loss scaler, ...) and per-rank RNG,

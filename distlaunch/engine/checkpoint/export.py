@@ -24,12 +24,12 @@ import torch
 from pydantic import BaseModel
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from distlaunch.engine.checkpoint.folder import LATEST_FILE, LATEST_TMP, locate_checkpoint, resolve_checkpoint
-from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, require_intact
-from distlaunch.engine.checkpoint.manifest import CheckpointMeta
 from distlaunch.engine.checkpoint.safe import describe, index_problems, load_state, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import MODEL
 from distlaunch.errors import UsageError
+from distlaunch.training.checkpoint.folder import LATEST_FILE, LATEST_TMP, locate_checkpoint, resolve_checkpoint
+from distlaunch.training.checkpoint.integrity import DamagedCheckpoint, require_intact
+from distlaunch.training.checkpoint.manifest import CheckpointMeta
 
 TORCH_SUFFIXES = (".pt", ".pth")
 DAMAGED_HINT = "export another step_N directory of the same run"

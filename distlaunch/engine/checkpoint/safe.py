@@ -25,9 +25,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from distlaunch.engine.checkpoint.folder import is_shard_name, regular_file
-from distlaunch.engine.checkpoint.manifest import DamagedCheckpoint, read_manifest
 from distlaunch.errors import DistlaunchError
+from distlaunch.training.checkpoint.folder import is_shard_name, regular_file
+from distlaunch.training.checkpoint.manifest import DamagedCheckpoint, read_manifest
 
 METADATA_FILE = ".metadata"
 LOAD_HINT = "a file holds other bytes than distlaunch wrote: restore it from a copy, or use another step_N directory"

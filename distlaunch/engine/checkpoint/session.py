@@ -20,12 +20,13 @@ import torch.distributed as dist
 
 import distlaunch
 from distlaunch import saverequest
-from distlaunch.engine.checkpoint.integrity import DamagedCheckpoint, verify_share
-from distlaunch.engine.checkpoint.manifest import CheckpointMeta
-from distlaunch.engine.checkpoint.resume import nothing_left, resume_candidates, resume_source, steps_left
-from distlaunch.engine.fault import FaultPlan, restart_count
+from distlaunch.engine.fault import FaultPlan
 from distlaunch.engine.watchdog import Watchdog
 from distlaunch.errors import DistlaunchError
+from distlaunch.training.checkpoint.integrity import DamagedCheckpoint, verify_share
+from distlaunch.training.checkpoint.manifest import CheckpointMeta
+from distlaunch.training.checkpoint.resume import nothing_left, resume_candidates, resume_source, steps_left
+from distlaunch.training.faults import restart_count
 
 
 class Checkpointing:

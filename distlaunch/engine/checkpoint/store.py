@@ -23,10 +23,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from distlaunch.data.source import FRESH_START, check_same_data
-from distlaunch.engine.checkpoint.folder import directory_bytes, prune, publish, remove_leftovers, step_dir_name
-from distlaunch.engine.checkpoint.integrity import checkpoint_files, digest, share
-from distlaunch.engine.checkpoint.manifest import CheckpointMeta, ComponentSize, Layout, read_meta, write_meta
-from distlaunch.engine.checkpoint.resume import preset_refusal
 from distlaunch.engine.checkpoint.safe import load_state, load_value, read_dcp_metadata
 from distlaunch.engine.checkpoint.shards import (
     apply_model_weights,
@@ -36,8 +32,12 @@ from distlaunch.engine.checkpoint.shards import (
     shape_mismatch,
 )
 from distlaunch.engine.checkpoint.state import TrainState, rng_state, set_rng_state
-from distlaunch.engine.places import create_checkpoint_dir
 from distlaunch.errors import DistlaunchError, ExitCode, UsageError
+from distlaunch.training.checkpoint.folder import directory_bytes, prune, publish, remove_leftovers, step_dir_name
+from distlaunch.training.checkpoint.integrity import checkpoint_files, digest, share
+from distlaunch.training.checkpoint.manifest import CheckpointMeta, ComponentSize, Layout, read_meta, write_meta
+from distlaunch.training.checkpoint.resume import preset_refusal
+from distlaunch.training.places import create_checkpoint_dir
 
 EXTRA, RNG = "extra.", "rng.rank"
 

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from distlaunch.engine.parallel.bucketing import cut_buckets
 from distlaunch.engine.parallel.hooks import register_weak_hook
 from distlaunch.engine.watchdog import wait_for_peers
+from distlaunch.training.bucketing import cut_buckets
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb
 REDUCE_BYTES = 4  # a bucket's size counts its fp32 gradients (whatever dtype they travel in)

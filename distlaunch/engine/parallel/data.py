@@ -39,7 +39,8 @@ from distlaunch.engine.parallel.hooks import register_weak_hook
 from distlaunch.engine.parallel.units import tune_unit, unit_groups
 from distlaunch.engine.parallel.vocab import shard_vocab_tables
 from distlaunch.engine.parallel.wire import all_reduce_bucket
-from distlaunch.engine.precision import dtype, reduce_dtype_name
+from distlaunch.engine.precision import dtype
+from distlaunch.training.precision import reduce_dtype_name
 
 if TYPE_CHECKING:
     from distlaunch.engine.optim import AdamW

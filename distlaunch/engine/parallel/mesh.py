@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from distlaunch.engine.parallel.dims import ParallelDims
 from distlaunch.errors import UsageError
 from distlaunch.readable import plural
+from distlaunch.training.dims import ParallelDims
 
 MESH_DIMS = ("pp", "dp", "tp")
 

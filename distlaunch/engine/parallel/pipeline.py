@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from distlaunch.engine.model import GPT
-from distlaunch.engine.parallel.dims import ParallelDims, stage_layer_counts
+from distlaunch.training.dims import ParallelDims, stage_layer_counts
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import _PipelineSchedule

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from distlaunch.engine.parallel.bucketing import ALL_REDUCE_BACKENDS
+from distlaunch.training.bucketing import ALL_REDUCE_BACKENDS
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

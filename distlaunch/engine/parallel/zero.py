@@ -42,7 +42,6 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from distlaunch.engine.parallel.bucketing import GATHERS_IN_FLIGHT
 from distlaunch.engine.parallel.buckets import Reduction
 from distlaunch.engine.parallel.data import (
     DataParallelBase,
@@ -54,6 +53,7 @@ from distlaunch.engine.parallel.data import (
 from distlaunch.engine.parallel.wire import ReduceScatter, all_reduce_bucket, reduces_by_all_reduce
 from distlaunch.engine.parallel.wire import all_gather as _all_gather
 from distlaunch.engine.watchdog import wait_for_peers
+from distlaunch.training.bucketing import GATHERS_IN_FLIGHT
 
 
 def _finish(work, done) -> None:

@@ -1,0 +1,284 @@
+"""The launcher's front door: options → plan → execution, for ``run`` and ``train`` alike."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from distlaunch.contract.layout import LayoutSpec
+from distlaunch.contract.options import ExecOptions, LaunchOptions
+from distlaunch.contract.report import RunReport
+from distlaunch.contract.sink import Sink
+from distlaunch.errors import DistlaunchError, ExitCode, HostError, Interrupted, UsageError
+from distlaunch.launcher.elastic.healing import PREFLIGHT_TIMEOUT_S, Healing, Pool, split_spares
+from distlaunch.launcher.planning.hostfile import HostSlots
+from distlaunch.launcher.planning.plan import LaunchPlan, LaunchSpec, Spares, build_plan
+from distlaunch.launcher.planning.program import check_local_program, check_workdir, program_label, start_error
+from distlaunch.launcher.planning.spec import (
+    check_master_port,
+    is_local_host,
+    is_loopback,
+    make_spec,
+    resolve_hosts,
+)
+from distlaunch.launcher.running.attempt import CannotStart
+from distlaunch.launcher.running.execute import Progress, execute
+from distlaunch.launcher.running.portlock import hold_port
+from distlaunch.launcher.running.signals import interrupts_unwind
+from distlaunch.launcher.running.transport import LocalAgent
+from distlaunch.launcher.supervising.recovery import Connect, Recovery
+from distlaunch.launcher.supervising.requests import JobRequests, StopRequest, signal_number
+from distlaunch.launcher.supervising.stacks import ranges
+from distlaunch.readable import plural
+
+if TYPE_CHECKING:
+    from distlaunch.remote.session import RemoteHosts
+
+
+def host_addresses(opts: LaunchOptions, hosts: list[HostSlots]) -> dict[str, str]:
+    """Remote hosts' addresses as the other hosts reach them: the ssh_config HostName, not a local alias."""
+    remote = [h.host for h in hosts if not is_local_host(h.host)]
+    if not remote:
+        return {}
+    from distlaunch.remote.sshconfig import resolve_targets  # paramiko: only paid when a host is remote
+
+    return {alias: target.hostname for alias, target in resolve_targets(remote, opts.ssh_config).items()}
+
+
+def spec_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchSpec:
+    """Resolve the options (the hostfile read once, ssh_config only when a host is remote). With
+    ``--nnodes MIN:MAX`` the job starts on the first MAX hosts; the rest are its spares."""
+    hosts = resolve_hosts(opts)
+    addresses = host_addresses(opts, hosts)
+    if opts.nodes is None:
+        return make_spec(opts, hosts, addresses, workdir)
+    active, spares = split_spares(hosts, opts.nodes, opts.hostfile)
+    spec = make_spec(opts, active, addresses, workdir)
+    return spec.model_copy(update={"spares": Spares(min_nodes=opts.nodes.min_nodes, hosts=spares)})
+
+
+def plan_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchPlan:
+    """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
+    plan = build_plan(spec_for(opts, workdir))
+    check_local_script(plan, opts)  # a dry-run checks what a run checks
+    if starts_rank0_here(plan):
+        check_master_port(opts, plan.master_port)
+    return plan
+
+
+def all_local(plan: LaunchPlan) -> bool:
+    return all(node.local for node in plan.nodes)
+
+
+def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
+    """Where ranks run here, their working directory, Python and program must be usable here (remote hosts
+    have their own filesystem: their agents check them before any rank starts, see job.py's gate)."""
+    local = next((node for node in plan.nodes if node.local), None)
+    if local is not None:
+        check_local_program(opts, local.workdir)
+
+
+def check_local_workdir(plan: LaunchPlan) -> None:
+    """Ranks that start here start in --workdir: it must be a folder here (remote hosts check theirs in preflight)."""
+    workdir = next((node.workdir for node in plan.nodes if node.local and node.workdir), "")
+    if workdir:
+        check_workdir(workdir)
+
+
+def check_shown_local_ranks(plan: LaunchPlan, shown: list[int] | None) -> None:
+    """--local-ranks-filter must name local ranks some host runs, or their output would never appear."""
+    most = max(len(node.ranks) for node in plan.nodes)
+    absent = sorted({r for r in shown or [] if r >= most})
+    if absent:
+        raise UsageError(
+            f"--local-ranks-filter names {'local rank' if len(absent) == 1 else 'local ranks'} {ranges(absent)}, but no host "
+            f"runs more than {plural(most, 'rank')} (local ranks 0-{most - 1})",
+            "name local ranks that exist, e.g. 0",
+        )
+
+
+def make_connect(opts: LaunchOptions, remote: RemoteHosts | None = None) -> Connect:
+    """Local hosts get a child-process agent; remote hosts an agent over SSH (connections from ``remote``)."""
+
+    def connect(node, events):
+        if node.local:
+            return LocalAgent(node.node_rank, node.host, events)
+        if remote is None or node.host not in remote:
+            raise HostError(
+                f"host {node.host!r} was not connected before the launch", "start multi-host jobs through launch()"
+            )
+        return remote.agent(node.node_rank, node.host, events)
+
+    return connect
+
+
+def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
+    """What must hold on this machine right before a plan starts (foreground or detached): exit 2 otherwise."""
+    check_local_workdir(plan)
+    check_local_script(plan, opts)
+    if starts_rank0_here(plan):
+        check_master_port(opts, plan.master_port)
+
+
+@dataclass
+class LaunchContext:
+    """What one launch hands down to its attempts: the plan as first built and the options it came from, how
+    the job is supervised, where its output goes, what commands ask of it (``requests``), a stop distlaunch
+    itself may ask (``stop_request``: another node of a per-node job failed), and who hears of each attempt
+    (``progress``: the job record)."""
+
+    plan: LaunchPlan
+    opts: LaunchOptions
+    exec_opts: ExecOptions
+    sink: Sink
+    stop_request: StopRequest | None = None
+    requests: JobRequests | None = None
+    progress: Progress | None = None
+
+    def execute(self, plan: LaunchPlan, connect: Connect, recovery: Recovery | None = None) -> RunReport:
+        """Run ``plan``'s attempts, reaching its hosts through ``connect``."""
+        x = self.exec_opts
+        return execute(plan, x, self.sink, connect, self.requests, self.stop_request, recovery, self.progress)
+
+
+def launch(
+    plan: LaunchPlan,
+    opts: LaunchOptions,
+    exec_opts: ExecOptions,
+    sink: Sink,
+    command: list[str] | None = None,
+    stop_request: StopRequest | None = None,
+) -> RunReport:
+    """Execute a plan built from ``opts``, keep its job record (``distlaunch jobs``) and report how it ended;
+    ``stop_request``: a stop distlaunch itself may ask of the running job (``running/node.py``)."""
+    with master_port_held(plan, opts):
+        check_launch(plan, opts)
+        return _recorded(LaunchContext(plan, opts, exec_opts, sink, stop_request), command or [])
+
+
+def starts_rank0_here(plan: LaunchPlan) -> bool:
+    """Whether this launch starts rank 0, whose store listens on the master port, on this machine. In the
+    per-node mode only node 0's launch does; the other nodes' launches use its port."""
+    first = plan.nodes[0]
+    return first.node_rank == 0 and (first.local or is_loopback(plan.master_addr))
+
+
+def master_port_held(plan: LaunchPlan, opts: LaunchOptions) -> AbstractContextManager:
+    """A fixed master port is held for the whole job (launcher/running/portlock.py) where rank 0 starts."""
+    if opts.master_port == "auto" or not starts_rank0_here(plan):
+        return nullcontext()
+    return hold_port(plan.master_port, plan.job_id)
+
+
+def _recorded(ctx: LaunchContext, command: list[str]) -> RunReport:
+    from distlaunch.jobs.store import jobs_dir
+    from distlaunch.launcher.running.journal import Journal
+
+    plan, x = ctx.plan, ctx.exec_opts
+    backend = "local" if all_local(plan) else "ssh"
+    log_dir = str(x.log_dir) if x.log_dir is not None else None
+    # the save signal is trapped before the record exists: a signal that finds the record finds it trapped
+    with JobRequests(
+        save_signal=signal_number(x.save_signal), forward=tuple(signal_number(n) for n in x.forward_signals)
+    ) as requests:
+        journal = Journal.begin(plan, backend, command, log_dir, ctx.sink.notice)
+        requests.folder = None if journal.broken else jobs_dir() / plan.job_id
+        ctx.requests, ctx.progress = requests, journal.progress
+        try:
+            with interrupts_unwind():  # a signal during the SSH preflight: recorded, not a lost job
+                report = _launch(ctx)
+        except DistlaunchError as exc:
+            journal.end(exit_code=exc.exit_code, error=str(exc))
+            raise
+        except Interrupted as exc:
+            journal.end(exit_code=exc.exit_code, error=f"interrupted by {exc.name}")
+            raise
+        except KeyboardInterrupt:
+            journal.end(exit_code=ExitCode.SIGINT, error="interrupted")
+            raise
+        except BaseException as exc:
+            journal.end(exit_code=ExitCode.CHECK_FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
+            raise
+        journal.end(report)
+    return report
+
+
+def _launch(ctx: LaunchContext) -> RunReport:
+    plan, opts = ctx.plan, ctx.opts
+    if plan.spares is not None:
+        return _heal(ctx)
+    hosts = open_hosts(plan, opts)
+    if hosts is None:
+        return ctx.execute(plan, make_connect(opts))
+    with hosts:
+        try:
+            return ctx.execute(plan, make_connect(opts, hosts))
+        except CannotStart as exc:
+            raise cannot_start_error(exc.problems, opts, plan) from None
+
+
+def open_hosts(plan: LaunchPlan, opts: LaunchOptions, timeout: float | None = None) -> RemoteHosts | None:
+    """Preflight: every remote host of the plan connected and able to run the agent before any rank starts
+    anywhere (HostsFailed, exit 3, naming each host that is not); None when every host is this machine."""
+    remote = [node.host for node in plan.nodes if not node.local]
+    if not remote:
+        return None
+    from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote
+
+    return RemoteHosts.open(
+        remote,
+        ssh_config=opts.ssh_config,
+        accept_new_host_keys=opts.accept_new_host_keys,
+        python=next(node.agent_python for node in plan.nodes if not node.local),  # one for every remote host
+        workdir=plan.nodes[0].workdir,
+        job_id=plan.job_id,
+        timeout=timeout,
+    )
+
+
+def _heal(ctx: LaunchContext) -> RunReport:
+    """A job with spares: every attempt's hosts checked before it starts; a failed host replaced or the job shrunk
+    (launcher/elastic/healing.py)."""
+    from distlaunch.launcher.planning.train import engine_layout_problem
+
+    plan, opts = ctx.plan, ctx.opts
+    spares = plan.spares.hosts if plan.spares is not None else []
+    slots = {h.host: h for h in resolve_hosts(opts)}  # the plan keeps ranks, not slots: the hostfile has them
+    active = [slots[node.host] for node in plan.nodes]
+    addresses = host_addresses(opts, [*active, *spares])
+    workdir = plan.nodes[0].workdir
+
+    def replan(hosts: list[HostSlots], layout: LayoutSpec) -> LaunchPlan:
+        spec = make_spec(opts.model_copy(update={"parallel": str(layout)}), hosts, addresses, workdir)
+        return build_plan(spec.model_copy(update={"job_id": plan.job_id, "spares": plan.spares}))
+
+    def connect(attempt_plan: LaunchPlan):
+        if attempt_plan.master_addr != plan.master_addr and starts_rank0_here(attempt_plan):
+            check_master_port(opts, attempt_plan.master_port)  # a new master: launch() checked the first one
+        hosts = open_hosts(attempt_plan, opts, PREFLIGHT_TIMEOUT_S)
+        return make_connect(opts, hosts), hosts
+
+    pool = Pool(active=active, spares=list(spares), nodes=opts.nodes)
+    max_restarts = ctx.exec_opts.max_restarts
+    healing = Healing(plan, pool, replan, connect, max_restarts, ctx.sink.notice, engine_layout_problem(opts))
+    first = healing.start()
+    try:
+        return ctx.execute(first.plan, first.connect, healing)
+    except CannotStart as exc:
+        raise cannot_start_error(exc.problems, opts, plan) from None
+    finally:
+        healing.close()
+
+
+def cannot_start_error(problems: dict[str, list[dict]], opts: LaunchOptions, plan: LaunchPlan) -> UsageError:
+    """What the agents found before any rank started, in one line: the first problem, with every host that
+    has the same one (a script not copied to three hosts is one fact, not three)."""
+    problems = {n.host: problems[n.host] for n in plan.nodes if n.host in problems}  # the hostfile's order
+    first = next(iter(problems.values()))[0]
+    hosts = [host for host, found in problems.items() if first in found]
+    error = start_error(first, program_label(opts), plan.nodes[0].workdir, f" on {', '.join(hosts)}")
+    others = [host for host in problems if host not in hosts]
+    if others:
+        error.message += f"; {', '.join(others)} cannot start their ranks either (fix this, then run again)"
+    return error
