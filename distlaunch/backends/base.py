@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from distlaunch.contract.options import ExecOptions, LaunchOptions, NodeOptions
 from distlaunch.contract.sink import Sink
 from distlaunch.errors import DistlaunchError, HostError, UsageError
-from distlaunch.jobs.store import JobRecord, jobs_dir, read_record, write_record
+from distlaunch.jobs.store import JobRecord, job_folder, read_record, write_record
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport
@@ -58,7 +58,7 @@ def remember(record: JobRecord, now: JobRecord) -> JobRecord:
     be asked, that is the state shown, marked as last known."""
     if (now.state, now.hosts, now.plan) == (record.state, record.hosts, record.plan):
         return now
-    on_disk = read_record(jobs_dir() / record.job_id)
+    on_disk = read_record(job_folder(record.job_id))
     if isinstance(on_disk, JobRecord) and not on_disk.final:  # never over a final record written meanwhile
         with contextlib.suppress(OSError):  # a state directory that cannot be written costs the memory only
             write_record(now)
@@ -101,7 +101,7 @@ class Backend:
 
     def reread(self, record: JobRecord) -> JobRecord:
         """The job as it stands now, read afresh; while its scheduler cannot be asked, as last known."""
-        raw = read_record(jobs_dir() / record.job_id)
+        raw = read_record(job_folder(record.job_id))
         raw = raw if isinstance(raw, JobRecord) else record
         try:
             return self.current(raw)

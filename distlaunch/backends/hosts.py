@@ -19,7 +19,15 @@ from distlaunch.backends.output import FileOutput
 from distlaunch.backends.ranklog_lines import rank_log_lines
 from distlaunch.contract.sink import Sink
 from distlaunch.errors import NoAnswer, UsageError
-from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE, OUTPUT_FILE, STOP_FILE, JobRecord, free_space, jobs_dir
+from distlaunch.jobs.store import (
+    ERRORS_FILE,
+    LAUNCH_FILE,
+    OUTPUT_FILE,
+    STOP_FILE,
+    JobRecord,
+    free_space,
+    job_folder,
+)
 from distlaunch.launcher.supervising.stragglers import read_stragglers
 
 if TYPE_CHECKING:
@@ -34,7 +42,7 @@ class LauncherDriven(FileOutput):
 
     def current(self, record: JobRecord) -> JobRecord:
         if not record.stragglers_found:  # named by its launcher as it runs, beside the record
-            record = record.model_copy(update={"stragglers_found": read_stragglers(jobs_dir() / record.job_id)})
+            record = record.model_copy(update={"stragglers_found": read_stragglers(job_folder(record.job_id))})
         # "lost": the record says running but its launcher is gone (SIGKILL, reboot); its agents took the ranks.
         if record.state == "running" and record.owner is not None and not record.owner.alive():
             free_space(record.job_id)  # the room its last record would have taken: nobody writes that now
@@ -46,7 +54,7 @@ class LauncherDriven(FileOutput):
         if owner is None or owner.hostname != os.uname().nodename:
             where = owner.hostname if owner else "an unknown host"
             raise UsageError(f"job {record.job_id} is supervised on {where}", f"run 'distlaunch stop' on {where}")
-        (jobs_dir() / record.job_id / STOP_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
+        (job_folder(record.job_id) / STOP_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
         if owner.alive():  # pid and start time both match: never a stranger that reused the pid
             os.kill(owner.pid, signal.SIGTERM)  # the launcher stops every rank: SIGTERM, grace period, SIGKILL
 
@@ -63,7 +71,7 @@ class LauncherDriven(FileOutput):
         return CheckpointSaved(job_id=record.job_id, step=answer["saved_step"], save_s=answer.get("save_s"), then=then)
 
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
-        return jobs_dir() / record.job_id / (ERRORS_FILE if stderr else OUTPUT_FILE)
+        return job_folder(record.job_id) / (ERRORS_FILE if stderr else OUTPUT_FILE)
 
     def lines(
         self,
@@ -76,7 +84,7 @@ class LauncherDriven(FileOutput):
     ) -> Iterator[str]:
         """A detached job's output as its terminal would have shown it (with distlaunch's notices and the report);
         a job run in a terminal has only its rank logs."""
-        folder = jobs_dir() / record.job_id
+        folder = job_folder(record.job_id)
         if os.path.lexists(folder / OUTPUT_FILE) or os.path.lexists(folder / LAUNCH_FILE):
             return super().lines(record, follow, ranks, tail, stderr, on_end)
         return rank_log_lines(record, follow, ranks, tail, stderr, self.reread, on_end)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from distlaunch.backends.base import Backend, CheckpointSaved, LastKnown, remember
 from distlaunch.backends.output import keep_ranks
 from distlaunch.errors import HostError, UsageError
-from distlaunch.jobs.store import FINAL_STATES, STOP_FILE, JobRecord, jobs_dir, write_record
+from distlaunch.jobs.store import FINAL_STATES, STOP_FILE, JobRecord, job_folder, write_record
 
 if TYPE_CHECKING:
     from distlaunch.k8s.manifest import K8sJobOptions
@@ -56,7 +56,7 @@ class Kubernetes(Backend):
 
         job = get_job(record.native_id, record.namespace)
         if job is None:  # deleted: by 'distlaunch stop' (its record says so already), or by someone else
-            stopped = (jobs_dir() / record.job_id / STOP_FILE).exists()
+            stopped = (job_folder(record.job_id) / STOP_FILE).exists()
             return self._final(record, "stopped" if stopped else "lost", None, None if stopped else _K8S_GONE)
         pods = get_pods(record.native_id, record.namespace)
         state, code, error = job_state(job, pods)
@@ -94,7 +94,7 @@ class Kubernetes(Backend):
         from distlaunch.k8s.kubectl import kubectl, with_namespace
 
         name = record.native_id or ""
-        (jobs_dir() / record.job_id / STOP_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
+        (job_folder(record.job_id) / STOP_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
         # Foreground cascade: the pods (SIGTERM, then each pod's distlaunch stops its ranks) go before the Job,
         # and --wait returns once the Job is gone; the Service goes with it.
         kubectl(with_namespace(["delete", f"job/{name}", f"service/{name}", "--cascade=foreground", "--wait=true"],
@@ -204,7 +204,7 @@ def record_k8s_job(
         },
     )
     try:
-        (jobs_dir() / record.job_id / STOP_FILE).unlink(missing_ok=True)
+        (job_folder(record.job_id) / STOP_FILE).unlink(missing_ok=True)
         write_record(record)
     except OSError as exc:
         log.warning("cannot record Kubernetes job %s: %s", name, exc)

@@ -61,7 +61,6 @@ from distlaunch.contract.options import ExecOptions, LaunchOptions, NodeOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.elastic.healing import DEFAULT_MAX_RESTARTS, node_range
 from distlaunch.launcher.supervising.requests import check_signals
-from distlaunch.protocol import GRACE_PERIOD_S
 
 # -- the groups of options commands take, and how a command takes them ------------------------------------------
 
@@ -76,6 +75,7 @@ class Opt:
     default: Any = inspect.Parameter.empty  # empty: required (the program)
 
 
+_SUPERVISION = ExecOptions()  # the supervision defaults: ExecOptions owns them, the options show them
 PROGRAM = (Opt("program", Program), Opt("module", Module, False), Opt("no_python", NoPython, False))
 # In the order --help lists them; the defaults are what each parameter gets when not typed.
 LAUNCH_OPTIONS = (
@@ -87,22 +87,22 @@ LAUNCH_OPTIONS = (
     Opt("master_addr", MasterAddr, None),
     Opt("master_port", MasterPort, "auto"),
     Opt("backend", Backend, "auto"),
-    Opt("max_restarts", MaxRestarts, 0),
+    Opt("max_restarts", MaxRestarts, _SUPERVISION.max_restarts),
     Opt("log_dir", LogDir, None),
-    Opt("log_max_size", LogMaxSize, "64MiB"),
+    Opt("log_max_size", LogMaxSize, f"{_SUPERVISION.log_max_size >> 20}MiB"),
     Opt("env", Env, None),
     Opt("ssh_config", SshConfig, None),
     Opt("python", Python, None),
     Opt("accept_new_host_keys", AcceptNewHostKeys, False),
     Opt("remote_python", RemotePython, None),
     Opt("workdir", Workdir, None),
-    Opt("grace_period", GracePeriod, GRACE_PERIOD_S),
-    Opt("heartbeat_timeout", HeartbeatTimeout, 30.0),
+    Opt("grace_period", GracePeriod, _SUPERVISION.grace_period),
+    Opt("heartbeat_timeout", HeartbeatTimeout, _SUPERVISION.heartbeat_timeout),
     Opt("local_ranks_filter", LocalRanksFilter, None),
-    Opt("hang_timeout", HangTimeout, 0.0),
-    Opt("hang_report", HangReport, 1800.0),
-    Opt("on_straggler", OnStraggler, "warn"),
-    Opt("save_signal", SaveSignal, "USR1"),
+    Opt("hang_timeout", HangTimeout, _SUPERVISION.hang_timeout),
+    Opt("hang_report", HangReport, _SUPERVISION.hang_report),
+    Opt("on_straggler", OnStraggler, _SUPERVISION.on_straggler),
+    Opt("save_signal", SaveSignal, _SUPERVISION.save_signal),
     Opt("forward_signals", ForwardSignals, None),
     Opt("dry_run", DryRun, False),
     Opt("detach", Detach, False),
@@ -115,7 +115,7 @@ NODE_OPTIONS = (
     Opt("node_rank_alias", NodeRankAlias, None),
     Opt("rdzv_endpoint", RdzvEndpoint, None),
     Opt("rdzv_endpoint_alias", RdzvEndpointAlias, None),
-    Opt("rdzv_timeout", RdzvTimeout, 300.0),
+    Opt("rdzv_timeout", RdzvTimeout, NodeOptions.model_fields["rdzv_timeout"].default),
 )
 
 

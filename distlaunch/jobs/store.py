@@ -158,9 +158,14 @@ def jobs_dir() -> Path:
     return state_dir() / "jobs"
 
 
+def job_folder(job_id: str) -> Path:
+    """The folder of one job in the store: its record and what it keeps beside it. The one place its path is built."""
+    return job_folder(job_id)
+
+
 def write_record(record: JobRecord) -> Path:
     """Create or replace a job's record atomically (a reader never sees half of it)."""
-    folder = jobs_dir() / record.job_id
+    folder = job_folder(record.job_id)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".job-", suffix=".tmp")
     try:
@@ -181,7 +186,7 @@ def hold_space(job_id: str, nbytes: int) -> bool:
 
     A job often fills the disk its state directory is on (checkpoints, logs in the home folder): its end must
     still be recorded, or a finished job reads as lost. ``free_space`` gives the bytes back just before."""
-    path = jobs_dir() / job_id / RESERVE
+    path = job_folder(job_id) / RESERVE
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     except OSError:
@@ -199,7 +204,7 @@ def hold_space(job_id: str, nbytes: int) -> bool:
 def free_space(job_id: str) -> None:
     """Give back what ``hold_space`` set aside."""
     with contextlib.suppress(OSError):
-        (jobs_dir() / job_id / RESERVE).unlink()
+        (job_folder(job_id) / RESERVE).unlink()
 
 
 def read_record(folder: Path) -> JobRecord | Unreadable:

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from distlaunch.contract.options import ExecOptions, LaunchOptions
 from distlaunch.errors import DistlaunchError, UsageError
-from distlaunch.jobs.store import LAUNCH_FILE, OUTPUT_FILE, STATE_VAR, JobRecord, jobs_dir, read_record
+from distlaunch.jobs.store import LAUNCH_FILE, OUTPUT_FILE, STATE_VAR, JobRecord, job_folder, read_record
 from distlaunch.launcher.planning.plan import LaunchPlan
 
 SUPERVISOR = "distlaunch.supervisor"  # the program the supervisor is: an entry point, beside the CLI
@@ -75,7 +75,7 @@ def detach(launch: DetachedLaunch) -> JobRecord:
 
 def _job_folder(job_id: str) -> Path:
     """A new, private folder for the job (exit 2 when the state directory cannot hold one)."""
-    folder = jobs_dir() / job_id
+    folder = job_folder(job_id)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:

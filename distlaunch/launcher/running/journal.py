@@ -11,7 +11,7 @@ from pathlib import Path
 
 from distlaunch.contract.report import REQUEUE_CODE, RunReport
 from distlaunch.jobs.logs import prune_logs
-from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, free_space, hold_space, jobs_dir, write_record
+from distlaunch.jobs.store import STOP_FILE, JobRecord, Owner, free_space, hold_space, job_folder, write_record
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.supervising.ranklogs import logs_folder
 
@@ -59,7 +59,7 @@ class Journal:
         """Record how the job ended: from its report, or from the error that ended it before one existed."""
         code = report.exit_code if report is not None else exit_code
         state = "succeeded" if code == 0 else "interrupted" if code in _INTERRUPTED else "failed"
-        if state == "interrupted" and (jobs_dir() / self.record.job_id / STOP_FILE).exists():
+        if state == "interrupted" and (job_folder(self.record.job_id) / STOP_FILE).exists():
             state = "stopped"
         if code == REQUEUE_CODE:  # saved as asked, then stopped: nothing failed
             state = "stopped"

@@ -172,7 +172,7 @@ def master_port_held(plan: LaunchPlan, opts: LaunchOptions) -> AbstractContextMa
 
 
 def _recorded(ctx: LaunchContext, command: list[str]) -> RunReport:
-    from distlaunch.jobs.store import jobs_dir
+    from distlaunch.jobs.store import job_folder
     from distlaunch.launcher.running.journal import Journal
 
     plan, x = ctx.plan, ctx.exec_opts
@@ -183,7 +183,7 @@ def _recorded(ctx: LaunchContext, command: list[str]) -> RunReport:
         save_signal=signal_number(x.save_signal), forward=tuple(signal_number(n) for n in x.forward_signals)
     ) as requests:
         journal = Journal.begin(plan, backend, command, log_dir, ctx.sink.notice)
-        requests.folder = None if journal.broken else jobs_dir() / plan.job_id
+        requests.folder = None if journal.broken else job_folder(plan.job_id)
         ctx.requests, ctx.progress = requests, journal.progress
         try:
             with interrupts_unwind():  # a signal during the SSH preflight: recorded, not a lost job

@@ -9,7 +9,7 @@ from pathlib import Path
 from distlaunch import protocol as p
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.supervising.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
-from distlaunch.launcher.supervising.ranklogs import job_folder
+from distlaunch.launcher.supervising.ranklogs import made_logs_folder
 from distlaunch.launcher.supervising.stacks import ranges
 from distlaunch.launcher.supervising.watch import Watch
 
@@ -25,7 +25,7 @@ class AttemptFolder:
     def path(self, name: str = "stacks") -> Path:
         """This attempt's folder called ``name`` (its job folder is made on the first call)."""
         if self._job is None:
-            self._job = job_folder(self.plan, self.log_dir)
+            self._job = made_logs_folder(self.plan, self.log_dir)
         restart = self.restart_count
         return self._job / (f"{name}-restart{restart}" if restart else name)
 

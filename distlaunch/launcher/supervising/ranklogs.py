@@ -23,18 +23,18 @@ from typing import BinaryIO
 from distlaunch.contract.options import DEFAULT_MAX_BYTES
 from distlaunch.files import os_error_words
 from distlaunch.jobs.logs import RANK_LOG, rank_log_parts
-from distlaunch.jobs.store import jobs_dir
+from distlaunch.jobs.store import job_folder
 from distlaunch.launcher.planning.plan import LaunchPlan, NodePlan, RankPlan
 
 
 def logs_folder(job_id: str, log_dir: Path | None) -> Path:
     """Where a job keeps its rank logs, stacks and dumps: <log-dir>/<job id>, else its folder in the job store
     (absolute: the record names it for 'distlaunch logs' run from anywhere)."""
-    return Path(log_dir).absolute() / job_id if log_dir is not None else jobs_dir() / job_id
+    return Path(log_dir).absolute() / job_id if log_dir is not None else job_folder(job_id)
 
 
-def job_folder(plan: LaunchPlan, log_dir: Path | None) -> Path:
-    """The job's folder (see ``logs_folder``), made if need be."""
+def made_logs_folder(plan: LaunchPlan, log_dir: Path | None) -> Path:
+    """The job's logs folder (see ``logs_folder``), made if need be."""
     folder = logs_folder(plan.job_id, log_dir)
     folder.mkdir(parents=True, exist_ok=True)
     return folder

@@ -28,7 +28,7 @@ from pathlib import Path
 from distlaunch import protocol as p
 from distlaunch.contract.report import REQUEUE_CODE
 from distlaunch.errors import ExitCode, NoAnswer, UsageError
-from distlaunch.jobs.store import STOP_FILE, JobRecord, jobs_dir
+from distlaunch.jobs.store import STOP_FILE, JobRecord, job_folder
 from distlaunch.launcher.supervising.watch import Agents, Stop, Watch
 
 REQUESTS, ANSWERS = "requests", "answers"
@@ -220,7 +220,7 @@ def post_request(record: JobRecord, kind: str, **fields) -> str:
         raise UsageError(
             f"job {record.job_id} is lost: its launcher (pid {owner.pid}) is gone", "there are no ranks left to ask"
         )
-    folder = jobs_dir() / record.job_id / REQUESTS
+    folder = job_folder(record.job_id) / REQUESTS
     folder.mkdir(mode=0o700, exist_ok=True)
     name = f"{kind}-{time.time_ns()}-{uuid.uuid4().hex[:6]}.json"
     tmp = folder / f".{name}.tmp"
@@ -231,7 +231,7 @@ def post_request(record: JobRecord, kind: str, **fields) -> str:
 
 def wait_answer(record: JobRecord, name: str, timeout: float, what: str) -> dict:
     """The launcher's answer to request ``name``, waited for up to ``timeout`` seconds."""
-    path = jobs_dir() / record.job_id / ANSWERS / name
+    path = job_folder(record.job_id) / ANSWERS / name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError, ValueError):

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from distlaunch.contract.report import StackGroup
 from distlaunch.errors import NoAnswer, UsageError
-from distlaunch.jobs.store import JobRecord, jobs_dir
+from distlaunch.jobs.store import JobRecord, job_folder
 from distlaunch.launcher.supervising.requests import post_request
 from distlaunch.launcher.supervising.stacks import summarise_stacks, write_rank_stacks
 
@@ -80,7 +80,7 @@ def request_stacks(record: JobRecord, timeout: float) -> StacksSnapshot:
             f"job {record.job_id} is a {record.backend} job: distlaunch stacks reaches only jobs of run and train",
             _ELSEWHERE[record.backend],
         )
-    folder = jobs_dir() / record.job_id
+    folder = job_folder(record.job_id)
     seen = max(_numbers(folder), default=0)
     post_request(record, "stacks")  # refused for a job that ended, is lost, or runs on another machine
     deadline = time.monotonic() + timeout
