@@ -98,8 +98,8 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
             devices_text([r.device for r in node.ranks]),
         )
     console.print(table)
-    for axis in ("tp", "dp", "pp"):
-        print_indented(console, f"{axis} groups: {_fmt_groups(plan.groups[axis])}")
+    for axis, axis_groups in plan.groups.items():  # the contract's grid order: tp first
+        print_indented(console, f"{axis} groups: {_fmt_groups(axis_groups)}")
     if plan.spares is not None:
         spares = ", ".join(h.host for h in plan.spares.hosts) or "none"
         print_indented(

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import distlaunch
+from distlaunch.contract.layout import spelling
 from distlaunch.engine.checkpoint.session import Checkpointing
 from distlaunch.engine.compute import StepClock
 from distlaunch.engine.memory import device_peak_bytes, peak_rss_bytes
@@ -120,7 +121,7 @@ def summarize(engine: Engine, records: list[dict[str, Any]], mfu_scale: float | 
         "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * mfu_scale if mfu_scale else None,
         "skipped_steps": engine.scaler.skipped_steps,
-        "layout": dims.describe(),
+        "layout": spelling(dims, pipeline=False),
         "world_size": dims.world_size,
         "preset": cfg.model.preset,
         "precision": cfg.train.precision,
@@ -265,7 +266,7 @@ def run(cfg: TrainingConfig, env: DistEnv, metrics_file: Path | None) -> dict[st
             {
                 "event": "start",
                 "first_step": first_step,  # 1, or the step after the checkpoint resumed (each tracker starts there)
-                "layout": dims.describe(),
+                "layout": spelling(dims, pipeline=False),
                 "world_size": dims.world_size,
                 "device": str(device),
                 "config": cfg.model_dump(),

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from distlaunch.contract.layout import Schedule, ZeroStage, parse_layout
+from distlaunch.contract.layout import LAYOUT_KEYS, LayoutSpec, Schedule, parse_layout
 from distlaunch.errors import UsageError, closest
 from distlaunch.files import os_error_words, read_settings
 from distlaunch.training.aliases import KEY_ALIASES
@@ -172,14 +172,24 @@ class TrainSection(_Section):
             )
 
 
-class ParallelSection(_Section):
-    dp: Derived = Field(None, ge=1)  # None: WORLD_SIZE / (tp * pp)
-    tp: Int = Field(1, ge=1)
-    pp: Int = Field(1, ge=1)
-    zero: Annotated[ZeroStage, BeforeValidator(_not_bool)] = 0  # true would be ZeRO-1
+class ParallelSection(LayoutSpec):
+    """``[parallel]``: the contract's layout, its keys, their order and bounds (dp None: WORLD_SIZE / (tp * pp);
+    microbatches None: from micro_batch_size, else pp), with the engine's own schedule and virtual stages where
+    the user leaves them out."""
+
+    model_config = _Section.model_config
     schedule: Schedule = "1f1b"
-    microbatches: OptionalInt = Field(None, ge=1)  # None: from micro_batch_size, else pp
-    virtual_stages: Int = Field(2, ge=1)  # stages per pp rank, interleaved schedule only
+    virtual_stages: int = Field(2, ge=1)  # stages per pp rank, interleaved schedule only
+
+    @field_validator(*(key for key in LAYOUT_KEYS if key != "schedule"), mode="before")
+    @classmethod
+    def _no_bools(cls, value: Any) -> Any:
+        return _not_bool(value)  # zero = true would be ZeRO-1
+
+    @field_validator("dp", mode="before")
+    @classmethod
+    def _dp_auto(cls, value: Any) -> Any:
+        return _auto(value)
 
 
 class DataSection(_Section):

@@ -6,40 +6,29 @@ message names the values and how to fix them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import ConfigDict
 
-from distlaunch.contract.layout import LayoutSpec, resolve_layout
+from distlaunch.contract.layout import DEGREES, Layout, Schedule, resolve_layout
 from distlaunch.errors import UsageError
 from distlaunch.readable import plural
 from distlaunch.training.config import TrainingConfig
 from distlaunch.training.presets import GPTConfig
 
 
-@dataclass(frozen=True)
-class ParallelDims:
-    """The layout of one job: degrees, ZeRO stage, pipeline schedule and micro-batching."""
+class ParallelDims(Layout):
+    """The layout of one job as the engine runs it: the contract's layout with every pipeline key decided for
+    the model and the batch, and the batch's split."""
 
-    dp: int
-    tp: int
-    pp: int
-    zero: int
-    schedule: str  # gpipe, 1f1b, interleaved; only used when pp > 1
+    model_config = ConfigDict(frozen=True)
+    schedule: Schedule  # only used when pp > 1
     virtual_stages: int  # model chunks per pp rank (interleaved), else 1
     microbatches: int  # micro-batches per accumulation round on each dp rank
     micro_batch_size: int  # sequences per micro-batch
     accum_steps: int = 1  # accumulation rounds per step (one pipeline schedule run each)
 
     @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
     def n_stages(self) -> int:
         return self.pp * self.virtual_stages
-
-    def describe(self) -> str:
-        """``dp=2,tp=2,pp=2,zero=1`` (the launcher's spelling)."""
-        return f"dp={self.dp},tp={self.tp},pp={self.pp},zero={self.zero}"
 
 
 def shards_vocab_over_dp(dims: ParallelDims, seq_len: int, vocab_size: int) -> bool:
@@ -62,13 +51,6 @@ def stage_layer_counts(n_layer: int, n_stages: int) -> list[int]:
     for i in order[: n_layer % n_stages]:
         counts[i] += 1
     return counts
-
-
-def _resolve_degrees(cfg: TrainingConfig, world_size: int) -> tuple[int, int, int]:
-    p = cfg.parallel
-    spec = LayoutSpec(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero)
-    layout = resolve_layout(spec, world_size, lambda n: f"{n} processes, or change parallel.dp/tp/pp")
-    return layout.dp, layout.tp, layout.pp
 
 
 def _check_model(model: GPTConfig, tp: int, seq_len: int) -> None:
@@ -148,7 +130,9 @@ def _check_pipeline(model: GPTConfig, pp: int, schedule: str, v: int, n_micro: i
 
 def resolve_parallel_dims(cfg: TrainingConfig, model: GPTConfig, world_size: int) -> ParallelDims:
     """Turn the config into checked degrees for ``world_size`` processes, or raise UsageError."""
-    dp, tp, pp = _resolve_degrees(cfg, world_size)
+    fix = f"change parallel.{'/'.join(DEGREES)}"
+    layout = resolve_layout(cfg.parallel, world_size, lambda n: f"{n} processes, or {fix}")
+    dp, tp, pp = layout.dp, layout.tp, layout.pp
     _check_model(model, tp, cfg.train.seq_len)
     schedule = cfg.parallel.schedule
     if schedule == "interleaved" and cfg.parallel.virtual_stages < 2:
@@ -159,4 +143,6 @@ def resolve_parallel_dims(cfg: TrainingConfig, model: GPTConfig, world_size: int
     v = cfg.parallel.virtual_stages if schedule == "interleaved" and pp > 1 else 1
     n_micro, mbs = _resolve_microbatches(cfg, dp, pp)
     _check_pipeline(model, pp, schedule, v, n_micro)
-    return ParallelDims(dp, tp, pp, cfg.parallel.zero, schedule, v, n_micro, mbs, cfg.train.grad_accum_steps)
+    pipeline = {"schedule": schedule, "virtual_stages": v, "microbatches": n_micro}
+    batch = {"micro_batch_size": mbs, "accum_steps": cfg.train.grad_accum_steps}
+    return ParallelDims(**{**layout.model_dump(), **pipeline, **batch})

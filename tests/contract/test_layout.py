@@ -1,9 +1,31 @@
+import inspect
+import sys
+import types
+
 import pytest
 
-from distlaunch.contract.layout import Layout, LayoutSpec, groups, layout_spec, parse_layout, resolve_layout
+from distlaunch.contract import layout as contract
+from distlaunch.contract.layout import (
+    DEGREES,
+    GRID,
+    LAYOUT_KEYS,
+    Layout,
+    LayoutSpec,
+    groups,
+    layout_spec,
+    mesh_shape,
+    parse_layout,
+    place_of,
+    rank_of,
+    resolve_layout,
+    spelling,
+)
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.hostfile import HostSlots
 from distlaunch.launcher.planning.plan import host_layout
+from distlaunch.launcher.planning.train import parallel_spec
+from distlaunch.training.config import ParallelSection, load_config
+from distlaunch.training.dims import ParallelDims
 
 
 def test_one_grammar_for_shape_zero_and_pipeline():
@@ -80,3 +102,78 @@ def test_tp_group_spanning_hosts_is_refused():
     with pytest.raises(UsageError) as info:
         host_layout(spec, [HostSlots(host="a", slots=[0, 1, 2]), HostSlots(host="b", slots=[0, 1, 2, 3, 4])])
     assert "spans hosts a, b" in info.value.message and "multiple of 2" in info.value.hint
+
+
+def test_the_degrees_are_named_once_in_the_grid():
+    """The fields, the keys --parallel and [parallel] take, the spelling, the groups and the mesh: one order each,
+    all of them made from GRID."""
+    assert sorted(DEGREES) == sorted(GRID) and DEGREES[0] == "dp"  # the spelling: dp, then the splits
+    assert tuple(LayoutSpec.model_fields) == tuple(Layout.model_fields) == LAYOUT_KEYS
+    assert tuple(ParallelSection.model_fields) == LAYOUT_KEYS  # the config's keys, in the same order
+    assert tuple(ParallelDims.model_fields)[: len(LAYOUT_KEYS)] == LAYOUT_KEYS
+    assert parse_layout(",".join(f"{key}=1" for key in DEGREES)) == dict.fromkeys(DEGREES, 1)
+    layout = resolve_layout(LayoutSpec(), 1)
+    assert [word.partition("=")[0] for word in str(layout).split(",")] == [*DEGREES, "zero"]
+    assert tuple(groups(layout)) == GRID  # the plan's groups, the fastest axis first
+    assert tuple(mesh_shape(layout)) == tuple(reversed(GRID))  # the engine's mesh dims, the slowest first
+    with pytest.raises(UsageError) as info:
+        layout_spec("xp=2")
+    assert f"use keys {', '.join(LAYOUT_KEYS)}" in info.value.hint
+
+
+def contract_with_grid(grid: str, monkeypatch) -> types.ModuleType:
+    """contract/layout.py as it would be with GRID written as ``grid``, and nothing else changed."""
+    source = inspect.getsource(contract)
+    edited = source.replace('GRID = ("tp", "dp", "pp")', f"GRID = {grid}")
+    assert edited != source
+    module = types.ModuleType("layout_with_another_grid")
+    monkeypatch.setitem(sys.modules, module.__name__, module)  # where pydantic resolves the fields' types
+    exec(compile(edited, "layout_with_another_grid", "exec"), module.__dict__)
+    return module
+
+
+def test_a_new_degree_is_its_name_in_the_grid(monkeypatch):
+    """Context parallelism (cp) between tp and dp, written in GRID alone: the grammar, the spelling, the resolution
+    and its messages, the groups and the mesh's shape all have it."""
+    with_cp = contract_with_grid('("tp", "cp", "dp", "pp")', monkeypatch)
+    layout = with_cp.resolve_layout(with_cp.layout_spec("tp=2,cp=2"), 8)
+    assert str(layout) == "dp=2,tp=2,cp=2,pp=1,zero=0"
+    assert layout.model_dump() == {"dp": 2, "tp": 2, "cp": 2, "pp": 1, "zero": 0}
+    assert with_cp.groups(layout) == {
+        "tp": [[0, 1], [2, 3], [4, 5], [6, 7]],
+        "cp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+        "dp": [[0, 4], [1, 5], [2, 6], [3, 7]],
+        "pp": [[0], [1], [2], [3], [4], [5], [6], [7]],
+    }
+    assert with_cp.mesh_shape(layout) == {"pp": 1, "dp": 2, "cp": 2, "tp": 2}
+    assert with_cp.rank_of(layout, dp=1, cp=1) == 6
+    with pytest.raises(UsageError, match=r"dp\(2\)\*tp\(2\)\*cp\(2\)\*pp\(1\) = 8 != world size 4"):
+        with_cp.resolve_layout(with_cp.layout_spec("dp=2,tp=2,cp=2"), 4)
+
+
+@pytest.mark.parametrize("dp, tp, pp", [(1, 1, 1), (2, 2, 2), (3, 2, 1), (1, 2, 3)])
+def test_a_ranks_place_in_the_grid_and_back(dp, tp, pp):
+    layout = Layout(dp=dp, tp=tp, pp=pp)
+    for rank in range(layout.world_size):
+        place = place_of(layout, rank)
+        assert rank_of(layout, **place) == rank == place["pp"] * (dp * tp) + place["dp"] * tp + place["tp"]
+    assert rank_of(Layout(dp=2, tp=2, pp=2), pp=1, tp=1) == 5  # an axis left out is 0
+
+
+def test_the_engine_records_a_layout_without_its_pipeline_keys():
+    layout = resolve_layout(layout_spec("pp=2,zero=1,schedule=gpipe,microbatches=4"), 4)
+    assert spelling(layout) == "dp=2,tp=1,pp=2,zero=1,schedule=gpipe,microbatches=4"
+    assert spelling(layout, pipeline=False) == "dp=2,tp=1,pp=2,zero=1"
+
+
+def test_the_config_section_is_the_contracts_layout_with_the_engines_pipeline():
+    """Left out, a degree or the ZeRO stage is what the contract says; the pipeline's keys are the engine's
+    own choices (1F1B, two virtual stages), and DISTLAUNCH_PARALLEL carries them only where they apply."""
+    unset, section = LayoutSpec(), ParallelSection()
+    assert [getattr(section, key) for key in (*DEGREES, "zero")] == [getattr(unset, key) for key in (*DEGREES, "zero")]
+    assert (unset.schedule, unset.virtual_stages) == (None, None)
+    assert (section.schedule, section.virtual_stages, section.microbatches) == ("1f1b", 2, None)
+    assert parallel_spec(load_config(None, [])) == "dp=auto,tp=1,pp=1,zero=0"
+    assert parallel_spec(load_config(None, ["parallel.pp=2"])) == "dp=auto,tp=1,pp=2,zero=0,schedule=1f1b"
+    interleaved = load_config(None, ["parallel.pp=2", "parallel.schedule=interleaved", "parallel.microbatches=4"])
+    assert parallel_spec(interleaved) == "dp=auto,tp=1,pp=2,zero=0,schedule=interleaved,microbatches=4,virtual_stages=2"

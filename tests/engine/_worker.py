@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from distlaunch.contract.layout import spelling
 from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.model import PRESETS
 from distlaunch.engine.parallel.compile import is_compiled
@@ -90,7 +91,7 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
     dims = resolve_parallel_dims(cfg, PRESETS[cfg.model.preset], world_size)
     mesh = build_mesh(dims, torch.device("cpu"))
     engine = Engine(cfg, dims, mesh, torch.device("cpu"))
-    groups = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in ("pp", "dp", "tp")}
+    groups = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in mesh.mesh_dim_names}
     compute_dtypes: set[str] = set()  # dtypes of a block's weights as its forward sees them
 
     def record_dtypes(module, args) -> None:
@@ -123,7 +124,7 @@ def run_layout(overrides: list[str], world_size: int, count_comms: bool = False)
         "grads": grads,
         "mem": engine.state_bytes(),
         "groups": groups,
-        "dims": dims.describe(),
+        "dims": spelling(dims, pipeline=False),
         "reduction": stats,
         "compute_dtypes": sorted(compute_dtypes),
         # what the model holds and what the optimizer updates (its master weights)

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from distlaunch.contract.layout import spelling
 from distlaunch.engine.__main__ import end_process
 from distlaunch.engine.data import BatchSampler, load_split
 from distlaunch.engine.memory import storage_bytes
@@ -73,7 +74,7 @@ def run_config(overrides: list[str], world_size: int) -> dict:
         "clipped_grads": clipped,
         "mem": engine.state_bytes(),
         "step_peaks": peaks,
-        "dims": dims.describe(),
+        "dims": spelling(dims, pipeline=False),
         "rank": dist.get_rank(),
         "overrides": overrides,  # the config as it ran, for the planner's estimate of it
     }

@@ -14,11 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from distlaunch.contract.layout import Layout, mesh_shape
 from distlaunch.errors import UsageError
 from distlaunch.readable import plural
-from distlaunch.training.dims import ParallelDims
-
-MESH_DIMS = ("pp", "dp", "tp")
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,8 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
-def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
-    """The job's DeviceMesh, shape (pp, dp, tp), dims named so groups are ``mesh['tp']`` etc.: the launch
-    contract's rank grid (tp fastest, then dp, then pp), so the groups a plan prints are the groups used."""
-    return init_device_mesh(device.type, (dims.pp, dims.dp, dims.tp), mesh_dim_names=MESH_DIMS)
+def build_mesh(layout: Layout, device: torch.device) -> DeviceMesh:
+    """The job's DeviceMesh: the launch contract's rank grid (tp fastest, then dp, then pp), its dims named after
+    the axes (``mesh['tp']`` etc.), so the groups a plan prints are the groups used."""
+    shape = mesh_shape(layout)
+    return init_device_mesh(device.type, tuple(shape.values()), mesh_dim_names=tuple(shape))

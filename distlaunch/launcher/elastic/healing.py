@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from distlaunch.contract.layout import Layout, LayoutSpec
+from distlaunch.contract.layout import MODEL_DEGREES, Layout, LayoutSpec
 from distlaunch.contract.options import NodeRange
 from distlaunch.contract.report import HOST_SILENT_CODE, LOST_AGENT_CODE, RankExit
 from distlaunch.errors import HostError, UsageError
@@ -142,7 +142,7 @@ def fitted(
     tied to the model's shapes); ranks past a whole dp replica are left idle, from the last host back. ``valid``
     says why a layout cannot train (the engine's rules: the global batch must split over dp), or None."""
     slots = sum(h.nslots for h in hosts)
-    per_replica = layout.tp * layout.pp
+    per_replica = layout.model_parallel
     problems = []
     for dp in range(min(slots // per_replica, layout.dp), 0, -1):
         candidate = layout.model_copy(update={"dp": dp})
@@ -150,8 +150,9 @@ def fitted(
         if problem is None:
             return _trimmed(hosts, dp * per_replica), candidate
         problems.append(f"dp={dp}: {problem}")
+    split = ", ".join(f"{axis}={getattr(layout, axis)}" for axis in MODEL_DEGREES)  # tp=2, pp=1
     raise HostError(
-        f"the {plural(len(hosts), 'host')} left ({plural(slots, 'slot')}) cannot hold a layout with tp={layout.tp}, pp={layout.pp}"
+        f"the {plural(len(hosts), 'host')} left ({plural(slots, 'slot')}) cannot hold a layout with {split}"
         + (f" ({problems[0]})" if problems else ""),
         "add hosts to the hostfile as spares, or resume later on enough hosts",
     )
@@ -217,7 +218,7 @@ class Healing:
         """The next attempt's plan on the pool's hosts: the same layout when they hold it, else a smaller one."""
         hosts, layout = fitted(self.pool.active, self.first.parallel, self.valid)
         try:
-            return self.replan(hosts, _spec_of(layout))
+            return self.replan(hosts, layout)
         except UsageError as exc:  # a tensor-parallel group would span two hosts of other sizes
             raise HostError(f"the hosts left cannot hold the job: {exc.message}", exc.hint) from None
 
@@ -256,8 +257,3 @@ class Healing:
         if self.remote is not None:
             self.remote.close()
             self.remote = None
-
-
-def _spec_of(layout: Layout) -> LayoutSpec:
-    """A resolved layout as the spec that asks for exactly it."""
-    return LayoutSpec(**{k: getattr(layout, k) for k in LayoutSpec.model_fields})

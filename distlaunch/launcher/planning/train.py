@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from distlaunch.contract.env import parse_env
-from distlaunch.contract.layout import LAYOUT_KEYS, SHAPE_KEYS, Layout, LayoutSpec, parse_layout
+from distlaunch.contract.layout import DEGREES, LAYOUT_KEYS, Layout, LayoutSpec, parse_layout
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.plan import LaunchPlan
@@ -73,8 +73,9 @@ def train_config(
         return load_config(config, sets, parallel), _without_layout(sets)
     written = {assignment.partition("=")[0].strip() for assignment in sets} | {f"parallel.{k}" for k in layout}
     dropped = []
-    if shape_given or written & {f"parallel.{key}" for key in SHAPE_KEYS}:
-        dropped += ["parallel.dp=auto", "parallel.tp=1", "parallel.pp=1"]
+    if shape_given or written & {f"parallel.{key}" for key in DEGREES}:
+        unset = LayoutSpec()  # dp=auto, every other degree 1
+        dropped += [f"parallel.{key}={getattr(unset, key) or 'auto'}" for key in DEGREES]
     if "parallel.microbatches" in written and "train.micro_batch_size" not in written:
         dropped.append("train.micro_batch_size=auto")  # derived from the micro-batch count instead
     check_parallel_conflict(sets, parallel)
@@ -128,9 +129,8 @@ def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: in
     if hostfile is not None or nproc_per_node is not None:
         return nproc_per_node
     p = cfg.parallel
-    model_parallel = p.tp * p.pp
-    dp = p.dp if p.dp is not None else max(1, local_gpu_count() // model_parallel)
-    return dp * model_parallel
+    dp = p.dp if p.dp is not None else max(1, local_gpu_count() // p.model_parallel)
+    return dp * p.model_parallel
 
 
 def train_backend(backend: str, hostfile: Path | None, nproc: int | None, gpus: int) -> tuple[str, str | None]:
@@ -153,17 +153,11 @@ def parallel_spec(cfg: TrainingConfig) -> str:
     schedule where there is a pipeline, its virtual stages where the schedule has them."""
     p = cfg.parallel
     pipeline = p.pp > 1
-    return str(
-        LayoutSpec(
-            dp=p.dp,
-            tp=p.tp,
-            pp=p.pp,
-            zero=p.zero,
-            schedule=p.schedule if pipeline else None,
-            microbatches=p.microbatches,
-            virtual_stages=p.virtual_stages if pipeline and p.schedule == "interleaved" else None,
-        )
-    )
+    engine = {
+        "schedule": p.schedule if pipeline else None,
+        "virtual_stages": p.virtual_stages if pipeline and p.schedule == "interleaved" else None,
+    }
+    return str(LayoutSpec(**{**p.model_dump(), **engine}))
 
 
 def engine_program(config: Path | None, overrides: list[str], metrics_file: Path | None) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from distlaunch.contract.layout import place_of
 from distlaunch.training.config import TrainSection
 from distlaunch.training.dims import ParallelDims
 from distlaunch.training.planner.shapes import block_numel, rank_tensors, state_bytes
@@ -62,10 +63,9 @@ STATE_PARTS = ("params", "optimizer", "gradients", "activations")  # the rest of
 def rank_memory(
     model: GPTConfig, dims: ParallelDims, rank: int, train: TrainSection, backend: str, capacity: int | None
 ) -> RankMemory:
-    """The estimate for one global rank (grid order: tp fastest, then dp, then pp)."""
-    tp_rank = rank % dims.tp
-    dp_rank = rank // dims.tp % dims.dp
-    pp_rank = rank // (dims.tp * dims.dp)
+    """The estimate for one global rank (its place in the contract's grid: tp fastest, then dp, then pp)."""
+    place = place_of(dims, rank)
+    tp_rank, dp_rank, pp_rank = place["tp"], place["dp"], place["pp"]
     params, grads, optimizer = state_bytes(
         rank_tensors(model, dims, pp_rank), dims.zero, dims.dp, dp_rank, train.precision
     )

@@ -23,6 +23,7 @@ import logging
 
 from pydantic import BaseModel
 
+from distlaunch.contract.layout import place_of
 from distlaunch.readable import plural
 from distlaunch.training.argv import engine_args, engine_job
 from distlaunch.training.config import TrainingConfig
@@ -80,7 +81,8 @@ def checkpoint_bytes(model: GPTConfig) -> int:
 def rank_save_bytes(model: GPTConfig, dims: ParallelDims, rank: int, precision: str) -> int:
     """What one rank holds of the checkpoint: its optimizer state, and its weights where they are fp32 (16-bit
     weights are saved from their fp32 masters, which the optimizer state holds)."""
-    dp_rank, pp_rank = rank // dims.tp % dims.dp, rank // (dims.tp * dims.dp)
+    place = place_of(dims, rank)
+    dp_rank, pp_rank = place["dp"], place["pp"]
     params, _, optimizer = state_bytes(rank_tensors(model, dims, pp_rank), dims.zero, dims.dp, dp_rank, precision)
     fp32_weights = dims.zero == 3 or model_dtype_name(precision, dims.zero) == "fp32"
     return optimizer + (params if fp32_weights else 0)
