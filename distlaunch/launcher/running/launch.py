@@ -29,8 +29,7 @@ from distlaunch.launcher.running.signals import interrupts_unwind
 from distlaunch.launcher.running.transport import LocalAgent
 from distlaunch.launcher.supervising.recovery import Connect, Recovery
 from distlaunch.launcher.supervising.requests import JobRequests, StopRequest, signal_number
-from distlaunch.launcher.supervising.stacks import ranges
-from distlaunch.readable import plural
+from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
     from distlaunch.remote.session import RemoteHosts
