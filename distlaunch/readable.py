@@ -1,5 +1,5 @@
 """Numbers as a person reads them at a glance, the same in the launcher's status line and the engine's lines:
-durations, time left, rates. Standard library only: the engine and the launcher both use it."""
+counts, rank ranges, durations, time left, rates. Standard library only: the engine and the launcher both use it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,20 @@ def plural(count: int, noun: str, many: str | None = None, *, grouped: bool = Fa
     its noun goes through here, so that none says "1 ranks" or hedges with "rank(s)"."""
     shown = f"{count:,}" if grouped else str(count)
     return f"{shown} {noun if count == 1 else many or noun + 's'}"
+
+
+def ranges(ranks: list[int]) -> str:
+    """Ranks as ranges, at a glance: [0, 1, 2, 4] -> '0-2,4'."""
+    parts, ranks = [], sorted(ranks)
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)
 
 
 def clock(seconds: float) -> str:

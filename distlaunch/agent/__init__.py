@@ -11,8 +11,11 @@ Standard library only: it runs on remote hosts with whatever Python they have (3
 start fast. It may import distlaunch.protocol, distlaunch.files and distlaunch.startcheck, nothing
 else of distlaunch (pyproject.toml's import contracts check it).
 
-core.py is the supervision: start the ranks, stamp and report their exits, signal their process groups,
-stop them with a grace period. Each other concern is a collaborator with a narrow interface:
+core.py is the supervision loop: start the ranks, obey the launcher's commands, report the ranks' exits. Each
+other concern is a collaborator with a narrow interface:
+
+- processes.py, ``RankProcesses``: the ranks' process groups: their exits stamped (``observe_exits``), signalled
+  (``signal_all``), the stop and its grace period (``begin_stop``, ``kill``, ``overdue``).
 
 - channel.py, ``Events``: events to the launcher, never blocking (``emit``, ``flush``, ``drain``), and
   ``Lines``: the plan and commands from it.
@@ -27,7 +30,7 @@ A collaborator that puts something in a rank's environment does it in ``arm``, c
 """
 
 from distlaunch.agent.channel import OUT_PENDING_BYTES, Events, Lines, select_write
-from distlaunch.agent.core import EXITED, Agent, main
+from distlaunch.agent.core import Agent, main
 from distlaunch.agent.diagnosis import (
     NCCL_DUMP_PIPE_STEM,
     NCCL_DUMP_WAIT_S,
@@ -40,6 +43,7 @@ from distlaunch.agent.diagnosis import (
 )
 from distlaunch.agent.liveness import PROGRESS_POLL_S, Heartbeat, Progress
 from distlaunch.agent.output import MAX_LINE_BYTES, SPLIT_MARK, RankOutput
+from distlaunch.agent.processes import EXITED, RankProcesses
 from distlaunch.agent.ranks import RANKBOOT, Rank, die_with_parent, read_error_file
 from distlaunch.agent.scratch import SCRATCH_PREFIX, SCRATCH_SWEEP_AGE_S, make_scratch, sweep_scratch
 from distlaunch.agent.strays import end_stragglers, is_running
@@ -67,6 +71,7 @@ __all__ = [
     "Progress",
     "Rank",
     "RankOutput",
+    "RankProcesses",
     "Stacks",
     "die_with_parent",
     "end_stragglers",

@@ -1,5 +1,6 @@
-"""The agent's supervision core: it starts the node's ranks, watches them end, signals their process groups
-and reports each exit, with the stop and its grace period; its collaborators do the rest (see __init__.py).
+"""The agent's supervision core: it starts the node's ranks, obeys the launcher's commands and reports each
+rank's exit; its collaborators do the rest (see __init__.py), the ranks' process groups and their stop
+(processes.py) among them.
 
 Standard library only: it runs on remote hosts with whatever Python they have (3.8+), and it must
 start fast.
@@ -21,6 +22,7 @@ from distlaunch.agent.channel import Events, Lines
 from distlaunch.agent.diagnosis import FlightRecorder, Stacks
 from distlaunch.agent.liveness import Heartbeat, Progress
 from distlaunch.agent.output import RankOutput
+from distlaunch.agent.processes import EXITED, RankProcesses
 from distlaunch.agent.ranks import Rank, base_env, rank_argv, read_error_file, spawn, start_error, start_exit_code
 from distlaunch.agent.requests import RankRequests
 from distlaunch.agent.scratch import make_scratch
@@ -30,7 +32,6 @@ from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, start_problems
 # With the launcher gone nobody waits for a graceful end, and its ranks must be gone within 5 s
 # (a dead launcher must not leave a GPU job running): cap the grace period then.
 _ORPHAN_GRACE_S = 3.0
-EXITED = "exited"  # the selector's mark for a rank's exit descriptor
 
 
 class Agent:
@@ -40,9 +41,8 @@ class Agent:
         self.node = node
         self.plan_at = plan_at  # our wall clock when the plan came: the launcher places our clock by it
         self.sel = selectors.DefaultSelector()
-        self.ranks: list[Rank] = []
-        self.stop_deadline: float | None = None
-        self.stopping = False  # told to stop or kill its ranks (or orphaned): later exits are ours, not theirs
+        self.processes = RankProcesses(self.sel, float(node.get("grace_period", p.GRACE_PERIOD_S)))
+        self.ranks = self.processes.ranks  # the one list: collaborators are handed it
         self.go = False  # a gated plan's ranks start only once the launcher says so
         self.stdin_open = True
         self.commands = commands or Lines(0)
@@ -81,9 +81,7 @@ class Agent:
                 self.events.emit(ev=p.EXIT, rank=spec["rank"], code=start_exit_code(exc), at=time.time(), stopped=False)
                 continue
             rank = Rank(spec, proc)
-            self.ranks.append(rank)
-            if rank.exit_fd is not None:
-                self.sel.register(rank.exit_fd, selectors.EVENT_READ, EXITED)
+            self.processes.add(rank)
             self.output.watch(rank)
             self.events.emit(ev=p.STARTED, rank=rank.rank, pid=proc.pid)
 
@@ -94,7 +92,7 @@ class Agent:
         if lines is None:  # the launcher is gone: nobody will ever tell us to stop, so stop now
             self.stdin_open = False
             self.sel.unregister(self.commands.fd)
-            self.begin_stop(_ORPHAN_GRACE_S)
+            self.processes.begin_stop(_ORPHAN_GRACE_S)
             return
         self.handle(lines)
 
@@ -104,10 +102,9 @@ class Agent:
             message = json.loads(line)
             cmd = message.get("cmd")
             if cmd == p.STOP:
-                self.begin_stop()
+                self.processes.begin_stop()
             elif cmd == p.KILL:
-                self.mark_stopping()
-                self.signal_all(signal.SIGKILL)
+                self.processes.kill()
             elif cmd == p.GO:
                 self.go = True
             elif cmd == p.ASK_STACKS:
@@ -120,44 +117,8 @@ class Agent:
 
     def check_heartbeat(self) -> None:
         """Send ours when due; stop the ranks when the launcher has been silent for the whole timeout."""
-        if self.heartbeat.check() and self.stdin_open and self.stop_deadline is None:
-            self.begin_stop(_ORPHAN_GRACE_S)  # a frozen or cut-off launcher looks like this, not like EOF
-
-    def signal_all(self, sig: int) -> None:
-        """Send ``sig`` to every rank's process group."""
-        for rank in self.ranks:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(rank.proc.pid, sig)  # the rank's own group: its children go too
-
-    def begin_stop(self, max_grace: float | None = None) -> None:
-        """SIGTERM every rank now, SIGKILL after the grace period (``max_grace`` at most); a later stop only shortens it."""
-        grace = float(self.node.get("grace_period", p.GRACE_PERIOD_S))
-        deadline = time.monotonic() + (grace if max_grace is None else min(grace, max_grace))
-        self.mark_stopping()
-        if self.stop_deadline is None:
-            self.signal_all(signal.SIGTERM)
-        if self.stop_deadline is None or deadline < self.stop_deadline:
-            self.stop_deadline = deadline
-
-    def mark_stopping(self) -> None:
-        """From now on an exit is one we caused; a rank that ended before this failed on its own."""
-        self.observe_exits()
-        self.stopping = True
-
-    def observe_exits(self) -> None:
-        """Stamp every rank that has ended since the last look."""
-        for rank in self.ranks:
-            if rank.returncode is not None:
-                continue
-            rc = rank.proc.poll()
-            if rc is None:
-                continue
-            rank.returncode, rank.exited_at, rank.exit_time = rc, time.monotonic(), time.time()
-            rank.stopped = self.stopping
-            if rank.exit_fd is not None:
-                self.sel.unregister(rank.exit_fd)
-                os.close(rank.exit_fd)
-                rank.exit_fd = None
+        if self.heartbeat.check() and self.stdin_open and self.processes.stop_deadline is None:
+            self.processes.begin_stop(_ORPHAN_GRACE_S)  # a frozen or cut-off launcher looks like this, not like EOF
 
     def reap(self) -> None:
         """Report the ranks that ended (step() has stamped them), once their pipes are drained."""
@@ -186,10 +147,10 @@ class Agent:
         self.handle(self.commands.split())  # commands that arrived together with the node plan
         if self.cleared():
             self.start()
-        while not all(r.reported for r in self.ranks):
+        while not self.processes.all_reported():
             self.step()
         # Every rank leader is gone; anything still in their groups (a stray child) goes too.
-        self.signal_all(signal.SIGKILL)
+        self.processes.signal_all(signal.SIGKILL)
         ended = end_stragglers(self.node["ranks"])
         if ended:
             self.events.emit(ev=p.STRAGGLERS, count=len(ended), pids=ended)
@@ -204,13 +165,13 @@ class Agent:
         wait for the launcher's go, which comes only once every host is ready, so that a script missing on
         one host starts no rank anywhere. False when told to stop instead (or the launcher went away)."""
         if not self.node.get("gate"):
-            return not self.stopping
+            return not self.processes.stopping
         self.events.emit(ev=p.READY, problems=self.gate_problems(), plan_at=self.plan_at)
-        while not self.go and not self.stopping:
+        while not self.go and not self.processes.stopping:
             if self.sel.select(timeout=0.05):
                 self.read_commands()
             self.check_heartbeat()
-        return not self.stopping
+        return not self.processes.stopping
 
     def gate_problems(self) -> list[dict]:
         """What would keep this host's ranks from starting: a program or module missing, and the like."""
@@ -234,7 +195,7 @@ class Agent:
         finally:
             if watch_out:
                 self.sel.unregister(self.events.fd)
-        self.observe_exits()  # before the commands: an exit that came first is stamped as not stopped
+        self.processes.observe_exits()  # before the commands: an exit that came first is stamped as not stopped
         for key, _ in ready:
             if key.data == EXITED:
                 continue  # only a wake-up: observe_exits took it
@@ -247,8 +208,8 @@ class Agent:
         self.reap()
         self.check_heartbeat()
         self.progress.check(self.ranks)
-        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
-            self.signal_all(signal.SIGKILL)
+        if self.processes.overdue(time.monotonic()):
+            self.processes.signal_all(signal.SIGKILL)
 
 
 def main() -> int:
@@ -270,6 +231,6 @@ def main() -> int:
     if not line:
         return 2
     agent = Agent(json.loads(line), commands=commands, plan_at=plan_at)
-    signal.signal(signal.SIGTERM, lambda *_: agent.begin_stop())
-    signal.signal(signal.SIGHUP, lambda *_: agent.begin_stop())
+    signal.signal(signal.SIGTERM, lambda *_: agent.processes.begin_stop())
+    signal.signal(signal.SIGHUP, lambda *_: agent.processes.begin_stop())
     return agent.run()

@@ -19,8 +19,7 @@ from distlaunch.backends.registry import of_record
 from distlaunch.cli.render import print_json, render_recovery, render_report
 from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
-from distlaunch.launcher.supervising.stacks import ranges
-from distlaunch.readable import plural
+from distlaunch.readable import plural, ranges
 
 RECENT = 20  # what 'distlaunch jobs' shows without --all
 _STATE_STYLE = {"pending": "yellow", "running": "cyan", "succeeded": "green", "failed": "red", "lost": "magenta"}

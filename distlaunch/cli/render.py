@@ -14,8 +14,7 @@ from distlaunch.cli.lines import print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
 from distlaunch.launcher.planning.plan import LaunchPlan
-from distlaunch.launcher.supervising.stacks import ranges
-from distlaunch.readable import plural
+from distlaunch.readable import plural, ranges
 from distlaunch.slurm.env import SlurmRank
 
 HOST_ROWS = 32  # the dry run's table shows this many hosts at most: the first ones and the last HOST_ROWS_LAST

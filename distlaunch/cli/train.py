@@ -33,7 +33,7 @@ from distlaunch.launcher.planning.train import (
     train_config,
     train_plan,
 )
-from distlaunch.launcher.supervising.stacks import ranges
+from distlaunch.readable import ranges
 from distlaunch.training.planner import MemoryPlan
 
 Config = Annotated[

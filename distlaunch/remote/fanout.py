@@ -6,7 +6,7 @@ handshake and login once its shell prints ``SHELL_READY``, and ready once its ag
 ``FANOUT`` hosts are in their handshake and login at a time; each has the agent start time from its own start.
 A client that fails before its login is tried again (``RETRIES``, jittered back-off) unless ssh's words say no
 retry can help, and its failure is then put in words (openssh.diagnose); one that fails after it, or whose
-agent says nothing, in the words of ``RemoteHosts._why``. Any failure raises HostsFailed before a rank starts.
+agent says nothing, in the words of ``RemoteHosts.start_failure``. Any failure raises HostsFailed before a rank starts.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from distlaunch.remote.agent_conn import agent_command
 from distlaunch.remote.command import after_login_shell, stop_marked_command
 from distlaunch.remote.openssh import diagnose, is_final, ssh_command
 from distlaunch.remote.pipes import PipeHub
-from distlaunch.remote.session import SWEEP_S, HostSettings, RemoteHosts, _on
+from distlaunch.remote.session import SWEEP_S, HostSettings, RemoteHosts
 from distlaunch.remote.ssh import RETRIES, RETRY_BASE_S, HostsFailed, SshError
 from distlaunch.remote.sshconfig import SshTarget
 from distlaunch.remote.sshproc import ProcessAgent, SshProcess
@@ -63,7 +63,7 @@ class OpensshHosts(RemoteHosts):
         self.env = {**os.environ, JOB_ID_VAR: job_id} if job_id else dict(os.environ)  # found as the job's own
 
     @classmethod
-    def _connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> OpensshHosts:
+    def connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> OpensshHosts:
         _allow_descriptors(FDS_PER_HOST * len(targets))
         config = str(settings.ssh_config) if settings.ssh_config else None
         return cls(
@@ -187,7 +187,7 @@ class _Preflight:
             if now - process.started_at <= self.timeout:
                 return
             process.silent_for = round(self.timeout, 1)  # however long this loop took to notice
-            self.errors[alias] = _on(alias, self.hosts._why(alias, process.output, process))
+            self.errors[alias] = self.hosts.start_failure(alias, process.output, process)
             self._done_with(alias)
             process.finish(0)
             if process.logged_in:
@@ -238,7 +238,7 @@ class _Preflight:
         """A client that ended without a hello: the agent failed, or the connection did (then a retry, or
         the diagnosis)."""
         if process.logged_in:
-            self.errors[alias] = _on(alias, self.hosts._why(alias, process.output, process))
+            self.errors[alias] = self.hosts.start_failure(alias, process.output, process)
         elif self.tries[alias] < RETRIES and not is_final(process.output):
             back_off = RETRY_BASE_S * 2 ** self.tries[alias] * random.uniform(0.5, 1.5)
             heapq.heappush(self.later, (time.monotonic() + back_off, alias))

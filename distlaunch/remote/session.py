@@ -1,12 +1,12 @@
-"""``RemoteHosts``: the SSH side of one launch. Preflight first: connect to every remote host in
-parallel and start its agent, which says hello before it is given any work; so an unreachable host, or
-one that cannot run the agent, fails the launch with exit 3 before any rank starts anywhere. Then each
-node's agent gets its plan; connections are closed in finally.
+"""``RemoteHosts``: the SSH side of one launch, opened by ``preflight`` (distlaunch/remote/preflight.py): every
+remote host connected in parallel and its agent started, which says hello before it is given any work; so an
+unreachable host, or one that cannot run the agent, fails the launch with exit 3 before any rank starts
+anywhere. Then each node's agent gets its plan; connections are closed in finally.
 
 Two transports do this. By default each host gets an OpenSSH client process, and one thread reads them all
 (``OpensshHosts``, distlaunch/remote/fanout.py); where no ``ssh`` is installed, or with
 DISTLAUNCH_SSH_TRANSPORT=paramiko, paramiko connects from inside the launcher (``ParamikoHosts``, here). What
-their failures mean, in words, is said here once for both."""
+their failures mean, in words, is said here once for both (``RemoteHosts.start_failure``)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from typing import NamedTuple
 from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import HostError
 from distlaunch.protocol import PROTOCOL, AgentConnection
-from distlaunch.remote.agent_conn import START_TIMEOUT_VAR, SshAgent, StartedAgent, hello_timeout
+from distlaunch.remote.agent_conn import START_TIMEOUT_VAR, SshAgent, StartedAgent
 from distlaunch.remote.command import run_command, shell_hang, stop_marked_command, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
-from distlaunch.remote.sshconfig import SshTarget, resolve_targets
+from distlaunch.remote.sshconfig import SshTarget
 
 SWEEP_S = 10.0  # how long ending what a hung agent start left on its host may take
 
@@ -73,37 +73,8 @@ class RemoteHosts(ABC):
         self.clock_bounds: dict[str, tuple[float, float]] = {}
 
     @classmethod
-    def open(
-        cls,
-        aliases: list[str],
-        *,
-        ssh_config: Path | str | None,
-        accept_new_host_keys: bool,
-        python: str,
-        workdir: str,
-        job_id: str = "",
-        timeout: float | None = None,
-    ) -> RemoteHosts:
-        """Connect to every host and start its agent, over the transport of this machine (openssh.transport);
-        raise HostsFailed (exit 3) naming every bad host."""
-        if cls is RemoteHosts:
-            from distlaunch.remote.fanout import OpensshHosts
-            from distlaunch.remote.openssh import transport
-
-            cls = OpensshHosts if transport() == "openssh" else ParamikoHosts
-        start_timeout = hello_timeout()  # a bad value is told before any host is reached
-        targets = resolve_targets(aliases, ssh_config)
-        hosts = cls._connect(targets, HostSettings(ssh_config, accept_new_host_keys, python, workdir, job_id, timeout))
-        try:
-            hosts.start_agents(start_timeout)
-        except BaseException:
-            hosts.close()
-            raise
-        return hosts
-
-    @classmethod
     @abstractmethod
-    def _connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> RemoteHosts:
+    def connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> RemoteHosts:
         """This transport's hosts for ``targets``, before any agent starts (raise HostsFailed for hosts that
         cannot be reached at all)."""
 
@@ -134,9 +105,12 @@ class RemoteHosts(ABC):
         protocol = hello.get("protocol", 1)
         return None if protocol == PROTOCOL else _on(alias, other_version(alias, protocol))
 
+    def start_failure(self, alias: str, output: list[str], agent) -> HostError:
+        """Why the agent on ``alias`` did not start, from what the remote shell or Python printed (``agent``: its
+        start, with ``silent_for`` and ``exit_status()``), as that host's own error."""
+        return _on(alias, self._why(alias, output, agent))
+
     def _why(self, alias: str, output: list[str], agent) -> HostError:
-        """Why the agent did not start, from what the remote shell or Python printed (``agent``: its start,
-        with ``silent_for`` and ``exit_status()``)."""
         output, shell_ran = without_shell_ready(output)
         if agent.silent_for is not None and not shell_ran:
             detail, hint = shell_hang(alias, "the agent", agent.silent_for)
@@ -182,7 +156,7 @@ class ParamikoHosts(RemoteHosts):
         self.started: dict[str, StartedAgent] = {}
 
     @classmethod
-    def _connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> ParamikoHosts:
+    def connect(cls, targets: dict[str, SshTarget], settings: HostSettings) -> ParamikoHosts:
         results = connect_all(targets, timeout=settings.timeout, accept_new_host_keys=settings.accept_new_host_keys)
         reached = require_all(results, "could not be reached; no rank was started")
         return cls(reached, settings.python, settings.workdir, settings.job_id)
@@ -200,7 +174,7 @@ class ParamikoHosts(RemoteHosts):
         for alias, agent in self.started.items():
             output = agent.wait_hello(max(deadline - time.monotonic(), 0.1))
             if output is not None:
-                errors.append(_on(alias, self._why(alias, output, agent)))
+                errors.append(self.start_failure(alias, output, agent))
                 if agent.silent_for is not None and without_shell_ready(output)[1]:
                     self._end_hung_start(alias, agent)
             elif (refused := self.hello_error(alias, agent.hello)) is not None:

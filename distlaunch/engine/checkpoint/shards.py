@@ -29,7 +29,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from distlaunch.engine.parallel.data import DataParallelBase, local
-from distlaunch.engine.parallel.zero import ShardedDP, _all_gather, _ParamShard
+from distlaunch.engine.parallel.wire import all_gather
+from distlaunch.engine.parallel.zero import ParamShard, ShardedDP
 from distlaunch.errors import UsageError
 from distlaunch.readable import plural
 
@@ -43,7 +44,7 @@ class ParamEntry:
     name: str
     param: nn.Parameter
     opt_param: torch.Tensor  # the parameter itself, its fp32 master, or its ZeRO-1/2 slice
-    shard: _ParamShard | None  # set for ZeRO-1/2
+    shard: ParamShard | None  # set for ZeRO-1/2
     master: bool = False  # opt_param is an fp32 master copy of a 16-bit parameter
 
 
@@ -80,7 +81,7 @@ def _gather_slice(value: torch.Tensor, entry: ParamEntry, data_parallel: Sharded
     slot = value.new_zeros(shard.size)
     slot[: shard.stop - shard.start] = value
     gathered = slot.new_empty(shard.size * data_parallel.dp)
-    _all_gather(gathered, slot, group=data_parallel.group)
+    all_gather(gathered, slot, group=data_parallel.group)
     full_local = gathered[: shard.numel].view(local(entry.param).shape)
     if isinstance(entry.param, DTensor):
         return DTensor.from_local(

@@ -50,8 +50,7 @@ from distlaunch.engine.parallel.data import (
     local,
     tp_sharded,
 )
-from distlaunch.engine.parallel.wire import ReduceScatter, all_reduce_bucket, reduces_by_all_reduce
-from distlaunch.engine.parallel.wire import all_gather as _all_gather
+from distlaunch.engine.parallel.wire import ReduceScatter, all_gather, all_reduce_bucket, reduces_by_all_reduce
 from distlaunch.engine.watchdog import wait_for_peers
 from distlaunch.training.bucketing import GATHERS_IN_FLIGHT
 
@@ -61,7 +60,7 @@ def _finish(work, done) -> None:
     done()
 
 
-class _ParamShard:
+class ParamShard:
     """One parameter's slice on this dp rank, and the buffers to move it around."""
 
     def __init__(self, param: nn.Parameter, dp_rank: int, dp: int, copy: bool = False):
@@ -131,7 +130,7 @@ class ShardedDP(DataParallelBase):
         self.all_reduces = zero == 1 and reduces_by_all_reduce(self.group)
         self.carries_loss = self.all_reduces and carry_loss
         low = param_dtype != torch.float32
-        self.shards = [_ParamShard(p, rank, self.dp, copy=low) for p in self.params]
+        self.shards = [ParamShard(p, rank, self.dp, copy=low) for p in self.params]
         self.shard_of = {s.param: s for s in self.shards}
         self.masters = [s.master for s in self.shards] if low else []
         self.optimizer = make_optimizer([(s.master, s.param.ndim >= 2) for s in self.shards])
@@ -187,7 +186,7 @@ class ShardedDP(DataParallelBase):
 
         return work, done
 
-    def _all_reduce(self, shards: list[_ParamShard], extra: list[torch.Tensor]):
+    def _all_reduce(self, shards: list[ParamShard], extra: list[torch.Tensor]):
         """Stage 1 on gloo: the bucket all-reduced in place as ZeRO-0 does it (the loss riding along),
         the whole dp mean written back into the full gradients; this rank's slices are views of it."""
         grads = [local(g) for g in (self.grads.get(s.param) for s in shards) if g is not None]
@@ -223,7 +222,7 @@ class ShardedDP(DataParallelBase):
         while in_flight:
             _finish(*in_flight.popleft())
 
-    def _launch_gather(self, shards: list[_ParamShard]):
+    def _launch_gather(self, shards: list[ParamShard]):
         """One all-gather of this rank's slots of ``shards``; (work, finish callback). In place: this
         rank's row of the gathered buffer is what it sends, filled from the masters with one copy
         (which casts to the parameters' dtype)."""
@@ -235,7 +234,7 @@ class ShardedDP(DataParallelBase):
             send[column : column + width].copy_(shard.master.detach())
             send[column + width : column + shard.size].zero_()  # the last rank's short slice, or none at all
             column += shard.size
-        work = _all_gather(rows.view(-1), send, group=self.group, async_op=True)
+        work = all_gather(rows.view(-1), send, group=self.group, async_op=True)
 
         def done() -> None:
             column = 0
@@ -274,7 +273,7 @@ class ShardedDP(DataParallelBase):
             slot = shard.master.grad.new_zeros(shard.size)
             slot[: shard.stop - shard.start] = shard.master.grad
             gathered = slot.new_empty(shard.size * self.dp)
-            _all_gather(gathered, slot, group=self.group)
+            all_gather(gathered, slot, group=self.group)
             grad = gathered[: shard.numel].view(local(param).shape)
             if isinstance(param, DTensor):
                 grad = DTensor.from_local(grad, param.device_mesh, param.placements).full_tensor()

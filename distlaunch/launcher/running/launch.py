@@ -29,8 +29,7 @@ from distlaunch.launcher.running.signals import interrupts_unwind
 from distlaunch.launcher.running.transport import LocalAgent
 from distlaunch.launcher.supervising.recovery import Connect, Recovery
 from distlaunch.launcher.supervising.requests import JobRequests, StopRequest, signal_number
-from distlaunch.launcher.supervising.stacks import ranges
-from distlaunch.readable import plural
+from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
     from distlaunch.remote.session import RemoteHosts
@@ -224,9 +223,9 @@ def open_hosts(plan: LaunchPlan, opts: LaunchOptions, timeout: float | None = No
     remote = [node.host for node in plan.nodes if not node.local]
     if not remote:
         return None
-    from distlaunch.remote.session import RemoteHosts  # paramiko: only paid when a host is remote
+    from distlaunch.remote.preflight import preflight  # paramiko: only paid when a host is remote
 
-    return RemoteHosts.open(
+    return preflight(
         remote,
         ssh_config=opts.ssh_config,
         accept_new_host_keys=opts.accept_new_host_keys,

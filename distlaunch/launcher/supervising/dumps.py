@@ -10,8 +10,8 @@ from distlaunch import protocol as p
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.supervising.nccl_trace import READ_HINT, BadTrace, cut_note, store_nccl_trace
 from distlaunch.launcher.supervising.ranklogs import made_logs_folder
-from distlaunch.launcher.supervising.stacks import ranges
 from distlaunch.launcher.supervising.watch import Watch
+from distlaunch.readable import ranges
 
 
 class AttemptFolder:

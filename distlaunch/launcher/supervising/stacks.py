@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from distlaunch.contract.report import StackGroup
+from distlaunch.readable import ranges
 
 _FAULTHANDLER = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _PYSPY = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^:()]+):(?P<line>\d+)\)")
@@ -49,20 +50,6 @@ def where_it_waits(frames: list[Frame]) -> str:
         return NO_STACK
     user = next((f for f in frames if not any(mark in f.file for mark in _LIBRARY)), frames[0])
     return f"{frames[0].func} ({user.where()})"
-
-
-def ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 4] -> '0-2,4'."""
-    parts, ranks = [], sorted(ranks)
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else str(start))
-        if r is not None:
-            start = prev = r
-    return ",".join(parts)
 
 
 def group_stacks(stacks: dict[int, str], host_of: dict[int, str]) -> list[StackGroup]:

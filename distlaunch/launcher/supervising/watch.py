@@ -1,5 +1,5 @@
-"""What the supervision loop (job.py) shares with its collaborators: the attempt's agents as they see them, the
-``Watch`` interface they implement, and the ``Stop`` a watch may decide on.
+"""What the supervision loop (running/attempt.py) shares with its collaborators: the attempt's agents as they
+see them, the ``Watch`` interface they implement, and the ``Stop`` a watch may decide on.
 
 A watch is told of every agent event and asked on every turn of the loop whether the job must stop; it never
 stops the job itself. Heartbeats, the hang watch, stacks on request and flight-recorder dumps are watches; a
