@@ -1,8 +1,8 @@
 """The agent's supervision core: it starts the node's ranks, watches them end, signals their process groups
 and reports each exit, with the stop and its grace period; its collaborators do the rest (see __init__.py).
 
-Standard library only: it runs on remote hosts with whatever Python they have (3.8+), and it must
-start fast.
+Standard library only: it runs on remote hosts with whatever Python they have, from the floor in
+distlaunch/protocol.py (PYTHON_FLOOR) on, and it must start fast.
 """
 
 from __future__ import annotations
