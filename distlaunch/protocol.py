@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import math
 import queue
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -81,6 +82,22 @@ NCCL_TRACE_MAX_BYTES = 4 << 20  # per rank: a longer dump is cut
 NCCL_TRACE_CHUNK_BYTES = 48 << 10
 
 GRACE_PERIOD_S = 10.0  # SIGTERM to SIGKILL, unless --grace-period says otherwise
+
+# The oldest Python the agent and rankboot run on: they run on every host, under whatever interpreter it has
+# (--remote-python, --python). The one statement of it; pyproject.toml's requires-python says the same (a
+# test holds the two together). An older one is refused in one line (python_refusal) before anything runs.
+PYTHON_FLOOR = (3, 10)
+NEEDS_FLOOR = f"needs Python {'.'.join(map(str, PYTHON_FLOOR))} or newer"  # in each refusal: how a launcher knows one
+
+
+def python_refusal(
+    program: str, version: tuple = tuple(sys.version_info), executable: str = sys.executable
+) -> str | None:
+    """The one line that refuses an interpreter older than PYTHON_FLOOR to ``program``; None for one new enough.
+    This file must still load on an older Python, to say so: nothing in it may need the floor to parse."""
+    if tuple(version[:2]) >= PYTHON_FLOOR:
+        return None
+    return f"distlaunch's {program} {NEEDS_FLOOR}; {executable} is Python {'.'.join(map(str, version[:3]))}"
 
 
 def clock_offset(agent_now: object, sent: float, heard: float) -> float:

@@ -1,8 +1,8 @@
 """``python /path/to/distlaunch/rankboot.py SCRIPT [ARGS]`` (or ``-m MODULE [ARGS]``): how the agent starts
 every Python rank. It arms :mod:`faulthandler` to write every thread's stack to DISTLAUNCH_STACKS_FILE on
 signal DISTLAUNCH_STACKS_SIGNAL (hang detection, ``distlaunch stacks``), then runs the program as ``python``
-would. Standard library only and started by path, so it runs under any interpreter, with or without
-distlaunch installed."""
+would. Standard library only and started by path, so it runs under any interpreter from the agent's floor on
+(``protocol.PYTHON_FLOOR``; an older one is refused in one line), with or without distlaunch installed."""
 
 from __future__ import annotations
 
@@ -25,7 +25,22 @@ def _user_excepthook(kind, value, tb) -> None:
     sys.__excepthook__(kind, value.with_traceback(tb), tb)  # printed from the exception's own traceback
 
 
+def _python_refusal() -> str | None:
+    """protocol.python_refusal, from the file beside this one: rankboot runs without distlaunch on sys.path,
+    and loaded by path the protocol stays out of the rank's sys.modules."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "protocol.py")
+    spec = importlib.util.spec_from_file_location("distlaunch_rankboot_protocol", path)
+    protocol = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(protocol)
+    return protocol.python_refusal("rankboot")
+
+
 def main() -> None:
+    refusal = _python_refusal()
+    if refusal:
+        sys.exit(refusal)  # one line on the rank's stderr, exit 1, before the program runs
     sys.excepthook = _user_excepthook  # a program that sets its own hook replaces this one
     path = os.environ.pop("DISTLAUNCH_STACKS_FILE", "")
     signum = int(os.environ.pop("DISTLAUNCH_STACKS_SIGNAL", "0") or 0)

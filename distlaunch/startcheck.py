@@ -1,9 +1,10 @@
 """What a rank needs before it can start, found by the rules exec and Python use: the program exec runs, the
 script or the module Python runs. Each check answers with a problem (a small JSON-able dict) or None.
 
-Standard library only (Python 3.8+): the agent checks its host with it before any rank starts anywhere, the
-launcher checks this machine with it, and a rank's own interpreter runs this file to look for a ``-m``
-module. The words for a problem are the launcher's (launcher/planning/program.py); the rules are here, once.
+Standard library only, from the agent's Python floor on (``protocol.PYTHON_FLOOR``): the agent checks its
+host with it before any rank starts anywhere, the launcher checks this machine with it, and a rank's own
+interpreter runs this file to look for a ``-m`` module. The words for a problem are the launcher's
+(launcher/planning/program.py); the rules are here, once.
 
 Problems: ``program-missing``, ``program-directory``, ``program-not-executable``, ``script-missing``,
 ``script-directory``, ``module-missing``; each with ``name`` (as the user wrote it) and, where one was

@@ -7,9 +7,10 @@ distlaunch/protocol.py. When stdin closes (the launcher died, the SSH connection
 stops its ranks by itself, with the grace period capped at 3 s: that is what keeps a SIGKILLed
 launcher from leaving ranks behind. Only the process groups this agent created are ever signalled.
 
-Standard library only: it runs on remote hosts with whatever Python they have (3.8+), and it must
-start fast. It may import distlaunch.protocol, distlaunch.files and distlaunch.startcheck, nothing
-else of distlaunch (pyproject.toml's import contracts check it).
+Standard library only: it runs on remote hosts with whatever Python they have, from the floor in
+distlaunch/protocol.py (PYTHON_FLOOR) on (an older one is refused in one line), and it must start fast.
+It may import distlaunch.protocol, distlaunch.files and distlaunch.startcheck, nothing else of distlaunch
+(pyproject.toml's import contracts check it).
 
 core.py is the supervision loop: start the ranks, obey the launcher's commands, report the ranks' exits. Each
 other concern is a collaborator with a narrow interface:

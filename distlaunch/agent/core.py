@@ -2,8 +2,8 @@
 rank's exit; its collaborators do the rest (see __init__.py), the ranks' process groups and their stop
 (processes.py) among them.
 
-Standard library only: it runs on remote hosts with whatever Python they have (3.8+), and it must
-start fast.
+Standard library only: it runs on remote hosts with whatever Python they have, from the floor in
+distlaunch/protocol.py (PYTHON_FLOOR) on, and it must start fast.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from distlaunch.contract.env import JOB_ID_VAR
 from distlaunch.errors import HostError
-from distlaunch.protocol import PROTOCOL, AgentConnection
+from distlaunch.protocol import NEEDS_FLOOR, PROTOCOL, PYTHON_FLOOR, AgentConnection
 from distlaunch.remote.agent_conn import START_TIMEOUT_VAR, SshAgent, StartedAgent
 from distlaunch.remote.command import run_command, shell_hang, stop_marked_command, without_shell_ready
 from distlaunch.remote.ssh import HostsFailed, SshClient, SshError, close_all, connect_all, require_all
@@ -126,6 +126,9 @@ class RemoteHosts(ABC):
         text = "\n".join(output)
         status = agent.exit_status()
         last = output[-1] if output else f"exit status {status}"
+        if NEEDS_FLOOR in last:  # the agent's own line: that interpreter is older than the floor
+            floor = ".".join(map(str, PYTHON_FLOOR))
+            return HostError(f"{alias}: {last}", f"point --remote-python at Python {floor} or newer there")
         if "cd" in text and self.workdir in text:
             return HostError(
                 f"{alias}: working directory {self.workdir!r} is not usable ({last})",

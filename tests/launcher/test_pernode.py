@@ -58,12 +58,12 @@ def run_static(order: tuple[int, ...], *args: str, n: int = 2, **env) -> tuple[i
 
 
 def assert_quiet(results: list[tuple[int, str, str]]) -> None:
-    """No node says it got a signal nobody sent it, and none prints the C++ stack of torch's store client (a
-    node reading the store after the hosting node left)."""
+    """No node says it got a signal nobody sent it, and no thread of a node's launcher dies with a traceback or a
+    C++ stack (its store client reading a store whose serving node left, that node's store server)."""
     for _, _, err in results[1:]:  # node 0 may have been signalled by the test itself
         assert "received SIGTERM" not in err and "interrupted by SIGTERM" not in err, err
     for _, _, err in results:
-        assert "TCPStore" not in err and "frame #" not in err, err
+        assert "Exception in thread" not in err and "frame #" not in err, err
 
 
 def sleepers_up(*args: str) -> list[subprocess.Popen]:
@@ -148,7 +148,7 @@ def test_a_node_whose_node_0_never_comes_waits_quietly_and_gives_up_after_the_ti
     args = static_args(2, 1, free_port(), store, n=1)
     code, _, err = finish([start_node(*args, "--rdzv-timeout", "3", *ALLREDUCE)])[0]
     assert code == 3
-    # one line, not torch's store client logging a C++ stack for every try
+    # one line, not a line (or a stack) for every try
     assert err.strip().splitlines() == [
         f"error: node rendezvous at 127.0.0.1:{store} not reachable within 3s: no node serves it "
         "(hint: start node 0 (or the first node on that host) and check the address and port)"
@@ -316,10 +316,9 @@ def test_a_node_whose_launcher_is_killed_outright_stops_the_others_as_gone_silen
 
 def test_a_serving_node_whose_launcher_hangs_stops_the_others_and_ends_itself_once_it_wakes():
     """SIGSTOP on node 0's launcher (its ranks run on): a host that hangs, or one cut off while its connections
-    stay open. torch's store client waits for an answer for good, whatever its timeout: node 1 hung until
-    killed. Now it stops its ranks within --heartbeat-timeout and exits 3. A node that arrives meanwhile (the
-    port still accepts: the kernel does that) waited for good too; it now gives up once --rdzv-timeout and
-    --heartbeat-timeout have passed. Woken, node 0 finds it was given up and ends its own ranks. (A hung node 1
+    stay open. A store client that waits for an answer for good (torch's did) hangs node 1 until killed; node 1
+    stops its ranks within --heartbeat-timeout and exits 3. A node that arrives meanwhile (the port still
+    accepts: the kernel does that) gives up once --rdzv-timeout and --heartbeat-timeout have passed. Woken, node 0 finds it was given up and ends its own ranks. (A hung node 1
     stops beating: the case of a node killed outright, above.)"""
     mark = uuid.uuid4().hex
     sleeper = ["--grace-period", "1", "--heartbeat-timeout", "3", "--env", f"DLTEST_MARK={mark}"]
@@ -346,7 +345,7 @@ def test_a_serving_node_whose_launcher_hangs_stops_the_others_and_ends_itself_on
     late_code, _, late_err = results[2]
     assert late_code == 3, late_err
     assert re.search(r"the node serving the rendezvous at 127\.0\.0\.1:\d+ has not answered for \d+s", late_err)
-    assert "Traceback" not in late_err and "TCPStore" not in late_err, late_err
+    assert "Traceback" not in late_err and "Exception in thread" not in late_err, late_err
     woken_code, _, woken_err = results[0]
     assert woken_code == 3, woken_err  # its own watcher or its agent saw the launcher away, whichever came first
     assert "launcher did not run for" in woken_err or "heard nothing from this launcher" in woken_err, woken_err

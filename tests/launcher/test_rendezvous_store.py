@@ -1,4 +1,4 @@
-"""The nodes' rendezvous store itself (``launcher/rendezvous.NodeStore``), on a real TCPStore on loopback."""
+"""The nodes' rendezvous itself (``launcher/elastic/rendezvous.NodeStore``), on a real store on loopback."""
 
 import subprocess
 import sys
@@ -15,12 +15,11 @@ from tests.helpers import wait_until
 # turns on one interpreter.
 WATCHER = """
 import sys
-from datetime import timedelta
-from torch.distributed import TCPStore
-store = TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timedelta(seconds=30))
+from distlaunch.launcher.elastic.store_client import StoreClient
+store = StoreClient("127.0.0.1", int(sys.argv[1]), 30.0)
 store.set("watching", "1")
 most, reads = 0, 0
-while not store.check(["stop"]):
+while store.get("stop") is None:
     most, reads = max(most, store.add("arrived", 0)), reads + 1
 print(most, reads)
 """
@@ -38,7 +37,7 @@ def test_a_node_refused_for_a_taken_rank_never_counts_as_arrived_not_even_for_a_
             assert node1.arrive(1) == 1
             watcher = subprocess.Popen([sys.executable, "-c", WATCHER, str(port)], stdout=subprocess.PIPE, text=True)
             try:
-                assert wait_until(lambda: serving.store.check(["watching"]), timeout=60)
+                assert wait_until(lambda: serving.store.get("watching"), timeout=60)
                 for _ in range(20):
                     with (
                         NodeStore.open("127.0.0.1", port, 3, 10.0, first=False) as dup,
@@ -54,7 +53,7 @@ def test_a_node_refused_for_a_taken_rank_never_counts_as_arrived_not_even_for_a_
             most, reads = map(int, out.split())
             assert reads > 20 and most == 2, f"{reads} reads, at most {most}"
             node1.withdraw(1)  # it may come again with its rank, and counts once
-            assert serving._call("add", "arrived", 0) == 1
+            assert serving.store.add("arrived", 0) == 1
             with NodeStore.open("127.0.0.1", port, 3, 10.0, first=False) as again:
                 assert again.arrive(1) == 1
-                assert serving._call("add", "arrived", 0) == 2
+                assert serving.store.add("arrived", 0) == 2

@@ -17,7 +17,8 @@ from distlaunch.contract.options import LaunchOptions, NodeOptions
 from distlaunch.contract.report import HOST_SILENT_CODE, RankExit, RunReport
 from distlaunch.contract.sink import Sink
 from distlaunch.errors import DistlaunchError, ExitCode, Interrupted, UsageError
-from distlaunch.launcher.elastic.rendezvous import NodeStore, StoreSilent, parse_endpoint
+from distlaunch.launcher.elastic.rendezvous import NodeStore, parse_endpoint
+from distlaunch.launcher.elastic.store_client import StoreSilent
 from distlaunch.launcher.planning.hostfile import HostSlots
 from distlaunch.launcher.planning.plan import LaunchPlan, build_plan
 from distlaunch.launcher.planning.spec import address_for_peer, make_spec

@@ -1,32 +1,35 @@
-"""Where the nodes of a per-node job meet: a TCP key-value store, hosted by one node, reached by the others.
+"""Where the nodes of a per-node job meet: a small key-value store, served by one node's launcher, reached by
+the others' (``store_server``, ``store_client``, on the wire of ``store_wire``: standard library only, so a
+per-node launcher never imports torch). It has blocking waits with timeouts, atomic counters and
+compare-and-set, and a client connects again after a dropped connection. It listens on the address
+``--rdzv-endpoint`` names (by default the master address at the master port + 1), never on MASTER_PORT, where
+rank 0's init_process_group hosts the ranks' own store.
 
-The store is torch's ``TCPStore``, the same store torchrun's c10d rendezvous uses: it already has
-blocking gets with timeouts, atomic counters and reconnection, so distlaunch writes no wire protocol of
-its own. torch is imported inside ``NodeStore.open`` only, so the launcher still starts without it and
-only per-node launches pay for the import. It listens on its own port (``--rdzv-endpoint``, by default
-the master port + 1), never on MASTER_PORT, where rank 0's init_process_group hosts the ranks' store.
-
-Keys: ``shape`` (the job as the serving node starts it: a node whose own differs is refused before it
-counts), ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1), ``node/<i>`` (a node rank
-given twice is an error), ``job`` (job id and master address from node 0), ``failed`` (the earliest failure
-any node reported), ``finished`` (counter; the hosting node keeps the store up until every node is done),
-``left`` (counter: a node that will not call the store again; the hosting node waits for them, so no node's
-last call meets a closed store), ``alive/<i>`` (counter: node i's heartbeat while its ranks run; one that
-stops moving for the heartbeat timeout is a node gone silent; ``done`` once node i has finished).
+Keys: ``shape`` (the job as the serving node starts it, set before anyone connects: a node whose own differs is
+refused before it counts), ``arrived`` (counter; with no --node-rank the n-th arrival is node n-1),
+``node/<i>`` (a node rank given twice is an error), ``job`` (job id and master address from node 0),
+``failed`` (the earliest failure any node reported), ``finished`` (counter; the serving node keeps the store up
+until every node is done), ``left`` (counter: a node that will not call the store again; the serving node waits
+for them, so no node's last call meets a closed store), ``alive/<i>`` (counter: node i's heartbeat while its
+ranks run; one that stops moving for the heartbeat timeout is a node gone silent; ``done`` once node i has
+finished).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 
 from distlaunch.contract.hostname import host_port
 from distlaunch.errors import HostError, UsageError
+from distlaunch.launcher.elastic.store_client import StoreClient, StoreSilent
+from distlaunch.launcher.elastic.store_server import StoreServer
+from distlaunch.launcher.elastic.store_wire import StoreError
+from distlaunch.launcher.planning.spec import is_loopback
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -55,108 +58,85 @@ def is_own_address(host: str) -> bool:
 
 
 POLL_S = 0.5  # between tries to reach the store
-LEAVE_S = 5.0  # once every node has finished: how long the hosting node waits for the others to leave
-DONE = b"done"  # a finished node's heartbeat
-SHAPE_WAIT_S = 5.0  # how long a node looks for the serving node's shape (set as it starts the store; an older
-# distlaunch sets none, and then nothing is compared)
+LEAVE_S = 5.0  # once every node has finished: how long the serving node waits for the others to leave
+DONE = "done"  # a finished node's heartbeat
 
 
-def tcp_store_class():
-    """torch's TCPStore, imported with its C++ warnings off in this process: a store that went away is handled
-    here in one line, never with the C++ stack torch prints for each failed call. Our own setting of the
-    variable ends with the import, so the ranks get the user's environment unchanged."""
-    import os
-
-    ours = "TORCH_CPP_LOG_LEVEL" not in os.environ
-    if ours:
-        os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"  # read once, when torch's libraries load
+def listen_host(host: str) -> str | None:
+    """Where the serving node listens: the address the endpoint names. But a name (other than localhost) that
+    resolves here to loopback only listens on every address (None): Debian and Ubuntu map the machine's own
+    name to 127.0.1.1 in /etc/hosts, while the other nodes resolve it to the machine's network address."""
+    if host == "localhost":
+        return host
     try:
-        from torch.distributed import TCPStore  # lazily: only per-node launches need torch here
-    finally:
-        if ours:
-            del os.environ["TORCH_CPP_LOG_LEVEL"]
-    return TCPStore
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:  # not resolvable (yet): serve waits for it
+        return host
+    return None if host not in addresses and all(map(is_loopback, addresses)) else host
 
 
-def wait_until_served(host: str, port: int, deadline: float) -> bool:
-    """Whether something listens on HOST:PORT before the (monotonic) deadline, tried with plain connects.
+def serve(host: str, port: int, first: bool | None, timeout: float, values: dict) -> StoreServer | None:
+    """The store this node serves (node 0, ``first``; or with ``first=None`` the first node on the endpoint's
+    machine), holding ``values``; None when another node serves it. Node 0 waits up to ``timeout`` seconds for
+    the endpoint's name to resolve to an address of its own (a pod's DNS record appears as it starts, and may
+    name its predecessor's address for a while)."""
+    if first is False or (first is None and not is_own_address(host)):
+        return None
+    endpoint, deadline = host_port(host, port), time.monotonic() + timeout
+    while True:
+        try:
+            return StoreServer.start(listen_host(host), port, values)
+        except OSError as exc:
+            if not first:  # the port is taken: with --rdzv-endpoint another node here serves it already
+                return None
+            if exc.errno == errno.EADDRINUSE:
+                raise HostError(
+                    f"node 0 cannot serve the node rendezvous on {endpoint}: {exc}",
+                    "pick a free port with --rdzv-endpoint HOST:PORT (or another --master-port)",
+                ) from None
+            if time.monotonic() >= deadline:
+                raise HostError(
+                    f"node 0 cannot serve the node rendezvous on {endpoint}: {host} does not resolve to an address "
+                    f"of this machine ({exc})",
+                    "give --rdzv-endpoint node 0's own address or name, as the other nodes reach it",
+                ) from None
+            time.sleep(POLL_S)
 
-    The nodes that start before node 0 wait here, not in torch's store client: that client prints a C++
-    stack for every failed try and overruns its timeout by its retry backoff.
-    """
+
+def reach(host: str, port: int, timeout: float, answer_within: float, silent_after: float) -> StoreClient:
+    """A client of the store another node serves, once it answers; for ``timeout`` seconds a store not served
+    yet (refused, or a name that does not resolve yet) is tried again, quietly. One that accepts but does not
+    answer its hello is silent (``StoreSilent``), after the time left and the heartbeat timeout."""
+    endpoint, deadline = host_port(host, port), time.monotonic() + timeout
+    client = StoreClient(host, port, answer_within)
     while True:
         left = deadline - time.monotonic()
         try:
-            with socket.create_connection((host, port), timeout=min(1.0, max(0.1, left))):
-                return True
+            client.connect(min(1.0, max(0.1, left)))
+            client.hello(max(1.0, left) + max(silent_after, 1.0))
+            return client
+        except StoreError as exc:  # it answers, but not as a store of ours
+            raise HostError(
+                f"what listens at {endpoint} is no distlaunch rendezvous store ({exc})",
+                "start every node with the same distlaunch, and check --rdzv-endpoint's port",
+            ) from None
         except OSError:  # refused, unreachable, or a name that does not resolve yet
             if left <= 0:
-                return False
+                raise HostError(
+                    f"node rendezvous at {endpoint} not reachable within {timeout:g}s: no node serves it",
+                    "start node 0 (or the first node on that host) and check the address and port",
+                ) from None
             time.sleep(min(POLL_S, left))
 
 
-class Unanswered(TimeoutError):
-    """A call that got no answer in its time (``answered_within``)."""
-
-    def __init__(self, seconds: float):
-        super().__init__(f"no answer within {seconds:g}s")
-        self.seconds = seconds
-
-
-def answered_within(seconds: float, call, *args):
-    """``call(*args)``'s result (or error), or Unanswered after ``seconds``. torch's store client waits for a
-    reply for good, whatever its timeout says: a peer that hangs, or whose host is cut off with the connection
-    open, would hold the caller with it. So the call runs on a thread of its own, which such a peer keeps."""
-    reply: list = []
-    answered = threading.Event()
-
-    def run():
-        try:
-            reply.append(call(*args))
-        except BaseException as exc:  # handed to the caller as is
-            reply.append(exc)
-        finally:
-            answered.set()
-
-    threading.Thread(target=run, name="rendezvous-call", daemon=True).start()
-    if not answered.wait(seconds):
-        raise Unanswered(seconds)
-    if isinstance(reply[0], BaseException):
-        raise reply[0]
-    return reply[0]
-
-
-class StoreSilent(HostError):
-    """The store did not answer a call within its time: the node serving it hangs, or cannot be reached."""
-
-    cause = "its launcher hangs or was stopped, or its host cannot be reached"
-
-    def __init__(self, endpoint: str, seconds: float):
-        super().__init__(
-            f"the node serving the rendezvous at {endpoint} has not answered for {seconds:g}s",
-            f"{self.cause}; check that node",
-        )
-
-
 class NodeStore:
-    """One node's view of the nodes' store; ``host`` is True on the node that serves it. A call not answered
-    within ``answer_within`` seconds (the heartbeat timeout; else the rendezvous timeout) makes it silent."""
+    """One node's view of the nodes' store; ``host`` is True on the node that serves it, whose own calls are
+    answered in process. On the others, a call not answered within the heartbeat timeout (else the rendezvous
+    timeout) makes the store silent (``StoreSilent``)."""
 
-    def __init__(
-        self,
-        store,
-        endpoint: str,
-        nnodes: int,
-        timeout: float,
-        host: bool,
-        shape: dict | None = None,
-        answer_within: float = 0.0,
-    ):
+    def __init__(self, store, endpoint: str, nnodes: int, timeout: float, host: bool, shape: dict | None = None):
         self.store, self.endpoint, self.nnodes, self.timeout, self.host = store, endpoint, nnodes, timeout, host
         self.shape = shape or {}  # option -> value: what every node of the job must start alike
-        self.answer_within = answer_within or timeout
-        self.silent_for: float | None = None  # once a call went unanswered: how long it waited
-        self._lock = threading.Lock()  # the watcher thread and the launcher share one client
         self._finished = False
         self._counted = False  # this node's arrival counts: it finishes and leaves as one of the nodes
         self.node_rank: int | None = None  # once arrived
@@ -175,70 +155,22 @@ class NodeStore:
         silent_after: float = 0.0,
     ) -> Iterator[NodeStore]:
         """Serve the store (node 0; ``first=None``: the first node on the endpoint's machine), else reach it.
-        ``shape``: this node's job (option -> value), which the serving node sets for the others to match;
+        ``shape``: this node's job (option -> value), which the serving node holds for the others to match;
         ``silent_after``: the heartbeat timeout after which the serving node stops waiting for a node (0: never)."""
-        TCPStore = tcp_store_class()
-        endpoint = host_port(host, port)
-        wait = timedelta(seconds=timeout)
-        store, serving = None, False
-        if first or (first is None and is_own_address(host)):
-            try:
-                store, serving = TCPStore(host, port, None, True, wait, wait_for_workers=False), True
-            except Exception as exc:  # port taken: with --rdzv-endpoint another node here serves it already
-                if first:
-                    raise HostError(
-                        f"node 0 cannot serve the node rendezvous on {endpoint}: {exc}",
-                        "pick a free port with --rdzv-endpoint HOST:PORT (or another --master-port)",
-                    ) from None
-        deadline = time.monotonic() + timeout
-        while store is None:
-            try:
-                if not wait_until_served(host, port, deadline):
-                    raise TimeoutError
-                left = max(1.0, deadline - time.monotonic())
-                store = answered_within(
-                    left + max(silent_after, 1.0), TCPStore, host, port, None, False, timedelta(seconds=left)
-                )
-            except Unanswered as exc:  # it listens (the kernel accepts), but its process answers nothing
-                raise StoreSilent(endpoint, round(exc.seconds)) from None
-            except Exception:  # also a name not resolvable yet (a pod's DNS record appears when it starts)
-                if time.monotonic() >= deadline:
-                    raise HostError(
-                        f"node rendezvous at {endpoint} not reachable within {timeout:g}s: no node serves it",
-                        "start node 0 (or the first node on that host) and check the address and port",
-                    ) from None
-                time.sleep(POLL_S)
-        store.set_timeout(wait)  # blocking gets wait the whole --rdzv-timeout, whatever connecting took
-        node = cls(store, endpoint, nnodes, timeout, serving, shape, answer_within=silent_after)
+        server = serve(host, port, first, timeout, {"shape": shape or {}})
+        store = server or reach(host, port, timeout, silent_after or timeout, silent_after)
+        node = cls(store, host_port(host, port), nnodes, timeout, server is not None, shape)
         try:
-            if serving:
-                node._call("set", "shape", json.dumps(node.shape))
             yield node
         finally:
-            node.linger(silent_after) if serving else node.leave()
-
-    def _call(self, name: str, *args, wait: float = 0.0):
-        """One call to the store, answered within ``answer_within`` seconds (plus ``wait`` for a blocking get), or
-        the store is taken as silent: torch's client waits for a reply for good, so a serving node that hangs, or
-        whose host is cut off with its connections open, would hold this node (and its ranks) with it. Once
-        silent, every later call fails at once: the node ends without another wait."""
-        with self._lock:
-            if self.silent_for is not None:
-                raise StoreSilent(self.endpoint, self.silent_for)
             try:
-                return answered_within(wait + self.answer_within, getattr(self.store, name), *args)
-            except Unanswered:
-                self.silent_for = self.answer_within
-                raise StoreSilent(self.endpoint, self.silent_for) from None
+                node.linger(silent_after) if server else node.leave()
+            finally:
+                store.close()
 
     def served_shape(self) -> dict | None:
-        """The job as the serving node starts it (``shape``); None when it set none (an older distlaunch)."""
-        deadline = time.monotonic() + SHAPE_WAIT_S
-        while not self._call("check", ["shape"]):
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
-        return json.loads(self._call("get", "shape"))
+        """The job as the serving node starts it (``shape``)."""
+        return self.store.get("shape")
 
     def arrive(self, node_rank: int | None) -> int:
         """Check in; returns this node's rank (the given one, or the arrival order). A given rank is claimed
@@ -246,37 +178,94 @@ class NodeStore:
         the others would see every node arrived, and start without the node they still lack. By arrival
         order, a node past --nnodes counts for a moment, when every node has arrived anyway."""
         if node_rank is None:
-            order = self._call("add", "arrived", 1)
+            order = self.store.add("arrived", 1)
             if order > self.nnodes:
-                self._call("add", "arrived", -1)
+                self.store.add("arrived", -1)
                 raise UsageError(
                     f"more than --nnodes {self.nnodes} nodes arrived at {self.endpoint}",
                     "start exactly N nodes, or raise --nnodes",
                 )
             self._counted = True
             self.node_rank = order - 1
-            self._call("add", f"alive/{self.node_rank}", 0)
+            self.store.add(f"alive/{self.node_rank}", 0)
             return order - 1
-        if self._call("add", f"node/{node_rank}", 1) > 1:
-            self._call("add", f"node/{node_rank}", -1)
+        if self.store.add(f"node/{node_rank}", 1) > 1:
+            self.store.add(f"node/{node_rank}", -1)
             raise UsageError(f"--node-rank {node_rank} was given to two nodes", "give every node its own rank")
-        self._call("add", f"alive/{node_rank}", 0)  # there before the others can start and look for it
-        self._call("add", "arrived", 1)
+        self.store.add(f"alive/{node_rank}", 0)  # there before the others can start and look for it
+        self.store.add("arrived", 1)
         self._counted = True
         self.node_rank = node_rank
         return node_rank
 
+    def all_arrived(self) -> bool:
+        """Whether every node has arrived (so the others go on); True when the store cannot say."""
+        try:
+            return self.store.add("arrived", 0) >= self.nnodes
+        except Exception:
+            return True
+
+    def withdraw(self, node_rank: int) -> None:
+        """Take this node's arrival back (it stops before every node arrived: Ctrl-C, a timeout), so the others
+        keep waiting for it, and it may come again with its node rank."""
+        if not self._counted:
+            return
+        self._counted = False
+        with contextlib.suppress(Exception):  # the arrival first, the rank after: arrive's order, reversed
+            self.store.add("arrived", -1)
+            self.store.add(f"node/{node_rank}", -1)
+
+    def wait_all(self) -> None:
+        """Block until every node has arrived, or fail naming how many did."""
+        deadline = time.monotonic() + self.timeout
+        while (arrived := self.store.add("arrived", 0)) < self.nnodes:
+            if time.monotonic() > deadline:
+                raise HostError(
+                    f"node rendezvous at {self.endpoint} timed out after {self.timeout:g}s: "
+                    f"{arrived} of {self.nnodes} nodes arrived",
+                    "start distlaunch run --nnodes on every node, or raise --rdzv-timeout",
+                )
+            time.sleep(0.1)
+
+    def publish_job(self, job_id: str, master_addr: str, master_port: int) -> None:
+        """Node 0's job id and master address, for the other nodes (``job``)."""
+        self.store.set("job", [job_id, master_addr, master_port])
+
+    def job(self) -> tuple[str, str, int]:
+        """Node 0's job id, master address and port (waits for node 0 to publish them)."""
+        try:
+            job_id, addr, port = self.store.wait("job", self.timeout)
+        except StoreSilent:
+            raise
+        except Exception:
+            raise HostError(
+                f"node 0 did not publish the job at {self.endpoint} within {self.timeout:g}s", "check node 0's output"
+            ) from None
+        return job_id, addr, int(port)
+
+    def publish_failure(self, failure: dict) -> None:
+        """Tell the other nodes. The store keeps the earliest failure by its ``at`` (the root cause), not the
+        first reported: compare-and-set until ours is in or an earlier one is."""
+        ours, expected = json.loads(json.dumps(failure)), None  # as the store hands it back, to compare with
+        with contextlib.suppress(Exception):  # the serving node may be gone already
+            while (kept := self.store.compare_set("failed", expected, ours)) != ours:
+                if kept["at"] <= failure["at"]:
+                    return
+                expected = kept
+
+    def failure(self) -> dict | None:
+        """The earliest failure any node reported, or None."""
+        return self.store.get("failed")
+
     def beat(self) -> None:
         """This node is alive (its launcher runs): a heartbeat the other nodes watch."""
-        self._call("add", f"alive/{self.node_rank}", 1)
+        self.store.add(f"alive/{self.node_rank}", 1)
 
-    def heartbeats(self) -> list[bytes]:
+    def heartbeats(self) -> list:
         """Every node's heartbeat, in one call (the serving node answers every node, every half second):
         a count, or ``done`` once that node finished, or ``done`` too for a node that never arrived."""
-        keys = [f"alive/{node}" for node in range(self.nnodes)]
-        if self._call("check", keys):
-            return self._call("multi_get", keys)
-        return [self._call("get", key) if self._call("check", [key]) else DONE for key in keys]
+        beats = self.store.get_many([f"alive/{node}" for node in range(self.nnodes)])
+        return [DONE if count is None else count for count in beats]
 
     def silent_nodes(self, timeout: float) -> list[int]:
         """The other nodes not finished whose heartbeat has not moved for ``timeout`` seconds (by our clock,
@@ -292,84 +281,26 @@ class NodeStore:
                 silent.append(node)
         return silent
 
-    def all_arrived(self) -> bool:
-        """Whether every node has arrived (so the others go on); True when the store cannot say."""
-        try:
-            return self._call("add", "arrived", 0) >= self.nnodes
-        except Exception:
-            return True
-
-    def withdraw(self, node_rank: int) -> None:
-        """Take this node's arrival back (it stops before every node arrived: Ctrl-C, a timeout), so the others
-        keep waiting for it, and it may come again with its node rank."""
-        if not self._counted:
-            return
-        self._counted = False
-        with contextlib.suppress(Exception):  # the arrival first, the rank after: arrive's order, reversed
-            self._call("add", "arrived", -1)
-            self._call("add", f"node/{node_rank}", -1)
-
-    def wait_all(self) -> None:
-        """Block until every node has arrived, or fail naming how many did."""
-        deadline = time.monotonic() + self.timeout
-        while (arrived := self._call("add", "arrived", 0)) < self.nnodes:
-            if time.monotonic() > deadline:
-                raise HostError(
-                    f"node rendezvous at {self.endpoint} timed out after {self.timeout:g}s: "
-                    f"{arrived} of {self.nnodes} nodes arrived",
-                    "start distlaunch run --nnodes on every node, or raise --rdzv-timeout",
-                )
-            time.sleep(0.1)
-
-    def publish_job(self, job_id: str, master_addr: str, master_port: int) -> None:
-        self._call("set", "job", json.dumps([job_id, master_addr, master_port]))
-
-    def job(self) -> tuple[str, str, int]:
-        """Node 0's job id, master address and port (waits for node 0 to publish them)."""
-        try:
-            job_id, addr, port = json.loads(self._call("get", "job", wait=self.timeout))
-        except StoreSilent:
-            raise
-        except Exception:
-            raise HostError(
-                f"node 0 did not publish the job at {self.endpoint} within {self.timeout:g}s", "check node 0's output"
-            ) from None
-        return job_id, addr, int(port)
-
-    def publish_failure(self, failure: dict) -> None:
-        """Tell the other nodes. The store keeps the earliest failure by its ``at`` (the root cause), not the
-        first reported: compare-and-set until ours is in or an earlier one is."""
-        ours, expected = json.dumps(failure), ""
-        with contextlib.suppress(Exception):  # the hosting node may be gone already
-            while (kept := self._call("compare_set", "failed", expected, ours).decode()) != ours:
-                if json.loads(kept)["at"] <= failure["at"]:
-                    return
-                expected = kept
-
-    def failure(self) -> dict | None:
-        if not self._call("check", ["failed"]):
-            return None
-        return json.loads(self._call("get", "failed"))
-
     def finish(self) -> None:
+        """This node is done: its heartbeat ends (nobody waits for it), and it counts as finished."""
         if self._finished or not self._counted:
             return
         self._finished = True
         with contextlib.suppress(Exception):
-            self._call("set", f"alive/{self.node_rank}", DONE)  # its heartbeat ends here: nobody waits for it
-            self._call("add", "finished", 1)
+            self.store.set(f"alive/{self.node_rank}", DONE)
+            self.store.add("finished", 1)
 
     def wait_finished(self, timeout: float) -> None:
         """Until every node that arrived has finished (and so published its failure, if any), or the timeout."""
         deadline = time.monotonic() + timeout
         with contextlib.suppress(Exception):
-            while self._call("add", "finished", 0) < self._call("add", "arrived", 0) and time.monotonic() < deadline:
+            while self.store.add("finished", 0) < self.store.add("arrived", 0) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
     def wait_finished_or_silent(self, silent_after: float) -> None:
         """Until every node that arrived has finished or gone silent (the store answering nothing ends it too)."""
         with contextlib.suppress(Exception):
-            while self._call("add", "finished", 0) < self._call("add", "arrived", 0):
+            while self.store.add("finished", 0) < self.store.add("arrived", 0):
                 running = {node for node, count in enumerate(self.heartbeats()) if count != DONE}
                 if running - {self.node_rank} <= set(self.silent_nodes(silent_after)):
                     return
@@ -381,7 +312,7 @@ class NodeStore:
         if not self._counted:  # refused or withdrawn: it was never one of the nodes
             return
         with contextlib.suppress(Exception):
-            self._call("add", "left", 1)
+            self.store.add("left", 1)
 
     def linger(self, silent_after: float = 0.0) -> None:
         """The serving node keeps the store up until every node has finished, then until the others have left:
@@ -394,5 +325,5 @@ class NodeStore:
             self.wait_finished(self.timeout)
         deadline = time.monotonic() + LEAVE_S
         with contextlib.suppress(Exception):
-            while self._call("add", "left", 0) < self._call("add", "arrived", 0) - 1 and time.monotonic() < deadline:
+            while self.store.add("left", 0) < self.store.add("arrived", 0) - 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
