@@ -18,14 +18,13 @@ The estimate is an upper bound built from two parts, each with a constant chosen
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 from pydantic import BaseModel
 
 from distlaunch.contract.layout import place_of
 from distlaunch.readable import plural
-from distlaunch.training.argv import engine_args, engine_job
+from distlaunch.training.argv import ENGINE_MODULE, engine_args, engine_job, is_engine
 from distlaunch.training.config import TrainingConfig
 from distlaunch.training.dims import ParallelDims
 from distlaunch.training.planner.shapes import FP32, rank_tensors, stage_tensors, state_bytes
@@ -138,11 +137,14 @@ def estimate_save(
 
 
 def engine_save_estimate(
-    args: argparse.Namespace, parallel: str | None, world_size: int, ranks_per_node: int, gpus: bool
-) -> tuple[SaveEstimate, TrainingConfig]:
-    """The estimate for the engine started with ``args`` on ``world_size`` ranks, and the config its ranks will
-    read (the file, ``--set``, the layout ``parallel``). A bad config or layout is the UsageError the ranks
-    would stop with."""
+    argv: list[str], parallel: str | None, world_size: int, ranks_per_node: int, gpus: bool
+) -> tuple[SaveEstimate, TrainingConfig] | None:
+    """The estimate for ``python -m distlaunch.engine ARGV`` on ``world_size`` ranks, with the config its ranks will
+    read (the file, ``--set``, the layout ``parallel``), and that config; None when the engine would refuse ARGV
+    itself (its ranks say why). A bad config or layout is the UsageError the ranks would stop with."""
+    args = engine_args(True, [ENGINE_MODULE, *argv])
+    if args is None:
+        return None
     job = engine_job(args, parallel, world_size)
     return estimate_save(job.model, job.dims, job.cfg, ranks_per_node, gpus), job.cfg
 
@@ -153,10 +155,14 @@ def program_save_estimate(
 ) -> SaveEstimate | None:  # fmt: skip
     """The estimate for a program that is the bundled engine, else None; warns when its config sets no
     ``checkpoint.dir``, which ``shared`` (a place every node sees, in words) should hold."""
-    args = engine_args(module, program)
-    if args is None:
+    found = (
+        engine_save_estimate(program[1:], parallel, world_size, ranks_per_node, gpus)
+        if is_engine(module, program)
+        else None
+    )
+    if found is None:
         return None
-    estimate, cfg = engine_save_estimate(args, parallel, world_size, ranks_per_node, gpus)
+    estimate, cfg = found
     if cfg.checkpoint.dir is None:
         logging.getLogger("distlaunch").warning(
             "the engine's checkpoint.dir is not set: its ranks cannot save when asked before a stop "
