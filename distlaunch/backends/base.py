@@ -18,8 +18,7 @@ from distlaunch.errors import DistlaunchError, HostError, UsageError
 from distlaunch.jobs.store import JobRecord, job_folder, read_record, write_record
 
 if TYPE_CHECKING:
-    from distlaunch.contract.report import RunReport
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
+    from distlaunch.contract.report import RunReport, StacksSnapshot
 
 
 class LaunchRequest(BaseModel):

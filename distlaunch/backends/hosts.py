@@ -31,8 +31,7 @@ from distlaunch.jobs.store import (
 from distlaunch.launcher.supervising.stragglers import read_stragglers
 
 if TYPE_CHECKING:
-    from distlaunch.contract.report import RunReport
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
+    from distlaunch.contract.report import RunReport, StacksSnapshot
 
 
 class LauncherDriven(FileOutput):

@@ -18,8 +18,8 @@ from distlaunch.errors import HostError, UsageError
 from distlaunch.jobs.store import FINAL_STATES, STOP_FILE, JobRecord, job_folder, write_record
 
 if TYPE_CHECKING:
+    from distlaunch.contract.report import StacksSnapshot
     from distlaunch.k8s.manifest import K8sJobOptions
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
 
 log = logging.getLogger("distlaunch")
 

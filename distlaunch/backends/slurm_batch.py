@@ -17,7 +17,7 @@ from distlaunch.errors import DistlaunchError, HostError, NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, write_record
 
 if TYPE_CHECKING:
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
+    from distlaunch.contract.report import StacksSnapshot
     from distlaunch.slurm.job import SlurmJob, SlurmJobOptions
     from distlaunch.slurm.lead import SignalLead
     from distlaunch.slurm.sbatch import SbatchResult
