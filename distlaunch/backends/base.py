@@ -1,18 +1,20 @@
 """One backend's whole lifecycle, and what ``run``/``train`` hand a backend.
 
-A method a backend cannot honour says so in one line (exit 2) with what to do instead, so every command
-works on every recorded job, whatever ran it.
+A backend is ``Backend[P]``, P the type of the plans it makes (``contract.plan.Plan``); the commands read a plan
+through that protocol only. A method a backend cannot honour says so in one line (exit 2) with what to do
+instead, so every command works on every recorded job, whatever ran it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from distlaunch.contract.options import ExecOptions, LaunchOptions, NodeOptions
+from distlaunch.contract.plan import Plan
 from distlaunch.contract.sink import Sink
 from distlaunch.errors import DistlaunchError, HostError, UsageError
 from distlaunch.jobs.store import JobRecord, job_folder, read_record, write_record
@@ -30,6 +32,9 @@ class LaunchRequest(BaseModel):
     launcher: str = "auto"  # --launcher: auto | slurm | agent
     command: list[str] = []  # the command line, kept in the job record
     supervision_given: list[str] = []  # supervision flags typed on the command line (--hang-timeout, ...)
+
+
+PlanT = TypeVar("PlanT", bound=Plan)  # what a backend's plan() makes and its run() and detach() take
 
 
 class CheckpointSaved(BaseModel):
@@ -64,7 +69,7 @@ def remember(record: JobRecord, now: JobRecord) -> JobRecord:
     return now
 
 
-class Backend:
+class Backend(Generic[PlanT]):
     """A way of running a job. ``run``/``train`` use check → plan → run (or detach); the job commands use
     current, request_stop, lines and stacks on the job's record."""
 
@@ -81,15 +86,16 @@ class Backend:
                 "run it in the foreground, in the background with your own tools (nohup, your container)",
             )
 
-    def plan(self, request: LaunchRequest) -> BaseModel:
+    def plan(self, request: LaunchRequest) -> PlanT:
         """What would start, checked as a real run checks it (what --dry-run prints)."""
         raise UsageError(f"a {self.name} job is not started by run or train", "submit it with its own command")
 
-    def run(self, request: LaunchRequest, plan: BaseModel, sink: Sink) -> RunReport:
+    def run(self, request: LaunchRequest, plan: PlanT, sink: Sink) -> RunReport:
         """Start ``plan``, stream rank output to ``sink``, and say how the job ended."""
         raise UsageError(f"a {self.name} job is not started by run or train", "submit it with its own command")
 
-    def detach(self, request: LaunchRequest, plan: BaseModel) -> JobRecord:
+    def detach(self, request: LaunchRequest, plan: PlanT) -> JobRecord:
+        """Hand ``plan`` to a supervisor in the background and return the job's record."""
         raise AssertionError("check() refuses --detach for this backend")  # pragma: no cover
 
     # -- a recorded job ----------------------------------------------------------------------------------------
