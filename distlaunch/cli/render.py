@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -18,6 +21,9 @@ from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, G
 from distlaunch.launcher.supervising.stacks import ranges
 from distlaunch.readable import plural
 
+if TYPE_CHECKING:
+    from distlaunch.backends.base import Submission
+
 HOST_ROWS = 32  # the dry run's table shows this many hosts at most: the first ones and the last HOST_ROWS_LAST
 HOST_ROWS_LAST = 4
 
@@ -25,6 +31,14 @@ HOST_ROWS_LAST = 4
 def print_json(model: BaseModel | Plan) -> None:
     """Plain JSON on stdout (no rich markup or wrapping)."""
     print(model.model_dump_json(indent=2))
+
+
+def print_submission(submission: Submission, json_output: bool) -> None:
+    """What a scheduler would be handed (a submitting command's --dry-run): as it reads it, or as JSON."""
+    if json_output:
+        print(json.dumps(submission.data, indent=2))
+    else:
+        sys.stdout.write(submission.text)
 
 
 def _fmt_group(group: Sequence[int], limit: int = 8) -> str:

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import pytest
 from rich.console import Console
 
+from distlaunch.backends.registry import BACKENDS, named
 from distlaunch.cli.render import print_json, render_plan
 from distlaunch.contract.layout import Layout, layout_spec
 from distlaunch.contract.plan import Plan, View
+from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.hostfile import parse_hostfile_text
 from distlaunch.launcher.planning.plan import MASK, LaunchSpec, build_plan, mask_env
 from distlaunch.slurm.env import map_rank
@@ -150,3 +152,9 @@ def test_json_is_the_plans_own_dump_masked(capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["job_id"] == "dl-protocol" and shown["nodes"][0]["ranks"][0]["env"]["WANDB_API_KEY"] == MASK
     assert shown["spares"]["hosts"] == [{"host": "node3"}]
+
+
+@pytest.mark.parametrize("name", sorted(set(BACKENDS) - {"slurm", "k8s"}))
+def test_a_backend_that_submits_nothing_says_so_in_one_line(name):
+    with pytest.raises(UsageError, match="is not submitted to a scheduler"):
+        named(name).submission({})
