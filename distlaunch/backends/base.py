@@ -1,25 +1,26 @@
-"""One backend's whole lifecycle, and what ``run``/``train`` hand a backend.
+"""One backend's whole lifecycle, and what ``run``/``train`` and the submitting commands hand a backend.
 
-A method a backend cannot honour says so in one line (exit 2) with what to do instead, so every command
-works on every recorded job, whatever ran it.
+A backend is ``Backend[P]``, P the type of the plans it makes (``contract.plan.Plan``); the commands read a plan
+through that protocol only. A method a backend cannot honour says so in one line (exit 2) with what to do
+instead, so every command works on every recorded job, whatever ran it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TextIO, TypeVar
 
 from pydantic import BaseModel
 
 from distlaunch.contract.options import ExecOptions, LaunchOptions, NodeOptions
+from distlaunch.contract.plan import Plan
 from distlaunch.contract.sink import Sink
 from distlaunch.errors import DistlaunchError, HostError, UsageError
 from distlaunch.jobs.store import JobRecord, job_folder, read_record, write_record
 
 if TYPE_CHECKING:
-    from distlaunch.contract.report import RunReport
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
+    from distlaunch.contract.report import RunReport, StacksSnapshot
 
 
 class LaunchRequest(BaseModel):
@@ -31,6 +32,19 @@ class LaunchRequest(BaseModel):
     launcher: str = "auto"  # --launcher: auto | slurm | agent
     command: list[str] = []  # the command line, kept in the job record
     supervision_given: list[str] = []  # supervision flags typed on the command line (--hang-timeout, ...)
+
+
+PlanT = TypeVar("PlanT", bound=Plan)  # what a backend's plan() makes and its run() and detach() take
+RequestT = TypeVar("RequestT")  # what a scheduler is handed, as the backend's own model
+
+
+class Submission(BaseModel, Generic[RequestT]):
+    """A job as its scheduler would be handed it (a batch script, Kubernetes objects), checked as a submit checks
+    it: what a submitting command's --dry-run prints, and what ``Backend.submit`` hands over."""
+
+    request: RequestT  # the backend's own: what submit needs (the resolved job, its options)
+    text: str  # as the scheduler reads it: what --dry-run prints
+    data: Any  # the same as JSON-ready data: what --dry-run --json prints
 
 
 class CheckpointSaved(BaseModel):
@@ -65,9 +79,10 @@ def remember(record: JobRecord, now: JobRecord) -> JobRecord:
     return now
 
 
-class Backend:
-    """A way of running a job. ``run``/``train`` use check → plan → run (or detach); the job commands use
-    current, request_stop, lines and stacks on the job's record."""
+class Backend(Generic[PlanT]):
+    """A way of running a job. ``run``/``train`` use check → plan → run (or detach); ``slurm sbatch`` and ``k8s
+    submit`` use submission → submit; the job commands use current, request_stop, lines and stacks on the job's
+    record."""
 
     name: ClassVar[str]  # as messages name it
     records: ClassVar[tuple[str, ...]] = ()  # the JobRecord.backend values of the jobs this backend runs
@@ -82,16 +97,30 @@ class Backend:
                 "run it in the foreground, in the background with your own tools (nohup, your container)",
             )
 
-    def plan(self, request: LaunchRequest) -> BaseModel:
+    def plan(self, request: LaunchRequest) -> PlanT:
         """What would start, checked as a real run checks it (what --dry-run prints)."""
         raise UsageError(f"a {self.name} job is not started by run or train", "submit it with its own command")
 
-    def run(self, request: LaunchRequest, plan: BaseModel, sink: Sink) -> RunReport:
+    def run(self, request: LaunchRequest, plan: PlanT, sink: Sink) -> RunReport:
         """Start ``plan``, stream rank output to ``sink``, and say how the job ended."""
         raise UsageError(f"a {self.name} job is not started by run or train", "submit it with its own command")
 
-    def detach(self, request: LaunchRequest, plan: BaseModel) -> JobRecord:
+    def detach(self, request: LaunchRequest, plan: PlanT) -> JobRecord:
+        """Hand ``plan`` to a supervisor in the background and return the job's record."""
         raise AssertionError("check() refuses --detach for this backend")  # pragma: no cover
+
+    # -- a job handed to a scheduler (slurm sbatch, k8s submit) ----------------------------------------------
+
+    def submission(self, options: Mapping[str, Any]) -> Submission:
+        """What its scheduler would be handed for ``options`` (each option's value by name, as the command parsed
+        it), checked before anything is submitted: what the command's --dry-run prints."""
+        raise UsageError(f"a {self.name} job is not submitted to a scheduler", "start it with distlaunch run or train")
+
+    def submit(self, submission: Submission, out: TextIO, command: list[str]) -> BaseModel:
+        """Hand ``submission`` to the scheduler and record the job (``command``: the command line, kept in its
+        record); the scheduler's answer, as the command shows it. ``out``: where a job followed to its end
+        writes its output."""
+        raise UsageError(f"a {self.name} job is not submitted to a scheduler", "start it with distlaunch run or train")
 
     # -- a recorded job ----------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distlaunch.backends.base import CheckpointSaved, LaunchRequest
+from distlaunch.backends.base import CheckpointSaved, LaunchRequest, PlanT
 from distlaunch.backends.output import FileOutput
 from distlaunch.backends.ranklog_lines import rank_log_lines
 from distlaunch.contract.sink import Sink
@@ -31,11 +31,11 @@ from distlaunch.jobs.store import (
 from distlaunch.launcher.supervising.stragglers import read_stragglers
 
 if TYPE_CHECKING:
-    from distlaunch.contract.report import RunReport
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
+    from distlaunch.contract.report import RunReport, StacksSnapshot
+    from distlaunch.launcher.planning.plan import LaunchPlan
 
 
-class LauncherDriven(FileOutput):
+class LauncherDriven(FileOutput[PlanT]):
     """Jobs driven by a distlaunch launcher process on this machine (local and SSH, foreground or detached)."""
 
     records = ("local", "ssh")
@@ -95,25 +95,25 @@ class LauncherDriven(FileOutput):
         return request_stacks(record, timeout)
 
 
-class Hosts(LauncherDriven):
+class Hosts(LauncherDriven["LaunchPlan"]):
     name = "hosts"
 
     def check(self, request: LaunchRequest, detach: bool) -> None:
         pass  # every option applies; --detach hands the plan to a supervisor
 
-    def plan(self, request: LaunchRequest):
+    def plan(self, request: LaunchRequest) -> LaunchPlan:
         from distlaunch.launcher.running.launch import check_shown_local_ranks, plan_for
 
         plan = plan_for(request.opts, request.exec_opts.workdir)
         check_shown_local_ranks(plan, request.exec_opts.local_ranks_filter)
         return plan
 
-    def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
+    def run(self, request: LaunchRequest, plan: LaunchPlan, sink: Sink) -> RunReport:
         from distlaunch.launcher.running.launch import launch
 
         return launch(plan, request.opts, request.exec_opts, sink, command=request.command)
 
-    def detach(self, request: LaunchRequest, plan) -> JobRecord:
+    def detach(self, request: LaunchRequest, plan: LaunchPlan) -> JobRecord:
         from distlaunch.launcher.running.detach import DetachedLaunch, detach
         from distlaunch.launcher.running.launch import check_launch
 

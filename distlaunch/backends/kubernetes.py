@@ -9,19 +9,29 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
-from distlaunch.backends.base import Backend, CheckpointSaved, LastKnown, remember
+from pydantic import BaseModel
+
+from distlaunch.backends.base import Backend, CheckpointSaved, LastKnown, Submission, remember
 from distlaunch.backends.output import keep_ranks
 from distlaunch.errors import HostError, UsageError
 from distlaunch.jobs.store import FINAL_STATES, STOP_FILE, JobRecord, job_folder, write_record
 
 if TYPE_CHECKING:
+    from distlaunch.contract.report import StacksSnapshot
     from distlaunch.k8s.manifest import K8sJobOptions
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
 
 log = logging.getLogger("distlaunch")
+
+
+class Applied(BaseModel):
+    """What ``kubectl apply`` made of a submitted manifest: its exit code, and the job's record once the cluster
+    took it (None: kubectl refused it)."""
+
+    exit_code: int
+    job_id: str | None = None
 
 
 class Kubernetes(Backend):
@@ -30,18 +40,27 @@ class Kubernetes(Backend):
     name = "k8s"
     records = ("k8s",)
 
-    def submit(self, opts: K8sJobOptions, command: list[str]) -> tuple[int, str | None]:
-        """Apply the manifest with ``kubectl apply -f -`` and record the job: kubectl's exit code and the job's id
-        (None when kubectl refused it)."""
-        from distlaunch.k8s.manifest import manifest
-        from distlaunch.k8s.submit import kubectl_apply
+    def submission(self, options: Mapping[str, Any]) -> Submission[K8sJobOptions]:
+        """The headless Service and the Indexed Job for ``k8s manifest|submit``'s options (an option left unset,
+        None, takes its default): YAML for ``kubectl apply -f``, and the same objects as JSON."""
+        from distlaunch.k8s.manifest import K8sJobOptions, manifest
         from distlaunch.k8s.yaml import dump_all
 
-        code = kubectl_apply(dump_all(manifest(opts)))
+        opts = K8sJobOptions(**{name: value for name, value in options.items() if value is not None})
+        objects = manifest(opts)
+        return Submission(request=opts, text=dump_all(objects), data=objects)
+
+    def submit(self, submission: Submission[K8sJobOptions], out: TextIO, command: list[str]) -> Applied:
+        """Apply the manifest with ``kubectl apply -f -`` (its output passes through) and record the job."""
+        from distlaunch.k8s.submit import kubectl_apply
+
+        code = kubectl_apply(submission.text)
         if code:
-            return code, None
+            return Applied(exit_code=code)
+        opts = submission.request
         backend = "nccl" if opts.gpus_per_node else "gloo"  # what a pod's ranks choose: its GPUs, or none
-        return 0, record_k8s_job(opts.name, opts.namespace, opts.nodes, opts.nproc_per_node, command, backend)
+        job_id = record_k8s_job(opts.name, opts.namespace, opts.nodes, opts.nproc_per_node, command, backend)
+        return Applied(exit_code=0, job_id=job_id)
 
     def stacks(self, record: JobRecord, timeout: float) -> StacksSnapshot:
         raise UsageError(

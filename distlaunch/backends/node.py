@@ -14,18 +14,19 @@ from distlaunch.contract.sink import Sink
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport
+    from distlaunch.launcher.planning.plan import LaunchPlan
 
 
-class Node(LauncherDriven):
+class Node(LauncherDriven["LaunchPlan"]):
     name = "per-node (--nnodes)"
     records = ()  # its launcher records the job as local or ssh: Hosts answers for it
 
-    def plan(self, request: LaunchRequest):
+    def plan(self, request: LaunchRequest) -> LaunchPlan:
         from distlaunch.launcher.elastic.pernode import dry_run_plan
 
         return dry_run_plan(request.opts, request.node, request.exec_opts.workdir)
 
-    def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
+    def run(self, request: LaunchRequest, plan: LaunchPlan, sink: Sink) -> RunReport:
         from distlaunch.launcher.running.node import launch_node
 
         return launch_node(request.opts, request.node, request.exec_opts, sink)

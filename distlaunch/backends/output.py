@@ -10,7 +10,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from distlaunch.backends.base import Backend
+from distlaunch.backends.base import Backend, PlanT
 from distlaunch.errors import UsageError
 from distlaunch.files import open_regular
 from distlaunch.jobs.store import JobRecord
@@ -33,7 +33,7 @@ def rank_of(line: str) -> int | None:
     return int(label.strip()) if colon and label.strip().isdigit() else None
 
 
-class FileOutput(Backend):
+class FileOutput(Backend[PlanT]):
     """Backends whose job writes its output to one file here."""
 
     @abstractmethod

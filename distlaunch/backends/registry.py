@@ -25,6 +25,11 @@ BACKENDS: dict[str, type[Backend]] = {
 }
 
 
+def named(name: str) -> Backend:
+    """The backend of this name (``slurm``, ``k8s``): the one a submitting command hands its job to."""
+    return BACKENDS[name]()
+
+
 def of_record(record: JobRecord) -> Backend:
     """The backend that answers for a recorded job (a record of an unknown kind: as a launcher's)."""
     return next((cls() for cls in BACKENDS.values() if record.backend in cls.records), Hosts())

@@ -1,5 +1,6 @@
 """Slurm batch jobs: ``distlaunch slurm sbatch`` writes a batch script from the template and submits it; Slurm
 runs the job. Its state comes from scontrol/sacct, ``stop`` is scancel, its output is the job's output file.
+The batch script runs ``distlaunch slurm run``, the srun wrapper, which runs here too (``srun``).
 """
 
 from __future__ import annotations
@@ -7,20 +8,23 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from distlaunch.backends.base import CheckpointSaved, remember
+from distlaunch.backends.base import CheckpointSaved, Submission, remember
 from distlaunch.backends.output import FileOutput
 from distlaunch.contract.report import REQUEUE_CODE
 from distlaunch.errors import DistlaunchError, HostError, NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, write_record
 
 if TYPE_CHECKING:
-    from distlaunch.launcher.supervising.snapshots import StacksSnapshot
+    from distlaunch.contract.report import StacksSnapshot
     from distlaunch.slurm.job import SlurmJob, SlurmJobOptions
     from distlaunch.slurm.lead import SignalLead
     from distlaunch.slurm.sbatch import SbatchResult
+    from distlaunch.slurm.srun import SrunResult
 
 log = logging.getLogger("distlaunch")
 
@@ -40,31 +44,56 @@ _SLURM_STATES = {
 }
 
 
+@dataclass(frozen=True)
+class BatchJob:
+    """A batch job as sbatch is handed it: the options as typed, the job they resolve to, where its output goes,
+    and whether ``slurm sbatch`` follows it to its end (--wait)."""
+
+    opts: SlurmJobOptions
+    job: SlurmJob
+    output: str | None
+    wait: bool
+
+
 class SlurmBatch(FileOutput):
-    """Batch jobs submitted by ``distlaunch slurm sbatch``: scontrol/sacct, scancel, the job's output file."""
+    """Batch jobs submitted by ``distlaunch slurm sbatch``: scontrol/sacct, scancel, the job's output file; and
+    ``distlaunch slurm run``, the srun wrapper their batch script runs."""
 
     name = "slurm"
     records = ("slurm",)
 
-    def submit(
-        self,
-        opts: SlurmJobOptions,
-        output: str | None,
-        template: Path | None,
-        wait: bool,
-        out: TextIO,
-        command: list[str],
-    ) -> SbatchResult:
-        """Write the batch script, submit it, record the job (``slurm-<id>``); with ``wait``, follow it to its end."""
+    def submission(self, options: Mapping[str, Any]) -> Submission[BatchJob]:
+        """The batch script for ``slurm sbatch``'s options (what --dry-run prints), the job it runs and how far
+        ahead of its time limit it is warned. By default the job requeues itself after a save on the save signal;
+        --no-requeue or --save-signal none: it just ends."""
+        from distlaunch.slurm.job import job_options
+
+        opts = job_options(options)
+        requeue = not options.get("no_requeue") and opts.save_signal is not None
+        if not requeue and opts.signal_lead is not None:
+            flag = "--no-requeue" if options.get("no_requeue") else "--save-signal none"
+            raise UsageError(
+                f"--signal-lead with {flag}: nothing is warned ahead of the time limit", "give one of them"
+            )
+        opts = opts.model_copy(update={"requeue": requeue})
+        output = options.get("output")
+        job, script, lead = self.script(opts, output, options.get("template"))
+        shown_lead = None if lead is None else lead.model_dump(mode="json")
+        data = {"job": job.model_dump(mode="json"), "script": script, "signal_lead": shown_lead}
+        return Submission(request=BatchJob(opts, job, output, bool(options.get("wait"))), text=script, data=data)
+
+    def submit(self, submission: Submission[BatchJob], out: TextIO, command: list[str]) -> SbatchResult:
+        """Submit the batch script and record the job (``slurm-<id>``); with --wait, follow its output to ``out``
+        until it ends."""
         from distlaunch.contract.env import parse_env
         from distlaunch.slurm.sbatch import default_job_name, submit
 
-        job, script, _ = self.script(opts, output, template)
+        opts, job = submission.request.opts, submission.request.job
         return submit(
-            script,
-            wait=wait,
+            submission.text,
+            wait=submission.request.wait,
             job_name=job.job_name or default_job_name(opts),
-            output=output,
+            output=submission.request.output,
             out=out,
             env=parse_env(opts.env),
             on_submitted=lambda submitted: record_batch_job(
@@ -77,6 +106,32 @@ class SlurmBatch(FileOutput):
                 opts.backend,
             ),
         )
+
+    def srun_job(self, options: Mapping[str, Any]) -> SlurmJob:
+        """``slurm run``: the job as srun starts it, in this allocation or asking for one (what --dry-run prints)."""
+        from distlaunch.slurm.job import job_options, resolve_job
+
+        return resolve_job(job_options(options), os.environ)
+
+    def srun(self, options: Mapping[str, Any], out: TextIO | None) -> SrunResult:
+        """``slurm run``: run the job with srun, one task per rank, its output to ``out`` (None: stdout); pass the
+        save signal on to every rank, and requeue the batch job it runs in once they saved (--requeue)."""
+        from distlaunch.slurm.job import checkpoint_signal, job_options, resolve_job, srun_env
+        from distlaunch.slurm.requeue import settle
+        from distlaunch.slurm.srun import SaveSignal, run_srun
+
+        opts = job_options(options)
+        job = resolve_job(opts, os.environ)
+        signal = job.save_signal
+        result = run_srun(
+            job.srun,
+            out=out,
+            env=srun_env(opts, job),  # --env values go through srun's environment, never its argv
+            grace_period=opts.grace_period,
+            save=SaveSignal(name=signal, saves_first_on_term=job.saves_on_signal) if signal else None,
+            checkpoint=checkpoint_signal(signal),
+        )
+        return settle(result, job.requeue, os.environ)
 
     def script(
         self, opts: SlurmJobOptions, output: str | None, template: Path | None

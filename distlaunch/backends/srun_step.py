@@ -15,13 +15,14 @@ from distlaunch.errors import UsageError
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import RunReport
+    from distlaunch.slurm.env import SlurmRank
 
 log = logging.getLogger("distlaunch")
 
 LAUNCHERS = ("auto", "slurm", "agent")
 
 
-class SrunStep(Backend):
+class SrunStep(Backend["SlurmRank"]):
     name = "srun step"
 
     def check(self, request: LaunchRequest, detach: bool) -> None:
@@ -41,7 +42,7 @@ class SrunStep(Backend):
                 "watch their own steps (train.step_timeout)",
             )
 
-    def plan(self, request: LaunchRequest):
+    def plan(self, request: LaunchRequest) -> SlurmRank:
         """This task's rank, with every variable distlaunch adds or changes (not only the contract): what the
         dry-run shows, and what ``run`` execs with."""
         from distlaunch.slurm.task import rank_for_task, task_env
@@ -51,7 +52,7 @@ class SrunStep(Backend):
         added = {k: v for k, v in env.items() if k in rank.env or os.environ.get(k) != v}
         return rank.model_copy(update={"env": added})
 
-    def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
+    def run(self, request: LaunchRequest, plan: SlurmRank, sink: Sink) -> RunReport:
         from distlaunch.slurm.task import exec_rank
 
         exec_rank(plan, request.opts, os.environ)  # never returns

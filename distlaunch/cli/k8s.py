@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
-from distlaunch.backends.kubernetes import Kubernetes
-from distlaunch.cli.groups import command_line
-from distlaunch.k8s.manifest import K8sJobOptions, manifest
-from distlaunch.k8s.yaml import dump_all
+from distlaunch.backends.registry import named
+from distlaunch.cli import groups as g
+from distlaunch.cli.render import print_submission
 from distlaunch.launcher.planning.spec import parse_seconds
 
 k8s_app = typer.Typer(
@@ -53,103 +52,46 @@ GracePeriod = Annotated[
     ),
 ]
 
+# The job's options, in the order --help lists them; each fills the K8sJobOptions field of its name.
+K8S_OPTIONS = (
+    g.Opt("program", Program),
+    g.Opt("image", Image),
+    g.Opt("nodes", Nodes, 1),
+    g.Opt("nproc_per_node", Nproc, 1),
+    g.Opt("gpus_per_node", Gpus, 0),
+    g.Opt("env", Env, None),
+    g.Opt("secret_env", SecretEnv, None),
+    g.Opt("max_restarts", MaxRestarts, 0),
+    g.Opt("name", Name, "distlaunch"),
+    g.Opt("namespace", Namespace, None),
+    g.Opt("master_port", MasterPort, 29500),
+    g.Opt("rdzv_port", RdzvPort, 29400),
+    g.Opt("module", Module, False),
+    g.Opt("grace_period", GracePeriod, None),
+)
 
-def _opts(
-    program, nodes, nproc, image, gpus, env, secret_env, max_restarts, name, namespace, master_port, rdzv_port, **more
-):
-    return K8sJobOptions(
-        program=program,
-        image=image,
-        nodes=nodes,
-        nproc_per_node=nproc,
-        gpus_per_node=gpus,
-        name=name,
-        namespace=namespace,
-        master_port=master_port,
-        rdzv_port=rdzv_port,
-        max_restarts=max_restarts,
-        env=env or [],
-        secret_env=secret_env or [],
-        **more,
-    )
+
+def k8s_options(command: Callable) -> Callable:
+    """The job's options, handed to the command as ``job``: each one's value by name (the backend builds the job)."""
+    return g.with_options(K8S_OPTIONS, build=lambda values, ctx: values, into="job")(command)
 
 
 @k8s_app.command("manifest", context_settings=_SCRIPT_CONTEXT)
-def manifest_cmd(
-    program: Program,
-    image: Image,
-    nodes: Nodes = 1,
-    nproc_per_node: Nproc = 1,
-    gpus_per_node: Gpus = 0,
-    env: Env = None,
-    secret_env: SecretEnv = None,
-    max_restarts: MaxRestarts = 0,
-    name: Name = "distlaunch",
-    namespace: Namespace = None,
-    master_port: MasterPort = 29500,
-    rdzv_port: RdzvPort = 29400,
-    module: Module = False,
-    grace_period: GracePeriod = None,
-    json_output: Json = False,
-) -> int:
+@k8s_options
+def manifest_cmd(job: dict[str, Any], json_output: Json = False) -> int:
     """Print a headless Service and an Indexed Job (YAML, or JSON with --json) for kubectl apply -f."""
-    objects = manifest(
-        _opts(
-            program,
-            nodes,
-            nproc_per_node,
-            image,
-            gpus_per_node,
-            env,
-            secret_env,
-            max_restarts,
-            name,
-            namespace,
-            master_port,
-            rdzv_port,
-            module=module,
-            grace_period=grace_period,
-        )
-    )
-    print(json.dumps(objects, indent=2) if json_output else dump_all(objects), end="" if not json_output else "\n")
+    print_submission(named("k8s").submission(job), json_output)
     return 0
 
 
 @k8s_app.command("submit", context_settings=_SCRIPT_CONTEXT)
-def submit_cmd(
-    program: Program,
-    image: Image,
-    nodes: Nodes = 1,
-    nproc_per_node: Nproc = 1,
-    gpus_per_node: Gpus = 0,
-    env: Env = None,
-    secret_env: SecretEnv = None,
-    max_restarts: MaxRestarts = 0,
-    name: Name = "distlaunch",
-    namespace: Namespace = None,
-    master_port: MasterPort = 29500,
-    rdzv_port: RdzvPort = 29400,
-    module: Module = False,
-    grace_period: GracePeriod = None,
-) -> int:
+@k8s_options
+def submit_cmd(job: dict[str, Any]) -> int:
     """Apply the manifest with kubectl apply -f - (kubectl must be on PATH) and record the job (distlaunch jobs)."""
-    opts = _opts(
-        program,
-        nodes,
-        nproc_per_node,
-        image,
-        gpus_per_node,
-        env,
-        secret_env,
-        max_restarts,
-        name,
-        namespace,
-        master_port,
-        rdzv_port,
-        module=module,
-        grace_period=grace_period,
-    )
-    code, job_id = Kubernetes().submit(opts, command_line())
-    if job_id is not None:
-        sys.stderr.write(f"distlaunch: recorded as job {job_id}: distlaunch status {job_id} | logs | stop\n")
-    return code
+    k8s = named("k8s")
+    applied = k8s.submit(k8s.submission(job), sys.stdout, g.command_line())
+    if applied.job_id is not None:
+        sys.stderr.write(
+            f"distlaunch: recorded as job {applied.job_id}: distlaunch status {applied.job_id} | logs | stop\n"
+        )
+    return applied.exit_code

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -12,57 +16,60 @@ from rich.text import Text
 
 from distlaunch.cli.lines import print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
+from distlaunch.contract.plan import Plan, View
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
-from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.readable import plural, ranges
-from distlaunch.slurm.env import SlurmRank
+
+if TYPE_CHECKING:
+    from distlaunch.backends.base import Submission
 
 HOST_ROWS = 32  # the dry run's table shows this many hosts at most: the first ones and the last HOST_ROWS_LAST
 HOST_ROWS_LAST = 4
 
 
-def print_json(model: BaseModel) -> None:
+def print_json(model: BaseModel | Plan) -> None:
     """Plain JSON on stdout (no rich markup or wrapping)."""
     print(model.model_dump_json(indent=2))
 
 
-def _fmt_group(group: list[int], limit: int = 8) -> str:
+def print_submission(submission: Submission, json_output: bool) -> None:
+    """What a scheduler would be handed (a submitting command's --dry-run): as it reads it, or as JSON."""
+    if json_output:
+        print(json.dumps(submission.data, indent=2))
+    else:
+        sys.stdout.write(submission.text)
+
+
+def _fmt_group(group: Sequence[int], limit: int = 8) -> str:
     """One process group: every rank while few, else its first ranks and last (a dp group of 16,000 ranks is
     ``[0-15999]`` or ``[0,4,8,…,63996] (16000 ranks)``, not a screenful of numbers)."""
     if len(group) <= limit:
         return "[" + ",".join(map(str, group)) + "]"
-    if group == list(range(group[0], group[-1] + 1)):
+    if list(group) == list(range(group[0], group[-1] + 1)):
         return f"[{group[0]}-{group[-1]}]"
     return "[" + ",".join(map(str, group[:3])) + f",…,{group[-1]}] ({len(group)} ranks)"
 
 
-def _fmt_groups(groups: list[list[int]], limit: int = 8) -> str:
+def _fmt_groups(groups: Sequence[Sequence[int]], limit: int = 8) -> str:
     shown = " ".join(_fmt_group(g) for g in groups[:limit])
     return shown + (f" … ({len(groups)} groups)" if len(groups) > limit else "")
 
 
-def masked(plan: BaseModel) -> BaseModel:
-    """A plan safe to print (secret-looking values hidden), whatever backend made it."""
-    return plan.masked() if isinstance(plan, (LaunchPlan, SlurmRank)) else plan
+def render_plan(plan: Plan, console: Console) -> None:
+    """The dry-run view of any backend's plan, drawn as the plan asks (``Plan.view``), secrets hidden."""
+    VIEWS[plan.view](plan.masked(), console)
 
 
-def render_plan(plan: BaseModel, console: Console) -> None:
-    """The dry-run view of any backend's plan."""
-    if isinstance(plan, SlurmRank):
-        render_task(plan.masked(), console)
-    else:
-        render_launch_plan(plan, console)
-
-
-def render_task(rank: SlurmRank, console: Console) -> None:
+def render_task(plan: Plan, console: Console) -> None:
     """An srun task as the rank it becomes: the variables distlaunch sets, then the program."""
+    node = plan.nodes[0]
+    rank = node.ranks[0]
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank.env.items())
-    console.print(Text(f"[{rank.node} rank {rank.rank}] {env} {shlex.join(rank.argv)}"), soft_wrap=True)
+    console.print(Text(f"[{node.host} rank {rank.rank}] {env} {shlex.join(rank.argv)}"), soft_wrap=True)
 
 
-def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
-    """The dry-run view: one row per host, then the process groups."""
-    plan = plan.masked()
+def render_hosts(plan: Plan, console: Console) -> None:
+    """One row per host, then the process groups (``plan`` is masked already)."""
     p = plan.parallel
     hosts = plural(plan.nnodes, "host")
     console.print(
@@ -72,31 +79,12 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
     console.print("  parallel " + str(p).replace(",", " "))
     # where, with what and what each host starts: lines of their own, so that no path is cut by a table cell
     for label, field in (("workdir", "workdir"), ("agent", "agent_python"), ("command", "argv")):
-        per_host = {n.host: n.ranks[0].argv if field == "argv" else getattr(n, field) for n in plan.nodes}
+        per_host = {n.host: list(n.ranks[0].argv) if field == "argv" else getattr(n, field) for n in plan.nodes}
         _print_per_host(console, label, per_host)
     visible = {n.host: n.ranks[0].env.get("CUDA_VISIBLE_DEVICES", "(not set)") for n in plan.nodes}
     if set(visible.values()) != {"(not set)"}:  # the GPUs a host's cuda:N devices are
         _print_per_host(console, "CUDA_VISIBLE_DEVICES", visible)
-    table = Table(show_lines=False)
-    table.add_column("host", overflow="fold", ratio=1)  # a host name breaks only when longer than the screen
-    table.add_column("node", no_wrap=True)
-    table.add_column("ranks", overflow="fold")
-    table.add_column("devices", no_wrap=True)
-    for i, node in enumerate(plan.nodes):
-        if len(plan.nodes) > HOST_ROWS and i == HOST_ROWS - HOST_ROWS_LAST:  # a big cluster: its start and its end
-            hidden = plan.nodes[i : len(plan.nodes) - HOST_ROWS_LAST]
-            first, last = hidden[0].ranks[0].rank, hidden[-1].ranks[-1].rank
-            more = Text(f"{len(hidden)} more hosts (--json lists every one)")
-            table.add_row(more, "…", f"{first}-{last}", "…")
-        if len(plan.nodes) > HOST_ROWS and HOST_ROWS - HOST_ROWS_LAST <= i < len(plan.nodes) - HOST_ROWS_LAST:
-            continue
-        table.add_row(
-            Text(node.host if node.address == node.host else f"{node.host} ({node.address})"),
-            str(node.node_rank),
-            ranges([r.rank for r in node.ranks]),
-            devices_text([r.device for r in node.ranks]),
-        )
-    console.print(table)
+    console.print(_hosts_table(plan))
     for axis, axis_groups in plan.groups.items():  # the contract's grid order: tp first
         print_indented(console, f"{axis} groups: {_fmt_groups(axis_groups)}")
     if plan.spares is not None:
@@ -113,6 +101,34 @@ def render_launch_plan(plan: LaunchPlan, console: Console) -> None:
     }
     if user_env:
         print_indented(console, "env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in user_env.items()))
+
+
+VIEWS: dict[View, Callable[[Plan, Console], None]] = {"hosts": render_hosts, "task": render_task}
+
+
+def _hosts_table(plan: Plan) -> Table:
+    """A row per host: its node rank, ranks and devices; a big cluster shows its first hosts and its last."""
+    table = Table(show_lines=False)
+    table.add_column("host", overflow="fold", ratio=1)  # a host name breaks only when longer than the screen
+    table.add_column("node", no_wrap=True)
+    table.add_column("ranks", overflow="fold")
+    table.add_column("devices", no_wrap=True)
+    nodes = plan.nodes
+    for i, node in enumerate(nodes):
+        if len(nodes) > HOST_ROWS and i == HOST_ROWS - HOST_ROWS_LAST:  # a big cluster: its start and its end
+            hidden = nodes[i : len(nodes) - HOST_ROWS_LAST]
+            first, last = hidden[0].ranks[0].rank, hidden[-1].ranks[-1].rank
+            more = Text(f"{len(hidden)} more hosts (--json lists every one)")
+            table.add_row(more, "…", f"{first}-{last}", "…")
+        if len(nodes) > HOST_ROWS and HOST_ROWS - HOST_ROWS_LAST <= i < len(nodes) - HOST_ROWS_LAST:
+            continue
+        table.add_row(
+            Text(node.host if node.address == node.host else f"{node.host} ({node.address})"),
+            str(node.node_rank),
+            ranges([r.rank for r in node.ranks]),
+            devices_text([r.device for r in node.ranks]),
+        )
+    return table
 
 
 def _print_per_host(console: Console, label: str, per_host: dict[str, str | list[str]]) -> None:

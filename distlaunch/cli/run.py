@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from pydantic import BaseModel
 from rich.console import Console
 
 from distlaunch.backends.base import LaunchRequest
@@ -13,7 +12,8 @@ from distlaunch.backends.registry import select
 from distlaunch.cli import groups as g
 from distlaunch.cli.output import RankPrinter
 from distlaunch.cli.pipes import drop_unread_output, reader_gone
-from distlaunch.cli.render import masked, print_json, render_plan, render_report
+from distlaunch.cli.render import print_json, render_plan, render_report
+from distlaunch.contract.plan import Plan
 from distlaunch.jobs.store import JobRecord
 from distlaunch.readable import plural
 
@@ -36,8 +36,8 @@ def start(
     dry_run: bool,
     json_output: bool,
     detach: bool,
-    refine: Callable[[BaseModel], BaseModel] = lambda plan: plan,
-    describe: Callable[[BaseModel, Console], None] = lambda plan, console: None,
+    refine: Callable[[Plan], Plan] = lambda plan: plan,
+    describe: Callable[[Plan, Console], None] = lambda plan, console: None,
 ) -> int:
     """The one path of ``run`` and ``train``: pick the backend, plan, then show the plan (--dry-run), hand it to
     a supervisor (--detach), or run it with live rank output and the root-cause table. ``refine`` adds to the
@@ -46,7 +46,7 @@ def start(
     plan = refine(backend.plan(request))
     if dry_run:
         if json_output:
-            print_json(masked(plan))
+            print_json(plan.masked())
         else:
             console = Console()
             render_plan(plan, console)
@@ -55,11 +55,7 @@ def start(
     if detach:
         return report_detached(backend.detach(request, plan), json_output)
     # With --json, stdout carries only the report: rank output goes to stderr.
-    sink = RankPrinter(
-        multi_host=getattr(plan, "nnodes", 1) > 1,
-        out=sys.stderr if json_output else None,
-        job_id=getattr(plan, "job_id", "JOB"),
-    )
+    sink = RankPrinter(multi_host=plan.nnodes > 1, out=sys.stderr if json_output else None, job_id=plan.job_id)
     try:
         report = backend.run(request, plan, sink)
     finally:

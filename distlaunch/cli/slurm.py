@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from distlaunch.backends.slurm_batch import SlurmBatch
+from distlaunch.backends.registry import named
 from distlaunch.cli import groups as g
 from distlaunch.cli.options import given_flags
-from distlaunch.cli.render import print_json
-from distlaunch.contract.env import parse_env
-from distlaunch.errors import UsageError
-from distlaunch.slurm.job import (
-    CHECKPOINT_SIGNAL_VAR,
-    SAVE_SIGNAL_VAR,
-    SlurmJob,
-    SlurmJobOptions,
-    checkpoint_signal,
-    resolve_job,
-)
-from distlaunch.slurm.lead import MAX_LEAD_S
-from distlaunch.slurm.requeue import settle
-from distlaunch.slurm.srun import SaveSignal, SrunResult, run_srun
+from distlaunch.cli.render import print_json, print_submission
+from distlaunch.slurm.lead import parse_signal_lead
+
+if TYPE_CHECKING:
+    from distlaunch.slurm.srun import SrunResult
 
 SLURM = "Slurm options"
 
@@ -81,16 +71,6 @@ Requeue = Annotated[
         rich_help_panel=SLURM,
     ),
 ]
-
-
-def parse_signal_lead(text: str) -> int:
-    """``--signal-lead``: whole seconds, 1..65535 (what sbatch --signal takes)."""
-    if not text.strip().isdigit():
-        raise UsageError(
-            f"--signal-lead {text!r} is not a whole number of seconds",
-            f"give the seconds the job needs to save and stop, 1 to {MAX_LEAD_S}, e.g. --signal-lead 300",
-        )
-    return int(text)
 
 
 NoRequeue = Annotated[
@@ -149,19 +129,17 @@ LAUNCH = (
 
 @dataclass(frozen=True)
 class SlurmArgs:
-    """What ``slurm run|sbatch`` options say: the job, and how to report it."""
+    """What ``slurm run|sbatch`` options say: the job's options by name (the backend builds the job from them),
+    and how to report it."""
 
-    opts: SlurmJobOptions
+    options: dict[str, Any]
     json_output: bool
 
 
 def slurm_args(values: dict[str, Any], ctx: typer.Context) -> SlurmArgs:
-    """The job options as typed (--python unset or empty: the launcher's own), built here only. ``--save-signal``
-    typed says the program saves on it; ``--save-signal none`` is None, which fields_of would drop."""
-    fields = g.fields_of(SlurmJobOptions, {**values, "python": values["python"] or None})
-    typed = bool(given_flags(ctx, ("save_signal",)))
-    opts = SlurmJobOptions(**{**fields, "save_signal": values["save_signal"], "save_signal_given": typed})
-    return SlurmArgs(opts, values["json_output"])
+    """The options as typed; ``save_signal_given``: --save-signal was typed (the program saves on it)."""
+    options = {k: v for k, v in values.items() if k != "json_output"}
+    return SlurmArgs({**options, "save_signal_given": bool(given_flags(ctx, ("save_signal",)))}, values["json_output"])
 
 
 def slurm_options(*launch: str) -> Callable[[Callable], Callable]:
@@ -184,34 +162,16 @@ def slurm_run(
     Exit code: the first failing rank's (128+N if killed by signal N), 2 for bad options, 75 when every rank saved as
     asked (--requeue: and the job was requeued), 130/143 after Ctrl-C / SIGTERM.
     """
-    opts, json_output = launch.opts.model_copy(update={"requeue": requeue}), launch.json_output
-    job = resolve_job(opts, os.environ)
+    slurm, options, json_output = named("slurm"), {**launch.options, "requeue": requeue}, launch.json_output
     if dry_run:
+        job = slurm.srun_job(options)
         print_json(job) if json_output else print(shlex.join(job.srun))
         return 0
-    # --json: stdout is the report only; --env values go through srun's environment, never its argv
-    result = run_srun(
-        job.srun,
-        out=sys.stderr if json_output else None,
-        env=_srun_env(opts, job),
-        grace_period=opts.grace_period,
-        save=SaveSignal(name=job.save_signal, saves_first_on_term=job.saves_on_signal) if job.save_signal else None,
-        checkpoint=checkpoint_signal(job.save_signal),
-    )
-    result = settle(result, job.requeue, os.environ)
+    result = slurm.srun(options, out=sys.stderr if json_output else None)  # --json: stdout is the report only
     _report(result)
     if json_output:
         print_json(result)
     return result.exit_code
-
-
-def _srun_env(opts: SlurmJobOptions, job: SlurmJob) -> dict[str, str]:
-    """srun's environment besides this one's: the --env values, and the save signal every rank saves on."""
-    env = parse_env(opts.env)
-    if job.save_signal:
-        env[SAVE_SIGNAL_VAR] = job.save_signal
-        env[CHECKPOINT_SIGNAL_VAR] = checkpoint_signal(job.save_signal)
-    return env
 
 
 def _requeue_words(result: SrunResult) -> str:
@@ -290,29 +250,15 @@ def slurm_sbatch(
 
     By default the job outlives its time limit: Slurm warns it LEAD seconds ahead (--signal-lead; computed), every
     rank saves a checkpoint, and the job requeues itself and resumes there (--no-requeue: it just ends)."""
-    requeue = not no_requeue and launch.opts.save_signal is not None
-    if not requeue and signal_lead is not None:
-        flag = "--no-requeue" if no_requeue else "--save-signal none"
-        raise UsageError(f"--signal-lead with {flag}: nothing is warned ahead of the time limit", "give one of them")
-    opts = launch.opts.model_copy(update={"requeue": requeue, "signal_lead": signal_lead})
-    json_output = launch.json_output
-    batch = SlurmBatch()
+    slurm = named("slurm")
+    asked = {"no_requeue": no_requeue, "signal_lead": signal_lead, "output": output, "template": template, "wait": wait}
+    submission = slurm.submission({**launch.options, **asked})
     if dry_run:
-        job, script, lead = batch.script(opts, output, template)
-        if json_output:
-            shown = {"job": job.model_dump(mode="json"), "script": script, "signal_lead": _json(lead)}
-            print(json.dumps(shown, indent=2))
-        else:
-            sys.stdout.write(script)
+        print_submission(submission, launch.json_output)
         return 0
-    out = sys.stderr if json_output else sys.stdout
-    result = batch.submit(opts, output, template, wait, out, g.command_line())
+    result = slurm.submit(submission, sys.stderr if launch.json_output else sys.stdout, g.command_line())
     if wait:
         sys.stderr.write(f"distlaunch: job {result.job_id} ended with exit code {result.exit_code}\n")
-    if json_output:
+    if launch.json_output:
         print_json(result)
     return result.exit_code or 0
-
-
-def _json(model: Any) -> Any:
-    return None if model is None else model.model_dump(mode="json")

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -18,6 +17,7 @@ from distlaunch.cli import groups as g
 from distlaunch.cli import options as o
 from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
+from distlaunch.contract.plan import Plan
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.planning.spec import local_gpu_count
@@ -111,10 +111,10 @@ def train(
     )
     request = launch.request(opts)
 
-    def with_memory(plan: BaseModel) -> BaseModel:  # every rank's memory, where the plan knows the hosts
+    def with_memory(plan: Plan) -> Plan:  # every rank's memory, where the plan knows the hosts
         return train_plan(plan, cfg, config, gpu_memory) if isinstance(plan, LaunchPlan) else plan
 
-    def show_memory(plan: BaseModel, console: Console) -> None:
+    def show_memory(plan: Plan, console: Console) -> None:
         if isinstance(plan, TrainPlan):
             render_memory(plan.memory, console)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal as _signal
+import time
 
 from pydantic import BaseModel, Field, computed_field
 
@@ -49,6 +50,17 @@ class StackGroup(BaseModel):
     where: str
     ranks: list[int]
     hosts: list[str]
+
+
+class StacksSnapshot(BaseModel):
+    """Where a running job's ranks were when asked (what ``distlaunch stacks --json`` prints)."""
+
+    job_id: str
+    number: int  # stacks-<number>.json in the job's folder
+    taken_at: float = Field(default_factory=time.time)
+    summary: str  # "ranks 0,2 wait in all_reduce (train.py:42); rank 1 in sleep (train.py:40) on node2"
+    groups: list[StackGroup]
+    folder: str  # one file per rank with its full stack
 
 
 class SilentHost(BaseModel):

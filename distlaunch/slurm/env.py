@@ -6,15 +6,16 @@ with plain dicts of SLURM_* variables.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel
 
 from distlaunch.contract.endpoint import step_port
 from distlaunch.contract.env import contract_env
-from distlaunch.contract.layout import Layout, LayoutSpec, resolve_layout, tp_group_across_nodes
+from distlaunch.contract.layout import Layout, LayoutSpec, groups, resolve_layout, tp_group_across_nodes
+from distlaunch.contract.plan import View, rank_device
 from distlaunch.errors import UsageError
-from distlaunch.launcher.planning.plan import mask_env
+from distlaunch.launcher.planning.plan import NodePlan, RankPlan, mask_env
 from distlaunch.readable import plural
 from distlaunch.slurm.step import SlurmStep, node_of_rank
 
@@ -22,8 +23,10 @@ from distlaunch.slurm.step import SlurmStep, node_of_rank
 
 
 class SlurmRank(BaseModel):
-    """One srun task as a distlaunch rank, with the environment the script is exec'd with."""
+    """One srun task as a distlaunch rank, with the environment the script is exec'd with. A
+    ``contract.plan.Plan`` of one node holding one rank: the dry-run draws it as the task it becomes."""
 
+    view: ClassVar[View] = "task"
     job_id: str  # DISTLAUNCH_JOB_ID: slurm-<job>.<step>
     rank: int
     local_rank: int
@@ -42,6 +45,23 @@ class SlurmRank(BaseModel):
     def masked(self) -> SlurmRank:
         """A copy safe to print: secret-looking env values hidden."""
         return self.model_copy(update={"env": mask_env(self.env)})
+
+    @property
+    def nodes(self) -> list[NodePlan]:
+        """This task's node, holding this task's rank only: Slurm placed the others."""
+        device = rank_device(self.backend, self.local_rank)
+        rank = RankPlan(rank=self.rank, local_rank=self.local_rank, device=device, env=self.env, argv=self.argv)
+        return [NodePlan(host=self.node, address=self.node, node_rank=self.node_rank, ranks=[rank])]
+
+    @property
+    def groups(self) -> dict[str, list[list[int]]]:
+        """The whole step's process groups, as every task computes them from the layout."""
+        return groups(self.parallel)
+
+    @property
+    def spares(self) -> None:
+        """An srun step has none: Slurm requeues a job, it does not replace a node."""
+        return None
 
 
 def check_nproc_per_node(step: SlurmStep, nproc_per_node: int | None) -> None:

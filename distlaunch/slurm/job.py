@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -54,6 +55,18 @@ class SlurmJobOptions(ProgramOptions, SharedOptions):
     requeue: bool = False  # run: requeue the batch job once its ranks saved on request; sbatch: write it so
     signal_lead: int | None = None  # sbatch --signal-lead: seconds; None: computed (slurm/lead.py)
     grace_period: float = GRACE_PERIOD_S  # run: from SIGTERM (or the save signal it passes on first) to the next
+
+
+def job_options(values: Mapping[str, Any]) -> SlurmJobOptions:
+    """The job options from each option's value by name, as ``slurm run|sbatch`` parsed them: an option left unset
+    (None) takes its default, and so does an empty --python (the launcher's own). ``--save-signal none`` is None,
+    kept as such; ``save_signal_given``: --save-signal was typed."""
+    fields = {k: v for k, v in values.items() if k in SlurmJobOptions.model_fields and v is not None}
+    if not values.get("python"):
+        fields.pop("python", None)
+    if "save_signal" in values:
+        fields["save_signal"] = values["save_signal"]
+    return SlurmJobOptions(**fields)
 
 
 class JobShape(BaseModel):
@@ -215,6 +228,15 @@ def export_option(names: list[str], default: str | None) -> str | None:
         return None
     base = [] if (default or "ALL").upper() in ("NONE", "NIL") else (default or "ALL").split(",")
     return ",".join(dict.fromkeys([*base, *names]))
+
+
+def srun_env(opts: SlurmJobOptions, job: SlurmJob) -> dict[str, str]:
+    """srun's environment besides this one's: the --env values, and the save signal every rank saves on."""
+    env = parse_env(opts.env)
+    if job.save_signal:
+        env[SAVE_SIGNAL_VAR] = job.save_signal
+        env[CHECKPOINT_SIGNAL_VAR] = checkpoint_signal(job.save_signal)
+    return env
 
 
 def rank_command(opts: SlurmJobOptions) -> list[str]:

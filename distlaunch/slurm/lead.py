@@ -77,6 +77,17 @@ def signal_lead(signal: str, given: int | None, estimate: SaveEstimate | None) -
     return SignalLead(signal=signal, lead_s=lead, source=source, save_s=save_s, estimate=estimate, how=how)
 
 
+def parse_signal_lead(text: str) -> int:
+    """``--signal-lead`` as typed: whole seconds (``check_lead`` checks the range, 1..65535, what sbatch --signal
+    takes)."""
+    if not text.strip().isdigit():
+        raise UsageError(
+            f"--signal-lead {text!r} is not a whole number of seconds",
+            f"give the seconds the job needs to save and stop, 1 to {MAX_LEAD_S}, e.g. --signal-lead 300",
+        )
+    return int(text)
+
+
 def check_lead(seconds: int) -> None:
     """sbatch takes 0..65535; 0 would warn at the very end, when there is no time left to save."""
     if not 1 <= seconds <= MAX_LEAD_S:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
 from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, groups, resolve_layout, tp_group_across_nodes
+from distlaunch.contract.plan import View, rank_device
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.hostfile import HostSlots
 
@@ -67,8 +68,10 @@ class NodePlan(BaseModel):
 
 
 class LaunchPlan(BaseModel):
-    """The whole job: who runs what, where, with which environment. Serialised by ``--dry-run --json``."""
+    """The whole job: who runs what, where, with which environment. Serialised by ``--dry-run --json``.
+    A ``contract.plan.Plan``: the dry-run draws it as a row per host."""
 
+    view: ClassVar[View] = "hosts"
     job_id: str
     world_size: int
     nnodes: int
@@ -154,7 +157,7 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
     for node_rank, host in enumerate(spec.hosts):
         ranks = []
         for local_rank in range(host.nslots):
-            device = f"cuda:{local_rank}" if spec.backend == "nccl" else "cpu"
+            device = rank_device(spec.backend, local_rank)
             env = rank_env(spec, parallel, world_size, node_rank, rank, local_rank, host)
             ranks.append(RankPlan(rank=rank, local_rank=local_rank, device=device, env=env, argv=list(spec.command)))
             rank += 1

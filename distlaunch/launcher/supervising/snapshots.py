@@ -16,9 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
-from distlaunch.contract.report import StackGroup
+from distlaunch.contract.report import StacksSnapshot
 from distlaunch.errors import NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, job_folder
 from distlaunch.launcher.supervising.requests import post_request
@@ -26,17 +24,6 @@ from distlaunch.launcher.supervising.stacks import summarise_stacks, write_rank_
 
 POLL_S = 0.1
 _NUMBERED = re.compile(r"^stacks-(\d+)$")
-
-
-class StacksSnapshot(BaseModel):
-    """Where a running job's ranks were when asked (what ``distlaunch stacks --json`` prints)."""
-
-    job_id: str
-    number: int  # stacks-<number>.json in the job's folder
-    taken_at: float = Field(default_factory=time.time)
-    summary: str  # "ranks 0,2 wait in all_reduce (train.py:42); rank 1 in sleep (train.py:40) on node2"
-    groups: list[StackGroup]
-    folder: str  # one file per rank with its full stack
 
 
 def _numbers(folder: Path) -> list[int]:
