@@ -88,7 +88,7 @@ class RankLogs:
 
     def path(self, rank: int) -> Path:
         if self.folder is None:
-            self.folder = job_folder(self.plan, self.log_dir)
+            self.folder = made_logs_folder(self.plan, self.log_dir)
         return self.folder / RANK_LOG.format(rank=rank)
 
     def started(self, rank: int, node: NodePlan, spec: RankPlan) -> None:
