@@ -60,6 +60,7 @@ def test_local_per_node_and_srun_step_ranks_carry_the_same_variables(tmp_path, m
         )
         per_node = node_plan(opts, nnodes=2, node_rank=1).nodes[0].ranks[1].env  # torchrun --nnodes form
         local.pop("CUDA_VISIBLE_DEVICES", None)  # local nccl names the slots' GPUs; under srun, Slurm does
+        assert srun.pop("DISTLAUNCH_SAVED_FILE").endswith("/jobs/slurm-42/saved/rank1.json")  # no agent: its record
         per_node.pop("CUDA_VISIBLE_DEVICES", None)
         assert set(local) == set(srun) == set(per_node), backend
         assert per_node["RANK"] == "3" and per_node["GROUP_RANK"] == "1"

@@ -79,6 +79,14 @@ class Job:
         return self.fields()
 
 
+def saved_steps(job_id: str, env: dict[str, str]) -> dict[int, int]:
+    """Every rank's record of its newest checkpoint, in the job's folder under the job's state directory."""
+    folder = Path(env["DISTLAUNCH_STATE_DIR"]) / "jobs" / job_id / "saved"
+    return {
+        int(p.stem.removeprefix("rank")): json.loads(p.read_text())["saved_step"] for p in folder.glob("rank*.json")
+    }
+
+
 def stopped_at(job: Job) -> list[int]:
     return [r["at_step"] for r in job.records() if r.get("event") == "stopped"]
 
@@ -233,6 +241,8 @@ def test_a_checkpoint_on_demand_then_stop_with_a_checkpoint(slurm_cluster, tmp_p
     assert asked.returncode == 0, asked.stdout + asked.stderr
     first = json.loads(asked.stdout)["step"]
     assert (job.ckpt / f"step_{first:06d}").is_dir()
+    # confirmed by what every rank recorded in the job's folder (slurm/saves.py), not by the job's output
+    assert saved_steps(f"slurm-{job.slurm_id}", job.env) == {0: first, 1: first}
     assert wait_until(lambda: len(job.steps()) >= first + 2, 120, interval=0.2)  # it trains on
     done = job.cli("stop", "--checkpoint", f"slurm-{job.slurm_id}", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
