@@ -23,7 +23,8 @@ class Node(LauncherDriven):
     def plan(self, request: LaunchRequest):
         from distlaunch.launcher.elastic.pernode import dry_run_plan
 
-        return dry_run_plan(request.opts, request.node, request.exec_opts.workdir)
+        exec_opts = request.exec_opts
+        return dry_run_plan(request.opts, request.node, exec_opts.workdir, exec_opts.flight_recorder)
 
     def run(self, request: LaunchRequest, plan, sink: Sink) -> RunReport:
         from distlaunch.launcher.running.node import launch_node

@@ -93,6 +93,12 @@ class ExecOptions(BaseModel):
     save_signal: str | None = DEFAULT_SAVE_SIGNAL  # a checkpoint from every rank, then a stop (75); None: not trapped
     forward_signals: list[str] = []  # signals passed on to every rank (USR2, ...)
 
+    @property
+    def flight_recorder(self) -> bool:
+        """Whether the ranks get NCCL's flight recorder: under a hang watch, whose stacks its dumps go with (the
+        agent turns it on by the same rule)."""
+        return bool(self.hang_timeout)
+
 
 class NodeOptions(BaseModel):
     """The per-node options as the user typed them."""
