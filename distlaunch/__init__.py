@@ -66,6 +66,8 @@ class _ProgressFile:
                 self.answered, self.answered_step = answered, self.saved_step
         if save_s is not None and _math.isfinite(save_s) and save_s >= 0:
             self.save_s = float(save_s)
+        if saved:
+            self.record_saved()
         path = _os.environ.get("DISTLAUNCH_PROGRESS_FILE")
         now = _time.monotonic()
         if not path or (not (saved or said) and now - self.written_at < _PROGRESS_EVERY_S):
@@ -92,12 +94,29 @@ class _ProgressFile:
         }
 
     def write(self, path: str) -> None:
-        """Replace the file whole (a temporary file beside it, then a rename): the agent reads all of it or the
-        previous one, never half."""
-        tmp = f"{path}.{_os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(_json.dumps(self.report()))
-        _os.replace(tmp, path)
+        """Replace the file whole: the agent reads all of it or the previous one, never half."""
+        _replace(path, self.report())
+
+    def record_saved(self) -> None:
+        """Where no agent reads this rank's progress (under srun), replace ``$DISTLAUNCH_SAVED_FILE`` with its
+        newest checkpoint: a small record in the job's folder, which ``distlaunch checkpoint slurm-N`` reads for
+        every rank. Its folder is made inside the job's, only where that exists (a job distlaunch recorded)."""
+        path = _os.environ.get("DISTLAUNCH_SAVED_FILE")
+        if not path:
+            return
+        with _contextlib.suppress(OSError):  # never the job's progress file over this one
+            with _contextlib.suppress(FileExistsError):
+                _os.mkdir(_os.path.dirname(path))  # not makedirs: no job folder is made for a job nobody recorded
+            _replace(path, {"saved_step": self.saved_step, "save_s": self.save_s, "at": _time.time()})
+
+
+def _replace(path: str, report: dict) -> None:
+    """Replace a JSON file whole (a temporary file beside it, then a rename): a reader sees all of it or the
+    previous one, never half."""
+    tmp = f"{path}.{_os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(_json.dumps(report))
+    _os.replace(tmp, path)
 
 
 _progress = _ProgressFile()

@@ -21,23 +21,22 @@ other concern is a collaborator with a narrow interface:
 - channel.py, ``Events``: events to the launcher, never blocking (``emit``, ``flush``, ``drain``), and
   ``Lines``: the plan and commands from it.
 - output.py, ``RankOutput``: the ranks' pipes as ``out`` events (``watch``, ``read``, ``pause``, ``finished``).
-- liveness.py, ``Heartbeat`` (``heard``, ``check``) and ``Progress`` (``arm``, ``check``).
-- diagnosis.py, ``Stacks`` (``arm``, ``send``) and ``FlightRecorder`` (``arm``, ``ask``, ``wait``, ``send``).
+- liveness.py, ``Heartbeat`` (``heard``, ``check``) and ``Progress`` (``check``).
+- diagnosis.py, ``Stacks`` (``send``) and ``FlightRecorder`` (``ask``, ``wait``, ``send``).
 - ranks.py: one rank's start (argv, environment, start errors) and end (exit descriptor, error file).
 - strays.py: the processes ranks leave outside their groups; scratch.py: the agent's scratch folder.
+- rankenv.py: what the agent adds to a rank's environment (its files in the scratch folder, the flight
+  recorder's), in pure functions: ``Agent.rank_env`` sets them, the launcher's plan shows them.
 
-A collaborator that puts something in a rank's environment does it in ``arm``, called from
-``Agent.rank_env``; one that looks at the ranks every turn of the loop is called from ``Agent.step``.
+A collaborator that looks at the ranks every turn of the loop is called from ``Agent.step``.
 """
 
 from distlaunch.agent.channel import OUT_PENDING_BYTES, Events, Lines, select_write
 from distlaunch.agent.core import Agent, main
 from distlaunch.agent.diagnosis import (
-    NCCL_DUMP_PIPE_STEM,
     NCCL_DUMP_WAIT_S,
     PYSPY_TIMEOUT_S,
     STACKS_MAX_BYTES,
-    STACKS_SIGNAL,
     STACKS_WAIT_S,
     FlightRecorder,
     Stacks,
@@ -45,6 +44,7 @@ from distlaunch.agent.diagnosis import (
 from distlaunch.agent.liveness import PROGRESS_POLL_S, Heartbeat, Progress
 from distlaunch.agent.output import MAX_LINE_BYTES, SPLIT_MARK, RankOutput
 from distlaunch.agent.processes import EXITED, RankProcesses
+from distlaunch.agent.rankenv import NCCL_DUMP_PIPE_STEM, SCRATCH_MARK, STACKS_SIGNAL
 from distlaunch.agent.ranks import RANKBOOT, Rank, die_with_parent, read_error_file
 from distlaunch.agent.scratch import SCRATCH_PREFIX, SCRATCH_SWEEP_AGE_S, make_scratch, sweep_scratch
 from distlaunch.agent.strays import end_stragglers, is_running
@@ -58,6 +58,7 @@ __all__ = [
     "PROGRESS_POLL_S",
     "PYSPY_TIMEOUT_S",
     "RANKBOOT",
+    "SCRATCH_MARK",
     "SCRATCH_PREFIX",
     "SCRATCH_SWEEP_AGE_S",
     "SPLIT_MARK",

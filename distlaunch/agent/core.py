@@ -23,6 +23,7 @@ from distlaunch.agent.diagnosis import FlightRecorder, Stacks
 from distlaunch.agent.liveness import Heartbeat, Progress
 from distlaunch.agent.output import RankOutput
 from distlaunch.agent.processes import EXITED, RankProcesses
+from distlaunch.agent.rankenv import flight_recorder_vars, rank_vars
 from distlaunch.agent.ranks import Rank, base_env, rank_argv, read_error_file, spawn, start_error, start_exit_code
 from distlaunch.agent.requests import RankRequests
 from distlaunch.agent.scratch import make_scratch
@@ -60,12 +61,12 @@ class Agent:
         self.requests = RankRequests(self.scratch)
 
     def rank_env(self, spec: dict) -> dict:
-        """A rank's environment: the node's and the plan's, then what each collaborator needs in the rank."""
-        env = base_env(self.node, spec)
-        self.stacks.arm(env, spec)
-        self.progress.arm(env, spec["rank"])
-        self.recorder.arm(env)
-        self.requests.arm(env, spec["rank"])
+        """A rank's environment: the node's and the plan's, then the files it and this agent talk through, and
+        where the flight recorder dumps (rankenv.py: what the plan shows, with this agent's scratch folder)."""
+        env = base_env(self.node, spec, self.scratch)
+        env.update(rank_vars(spec["rank"], spec["argv"], self.scratch))
+        if self.recorder.enabled:
+            env.update(flight_recorder_vars(self.scratch, env))
         return env
 
     def start(self) -> None:

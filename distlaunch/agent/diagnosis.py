@@ -8,28 +8,20 @@ import base64
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 
 from distlaunch import protocol as p
 from distlaunch.agent.channel import Events
+from distlaunch.agent.rankenv import NCCL_DUMP_PIPE_STEM, STACKS_SIGNAL
 from distlaunch.agent.ranks import Rank
-from distlaunch.agent.scratch import rank_file
-from distlaunch.startcheck import is_python
+from distlaunch.agent.scratch import STACKS, rank_file
 
-# Python ranks start through distlaunch/rankboot.py, which arms faulthandler on this signal (a real-time one:
-# no program uses it by accident) and a per-rank file in the agent's scratch folder.
-STACKS_SIGNAL = signal.SIGRTMIN + 5
 STACKS_WAIT_S = 1.0  # faulthandler writes from the signal handler: a second is plenty
 STACKS_MAX_BYTES = 256 * 1024
 # py-spy dumps run side by side and get this long together: one by one, a py-spy that cannot attach would
 # keep the agent from answering heartbeats and outlast the launcher's wait for stacks on a host of 8 ranks
 PYSPY_TIMEOUT_S = 10.0
-# PyTorch's NCCL watchdog makes a pipe <stem><global rank>.pipe when TORCH_NCCL_DEBUG_INFO_PIPE_FILE names a
-# stem, polls it about once a second and dumps its flight recorder when anything is written to it: how a
-# hang gets its dumps long before NCCL's own collective timeout would write them.
-NCCL_DUMP_PIPE_STEM = "nccl_dump_pipe_rank"
 NCCL_DUMP_WAIT_S = 5.0  # for the dumps asked for through the pipes, before the stacks are sent
 
 
@@ -41,19 +33,6 @@ class FlightRecorder:
         self.scratch = scratch
         self.enabled = enabled
         self.events = events
-
-    def arm(self, env: dict) -> None:
-        """Turn the recorder on in a rank's environment, dumping into the scratch folder."""
-        if not self.enabled:
-            return
-        # Its current names, torch >= 2.6 (setting the older aliases too makes every rank print a deprecation
-        # warning): recorded collectives, dumped per rank into the scratch folder on a collective timeout.
-        # Inert without NCCL.
-        env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-        # The dumps are sent to the launcher at the end (send), before the scratch folder goes.
-        env.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.scratch, p.NCCL_TRACE_PREFIX))
-        env.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", os.path.join(self.scratch, NCCL_DUMP_PIPE_STEM))
 
     def ask(self, running: list[Rank]) -> list[str]:
         """Write to each running rank's NCCL dump pipe (where its watchdog made one); the dump files to expect."""
@@ -135,12 +114,6 @@ class Stacks:
         self.events = events
         self.recorder = recorder
 
-    def arm(self, env: dict, spec: dict) -> None:
-        """Give a Python rank its stacks file and signal (rankboot arms faulthandler with them)."""
-        if is_python(spec["argv"]):
-            env["DISTLAUNCH_STACKS_FILE"] = rank_file(self.scratch, spec["rank"], "stacks")
-            env["DISTLAUNCH_STACKS_SIGNAL"] = str(int(STACKS_SIGNAL))
-
     def send(self, ranks: list[Rank]) -> None:
         """Every running rank's Python stacks: py-spy where installed, else the rank's faulthandler."""
         running = [r for r in ranks if r.returncode is None and r.proc.poll() is None]
@@ -163,7 +136,7 @@ class Stacks:
         """Empty each armed rank's stacks file and signal the rank to write it; those files, by rank."""
         armed = {}
         for rank in running:
-            path = rank_file(self.scratch, rank.rank, "stacks")
+            path = rank_file(self.scratch, rank.rank, STACKS)
             if os.path.exists(path):
                 os.truncate(path, 0)
                 with contextlib.suppress(ProcessLookupError):

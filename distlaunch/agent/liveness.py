@@ -10,7 +10,7 @@ import time
 from distlaunch import protocol as p
 from distlaunch.agent.channel import Events
 from distlaunch.agent.ranks import Rank
-from distlaunch.agent.scratch import rank_file
+from distlaunch.agent.scratch import PROGRESS, rank_file
 
 PROGRESS_POLL_S = 1.0  # progress events: at most one a second, but a new checkpoint goes out at once
 PROGRESS_LOOK_S = 0.1  # the files are looked at this often (a stat each), so a new checkpoint is not a second late
@@ -59,10 +59,6 @@ class Progress:
         self.looked = 0.0
         self.sent = 0.0
 
-    def arm(self, env: dict, rank: int) -> None:
-        """Name the rank's progress file in its environment."""
-        env["DISTLAUNCH_PROGRESS_FILE"] = rank_file(self.scratch, rank, "progress")
-
     def check(self, ranks: list[Rank], at_once: bool = False) -> None:
         """Read the files that changed; report them once a second, at once when one has a new checkpoint
         (``at_once``: now, as when a rank ended: the steps it reported last are what a restart recomputes)."""
@@ -71,7 +67,7 @@ class Progress:
             return
         self.looked = now
         for rank in ranks:
-            path = rank_file(self.scratch, rank.rank, "progress")
+            path = rank_file(self.scratch, rank.rank, PROGRESS)
             try:
                 mtime = os.stat(path).st_mtime_ns
             except OSError:

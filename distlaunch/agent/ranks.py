@@ -9,9 +9,12 @@ import os
 import signal
 import subprocess
 
+from distlaunch.agent.rankenv import in_scratch
 from distlaunch.startcheck import is_python, program_index
 
 _PR_SET_PDEATHSIG = 1
+# what a remote rank keeps of its agent's login environment (docs/multinode.md): the rest is the plan's
+LOGIN_VARS = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH")
 RANKBOOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rankboot.py")
 
 
@@ -59,11 +62,11 @@ def rank_argv(argv: list[str]) -> list[str]:
     return [*argv[:at], RANKBOOT, *argv[at:]]
 
 
-def base_env(node: dict, spec: dict) -> dict:
-    """A rank's environment before the agent's collaborators add theirs: the agent's own (or a minimal one),
-    the plan's, and the restart count."""
+def base_env(node: dict, spec: dict, scratch: str) -> dict:
+    """A rank's environment before the agent adds its files (rankenv.py): the agent's own (or a minimal one), the
+    plan's (its scratch folder named as this agent's), and the restart count."""
     env = dict(os.environ) if node.get("inherit_env", True) else _minimal_env()
-    env.update(spec["env"])
+    env.update(in_scratch(spec["env"], scratch))
     env["DISTLAUNCH_RESTART_COUNT"] = env["TORCHELASTIC_RESTART_COUNT"] = str(node.get("restart_count", 0))
     env.setdefault("PYTHONUNBUFFERED", "1")  # live logs: ranks' prints reach the launcher as they happen
     return env
@@ -144,5 +147,4 @@ def _exit_fd(pid: int) -> int | None:
 
 def _minimal_env() -> dict:
     """What a remote rank inherits from the agent's own login environment when env is not inherited."""
-    keep = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH")
-    return {k: os.environ[k] for k in keep if k in os.environ}
+    return {k: os.environ[k] for k in LOGIN_VARS if k in os.environ}

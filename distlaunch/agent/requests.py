@@ -12,16 +12,12 @@ import os
 import signal
 
 from distlaunch.agent.ranks import Rank
-from distlaunch.agent.scratch import rank_file
+from distlaunch.agent.scratch import REQUEST, rank_file
 
 
 class RankRequests:
     def __init__(self, scratch: str):
         self.scratch = scratch
-
-    def arm(self, env: dict, rank: int) -> None:
-        """Name the rank's request file in its environment (it exists once a save is asked)."""
-        env["DISTLAUNCH_REQUEST_FILE"] = rank_file(self.scratch, rank, "request")
 
     def save(self, ranks: list[Rank], message: dict) -> None:
         """Replace every running rank's request file with this save request, whole (written beside, renamed)."""
@@ -29,7 +25,7 @@ class RankRequests:
         for rank in ranks:
             if rank.returncode is not None:
                 continue
-            path = rank_file(self.scratch, rank.rank, "request")
+            path = rank_file(self.scratch, rank.rank, REQUEST)
             with contextlib.suppress(OSError):  # a full scratch disk: this rank misses the request, the save times out
                 with open(f"{path}.tmp", "w", encoding="utf-8") as f:
                     f.write(json.dumps(request))

@@ -11,6 +11,7 @@ import time
 from distlaunch.files import lock_folder
 
 SCRATCH_PREFIX = "distlaunch-agent-"
+PROGRESS, REQUEST, STACKS = "progress", "request", "stacks"  # the kinds of a rank's own files (rank_file)
 SCRATCH_SWEEP_AGE_S = 60.0  # younger folders may be an agent's that is about to lock its own
 _held_scratch: list[int] = []  # the descriptor that holds this agent's lock, for as long as it lives
 
@@ -52,5 +53,5 @@ def sweep_scratch() -> list[str]:
 
 
 def rank_file(scratch: str, rank: int, kind: str) -> str:
-    """A rank's own file of ``kind`` (stacks, progress) in the scratch folder: ``rank<rank>.<kind>``."""
+    """A rank's own file of ``kind`` (PROGRESS, REQUEST, STACKS) in the scratch folder: ``rank<rank>.<kind>``."""
     return os.path.join(scratch, f"rank{rank}.{kind}")

@@ -104,7 +104,7 @@ class Hosts(LauncherDriven["LaunchPlan"]):
     def plan(self, request: LaunchRequest) -> LaunchPlan:
         from distlaunch.launcher.running.launch import check_shown_local_ranks, plan_for
 
-        plan = plan_for(request.opts, request.exec_opts.workdir)
+        plan = plan_for(request.opts, request.exec_opts.workdir, request.exec_opts.flight_recorder)
         check_shown_local_ranks(plan, request.exec_opts.local_ranks_filter)
         return plan
 

@@ -24,7 +24,8 @@ class Node(LauncherDriven["LaunchPlan"]):
     def plan(self, request: LaunchRequest) -> LaunchPlan:
         from distlaunch.launcher.elastic.pernode import dry_run_plan
 
-        return dry_run_plan(request.opts, request.node, request.exec_opts.workdir)
+        exec_opts = request.exec_opts
+        return dry_run_plan(request.opts, request.node, exec_opts.workdir, exec_opts.flight_recorder)
 
     def run(self, request: LaunchRequest, plan: LaunchPlan, sink: Sink) -> RunReport:
         from distlaunch.launcher.running.node import launch_node

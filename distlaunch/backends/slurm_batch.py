@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from distlaunch.backends.base import CheckpointSaved, Submission, remember
 from distlaunch.backends.output import FileOutput
+from distlaunch.contract.options import DEFAULT_SAVE_SIGNAL
 from distlaunch.contract.report import REQUEUE_CODE
 from distlaunch.errors import DistlaunchError, HostError, NoAnswer, UsageError
 from distlaunch.jobs.store import JobRecord, write_record
+from distlaunch.slurm.saves import batch_job_id
 
 if TYPE_CHECKING:
     from distlaunch.contract.report import StacksSnapshot
@@ -104,6 +106,7 @@ class SlurmBatch(FileOutput):
                 job.parallel.model_dump(mode="json"),
                 command,
                 opts.backend,
+                save_signal=job.save_signal,
             ),
         )
 
@@ -201,26 +204,30 @@ class SlurmBatch(FileOutput):
         """The batch script's ``distlaunch slurm run`` passes a signal on to every rank: the checkpoint signal (USR2:
         save, train on) or, for ``stop --checkpoint``, the save signal (USR1), as before a time limit: the ranks save
         one step and the job requeues itself (or, with --no-requeue, ends with 75); a job requeued so is cancelled
-        while it waits: saved, then stopped. The step comes from the job's output file."""
+        while it waits: saved, then stopped. The step is the one every rank recorded in the job's folder."""
         from distlaunch.slurm.job import checkpoint_signal
         from distlaunch.slurm.jobstate import slurm_command
+        from distlaunch.slurm.saves import answered_step, saved_steps
 
         if record.state != "running":
             raise UsageError(f"job {record.job_id} is {record.state}: no rank runs to save", "distlaunch stop stops it")
-        save_signal = _save_signal(record.command)
-        if save_signal.lower() == "none":
+        save_signal = recorded_save_signal(record)
+        if save_signal is None:
             raise UsageError(
                 f"job {record.job_id} was submitted with --save-signal none: its ranks are never asked to save",
                 f"distlaunch stop {record.job_id} stops it without a save",
             )
         signal_name = save_signal if then == "stop" else checkpoint_signal(save_signal)
-        before = len(_saved_steps(record))
+        before = saved_steps(record.job_id)
         done = slurm_command(["scancel", "--batch", f"--signal={signal_name}", record.native_id or ""])
         if done.returncode:
             raise HostError(f"scancel --batch --signal={signal_name} {record.native_id} failed", done.stderr.strip())
         deadline = time.monotonic() + timeout
-        now = record
-        while time.monotonic() < deadline and now.state == "running" and len(_saved_steps(record)) <= before:
+        now, step = record, None
+        while time.monotonic() < deadline and now.state == "running":
+            step = answered_step(before, saved_steps(record.job_id))
+            if step is not None:
+                break
             time.sleep(0.5)
             now = self.reread(record)
         if then == "stop":
@@ -229,13 +236,13 @@ class SlurmBatch(FileOutput):
                 now = self.reread(record)
             if now.state == "pending":  # requeued after its save: it would start again and resume; it is to stop
                 self.request_stop(record)
-        steps = _saved_steps(record)
-        if len(steps) <= before:
+        step = answered_step(before, saved_steps(record.job_id))  # the last rank may have recorded it as it ended
+        if step is None:
             raise NoAnswer(
                 f"job {record.job_id} reported no checkpoint saved within {timeout:g}s",
                 f"see 'distlaunch logs {record.job_id}'",
             )
-        return CheckpointSaved(job_id=record.job_id, step=steps[-1], then=then)
+        return CheckpointSaved(job_id=record.job_id, step=step, then=then)
 
     def output(self, record: JobRecord, stderr: bool = False) -> Path:
         if stderr:  # sbatch writes both streams to one file unless the template says otherwise
@@ -245,23 +252,10 @@ class SlurmBatch(FileOutput):
         return Path(record.output)
 
 
-def _saved_steps(record: JobRecord) -> list[int]:
-    """The steps the job's ranks said they saved (``saved the checkpoint of step S``), from its output file."""
-    from distlaunch.slurm.savesignal import saved_step
-
-    path = Path(record.output) if record.output else None
-    text = path.read_text(errors="replace") if path is not None and path.exists() else ""
-    return [found[1] for line in text.splitlines() if (found := saved_step(line))]
-
-
-def _save_signal(command: list[str]) -> str:
-    """The save signal the job's batch script traps: its --save-signal as submitted, else USR1."""
-    for i, arg in enumerate(command):
-        if arg.startswith("--save-signal="):
-            return arg.split("=", 1)[1]
-        if arg == "--save-signal" and i + 1 < len(command):
-            return command[i + 1]
-    return "USR1"
+def recorded_save_signal(record: JobRecord) -> str | None:
+    """The signal the job's batch script saves on, as recorded when it was submitted (None: --save-signal none).
+    A record written before distlaunch kept it has the default."""
+    return record.plan.get("save_signal", DEFAULT_SAVE_SIGNAL)
 
 
 def _slurm_nodes(record: JobRecord, nodes: int | None, node_list: str | None) -> dict:
@@ -292,11 +286,20 @@ def _slurm_nodes(record: JobRecord, nodes: int | None, node_list: str | None) ->
 
 
 def record_batch_job(
-    slurm_id: str, output: str | None, world_size: int, nodes: int, parallel: dict, command: list[str], backend: str
+    slurm_id: str,
+    output: str | None,
+    world_size: int,
+    nodes: int,
+    parallel: dict,
+    command: list[str],
+    backend: str,
+    *,
+    save_signal: str | None,
 ) -> None:
-    """Record a submitted Slurm batch job (``slurm-<id>``): Slurm runs it, ``distlaunch jobs`` asks Slurm about it."""
+    """Record a submitted Slurm batch job (``slurm-<id>``): Slurm runs it, ``distlaunch jobs`` asks Slurm about it,
+    ``distlaunch checkpoint`` sends it ``save_signal`` (or the checkpoint signal beside it)."""
     record = JobRecord(
-        job_id=f"slurm-{slurm_id}",
+        job_id=batch_job_id(slurm_id),
         backend="slurm",
         command=command,
         cwd=os.getcwd(),
@@ -305,7 +308,8 @@ def record_batch_job(
         state="pending",
         native_id=slurm_id,
         output=os.path.abspath(output) if output else None,
-        plan={"parallel": parallel, "backend": backend, "nodes": []},  # the ranks' (auto: chosen on the nodes)
+        # backend: the ranks' (auto: chosen on the nodes); save_signal: the batch script's --save-signal
+        plan={"parallel": parallel, "backend": backend, "nodes": [], "save_signal": save_signal},
     )
     try:
         write_record(record)

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from distlaunch.agent.rankenv import FLIGHT_RECORDER_VARS
 from distlaunch.cli.lines import print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.plan import Plan, View
@@ -97,7 +98,9 @@ def render_hosts(plan: Plan, console: Console) -> None:
     user_env = {
         k: v
         for k, v in plan.nodes[0].ranks[0].env.items()
-        if not k.startswith(("DISTLAUNCH_", "TORCHELASTIC_", "ROLE_")) and k not in _CONTRACT
+        if not k.startswith(("DISTLAUNCH_", "TORCHELASTIC_", "ROLE_"))
+        and k not in _CONTRACT
+        and k not in FLIGHT_RECORDER_VARS  # the agent's, as every rank of a watched job has them
     }
     if user_env:
         print_indented(console, "env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in user_env.items()))

@@ -14,6 +14,9 @@ BackendName = Literal["auto", "nccl", "gloo"]
 OnStraggler = Literal["warn", "replace"]  # --on-straggler: say so, or also take its host out at a checkpoint
 DEFAULT_MAX_BYTES = 64 << 20  # --log-max-size: per rank, twice that on disk with the previous part
 """``--backend``, one type in every options model (the CLI refuses anything else: ``launcher.spec.parse_backend``)."""
+# --save-signal: what Slurm's warning ahead of a time limit sends (#SBATCH --signal=B:USR1@LEAD), for run, train and
+# slurm run|sbatch alike
+DEFAULT_SAVE_SIGNAL = "USR1"
 
 
 class SharedOptions(BaseModel):
@@ -87,8 +90,14 @@ class ExecOptions(BaseModel):
     hang_timeout: float = 0.0  # no output and no distlaunch.progress() this long: stacks, stop, exit 124; 0: off
     hang_report: float = 1800.0  # the same, but the stacks are only printed (once per stall), the job runs on; 0: off
     on_straggler: OnStraggler = "warn"  # a rank named a straggler: say so; replace: also take its host out
-    save_signal: str | None = "USR1"  # asks every rank for a checkpoint, then a stop (exit 75); None: not trapped
+    save_signal: str | None = DEFAULT_SAVE_SIGNAL  # a checkpoint from every rank, then a stop (75); None: not trapped
     forward_signals: list[str] = []  # signals passed on to every rank (USR2, ...)
+
+    @property
+    def flight_recorder(self) -> bool:
+        """Whether the ranks get NCCL's flight recorder: under a hang watch, whose stacks its dumps go with (the
+        agent turns it on by the same rule)."""
+        return bool(self.hang_timeout)
 
 
 class NodeOptions(BaseModel):

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from distlaunch.contract.endpoint import parse_port
 from distlaunch.contract.env import parse_env
 from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_group_across_nodes
-from distlaunch.contract.options import LaunchOptions, ProgramOptions, SharedOptions
+from distlaunch.contract.options import DEFAULT_SAVE_SIGNAL, LaunchOptions, ProgramOptions, SharedOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.program import build_command, check_script
 from distlaunch.protocol import GRACE_PERIOD_S
@@ -24,7 +24,6 @@ from distlaunch.readable import plural
 from distlaunch.slurm.lead import is_engine
 
 SAVE_SIGNAL_VAR = "DISTLAUNCH_SAVE_SIGNAL"  # every rank's: the signal it saves a checkpoint on (then it stops)
-DEFAULT_SAVE_SIGNAL = "USR1"
 # every rank's: the signal it saves a checkpoint on and trains on (distlaunch checkpoint slurm-N)
 CHECKPOINT_SIGNAL_VAR = "DISTLAUNCH_CHECKPOINT_SIGNAL"
 

@@ -18,6 +18,7 @@ from distlaunch.launcher.planning.spec import local_gpu_count
 from distlaunch.saverequest import rank_signals
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
+from distlaunch.slurm.saves import saved_file_env
 from distlaunch.slurm.step import read_step
 
 
@@ -62,11 +63,13 @@ def rank_for_task(opts: LaunchOptions, environ: Mapping[str, str]) -> SlurmRank:
 
 
 def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
-    """The task's environment, plus --env, plus the rank contract (which wins)."""
+    """The task's environment, plus --env, plus the rank contract (which wins), plus where the rank records its
+    saved checkpoints for ``distlaunch checkpoint slurm-N`` (slurm/saves.py)."""
     env = dict(environ)
     env.update(parse_env(opts.env))
     env.update(launcher_defaults(rank.backend, rank.local_world_size, env))
     env.update(rank.env)
+    env.update(saved_file_env(rank))
     return env
 
 

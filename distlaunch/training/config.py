@@ -119,7 +119,11 @@ class ModelSection(_Section):
 
 
 class TrainSection(_Section):
-    steps: Int = Field(100, ge=1)
+    """Every default here is what ``distlaunch train`` and ``python -m distlaunch.engine`` train with when no config
+    says otherwise (the embedded template adds only its layout and micro-batches): tuned for the tiny preset on the bundled corpus,
+    whose loss falls from ~5.6 to ~1.9 in these 200 steps."""
+
+    steps: Int = Field(200, ge=1)
     global_batch_size: Int = Field(16, ge=1)
     # None: the whole per-dp-rank batch at once (pp=1) or split into parallel.microbatches (pp>1)
     micro_batch_size: Derived = Field(None, ge=1)
@@ -127,13 +131,13 @@ class TrainSection(_Section):
     # forward/backward rounds per step; global batch = dp x grad_accum_steps x micro-batches x
     # micro_batch_size (docs/train.md, "Batch arithmetic")
     grad_accum_steps: Int = Field(1, ge=1)
-    lr: Float = Field(1e-3, gt=0)
+    lr: Float = Field(3e-3, gt=0)
     lr_schedule: LrSchedule = "cosine"
-    warmup_steps: Int = Field(0, ge=0)
+    warmup_steps: Int = Field(20, ge=0)
     min_lr: Annotated[float | None, BeforeValidator(_not_bool)] = Field(
         None, ge=0
     )  # None: lr / 10, the end of the cosine; at most lr
-    weight_decay: Float = Field(0.0, ge=0)
+    weight_decay: Float = Field(0.1, ge=0)  # AdamW, decoupled; weight matrices only
     beta1: Float = Field(0.9, ge=0, lt=1)
     beta2: Float = Field(0.95, ge=0, lt=1)
     grad_clip: Float = Field(1.0, ge=0)  # max global gradient norm; 0 turns clipping off
@@ -154,10 +158,10 @@ class TrainSection(_Section):
     # backward as soon as it is complete (DDP's default 25); at most 64 GiB: a bucket larger than
     # all of a model's gradients is one bucket of them all, so more would change nothing
     bucket_mb: Float = Field(25.0, gt=0, le=65536)
-    log_every: Int = Field(1, ge=1)
+    log_every: Int = Field(10, ge=1)  # a piped rank 0 prints every N steps; metrics are read every N steps
     # seconds one step may take before the rank's watchdog ends it (exit 124); 0: no limit
     step_timeout: Float = Field(900.0, ge=0, le=MAX_TIMEOUT_S, description=TIMEOUT_HINT)
-    eval_every: Int = Field(0, ge=0)  # evaluate the held-out split every N steps; 0: never
+    eval_every: Int = Field(50, ge=0)  # evaluate the held-out split every N steps and at the last; 0: never
     eval_batches: Int = Field(4, ge=1)  # global batches per evaluation
     # where rank 0 also sends the metrics: TensorBoard event files, a W&B run; none by default
     report_to: Annotated[list[Tracker], BeforeValidator(_trackers)] = Field(default_factory=list)

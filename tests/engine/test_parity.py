@@ -20,8 +20,11 @@ BASE = [
     "train.seq_len=32",
     "train.lr=1e-3",
     "train.seed=7",
-    # the plain-PyTorch reference below: constant lr, no clipping, AdamW's default betas, all data
+    # the plain-PyTorch reference below: constant lr, no warmup, no clipping, no weight decay, AdamW's default
+    # betas, all data
     "train.lr_schedule='constant'",
+    "train.warmup_steps=0",
+    "train.weight_decay=0",
     "train.grad_clip=0",
     "train.beta2=0.999",
     "data.val_fraction=0",

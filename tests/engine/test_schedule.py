@@ -39,7 +39,7 @@ def test_cosine_runs_from_lr_after_warmup_to_min_lr_at_the_last_step(steps, warm
 
 
 def test_min_lr_is_where_the_cosine_ends_and_constant_stays_at_lr():
-    assert rates(TrainSection(steps=6, lr=1e-3, min_lr=0.0))[-1] == pytest.approx(0.0, abs=1e-12)
+    assert rates(TrainSection(steps=6, warmup_steps=0, lr=1e-3, min_lr=0.0))[-1] == pytest.approx(0.0, abs=1e-12)
     assert rates(TrainSection(steps=6, warmup_steps=2, lr=1e-3, lr_schedule="constant"))[2:] == pytest.approx(
         [1e-3] * 4
     )

@@ -162,7 +162,9 @@ def test_stacks_of_jobs_it_cannot_ask_are_one_line_errors(state, tmp_path):
     finished = cli("jobs", "--json", cwd=tmp_path)
     [record] = json.loads(finished.stdout)
 
-    record_batch_job("4242", str(tmp_path / "out.log"), 2, 1, {}, ["distlaunch", "slurm", "sbatch"], "auto")
+    record_batch_job(
+        "4242", str(tmp_path / "out.log"), 2, 1, {}, ["distlaunch", "slurm", "sbatch"], "auto", save_signal="USR1"
+    )
     cases = {
         ("nope",): "no job 'nope'",
         (record["job_id"],): f"job {record['job_id']} is succeeded, not running",

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from distlaunch.agent.rankenv import FLIGHT_RECORDER_VARS, in_scratch
 from distlaunch.contract.layout import layout_spec
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.hostfile import parse_hostfile_text, read_hostfile
 from distlaunch.launcher.planning.plan import MASK, LaunchSpec, build_plan
+from distlaunch.launcher.planning.spec import make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -109,3 +112,27 @@ def test_gpu_slots_become_cuda_visible_devices():
 def test_uneven_hosts_refuse_spanning_tp():
     with pytest.raises(UsageError, match="spans hosts"):
         build_plan(spec(parse_hostfile_text("a slots=3\nb slots=3"), "tp=2"))
+
+
+def test_a_watched_job_plans_the_flight_recorder_unless_the_user_sets_it(tmp_path, monkeypatch):
+    """With a hang watch every rank gets NCCL's flight recorder, dumping in its agent's scratch folder; a value the
+    user exported stays theirs (local ranks inherit it), so the plan leaves that one out."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "500")
+    opts = LaunchOptions(program=["train.py"], nproc_per_node=1)
+    watched = build_plan(make_spec(opts, flight_recorder=True)).nodes[0].ranks[0].env
+    assert {k: v for k, v in watched.items() if k in FLIGHT_RECORDER_VARS} == {
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": "<scratch>/nccl_trace_rank_",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "<scratch>/nccl_dump_pipe_rank",
+    }
+    assert not set(FLIGHT_RECORDER_VARS) & set(build_plan(make_spec(opts)).nodes[0].ranks[0].env)
+
+
+def test_the_agent_puts_its_scratch_folder_where_the_plan_names_it():
+    env = {"DISTLAUNCH_PROGRESS_FILE": "<scratch>/rank3.progress", "NOTE": "a <scratch> in the middle stays"}
+    assert in_scratch(env, "/tmp/distlaunch-agent-x") == {
+        "DISTLAUNCH_PROGRESS_FILE": "/tmp/distlaunch-agent-x/rank3.progress",
+        "NOTE": "a <scratch> in the middle stays",
+    }

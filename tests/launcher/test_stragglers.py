@@ -20,6 +20,7 @@ import pytest
 import distlaunch
 from distlaunch.agent.channel import Events
 from distlaunch.agent.liveness import Progress
+from distlaunch.agent.rankenv import rank_vars
 from distlaunch.agent.ranks import Rank
 from distlaunch.agent.scratch import make_scratch
 from distlaunch.contract.layout import layout_spec
@@ -82,8 +83,7 @@ def _ranks(progress: Progress, how: list[str]) -> list[Rank]:
     """Real rank processes, each writing its progress file its way, run to their end."""
     ranks = []
     for rank, kind in enumerate(how):
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        progress.arm(env, rank)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **rank_vars(rank, [sys.executable], progress.scratch)}
         proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, kind], env=env, stdout=subprocess.PIPE)
         ranks.append(Rank({"rank": rank, "env": env}, proc))
     for rank in ranks:
@@ -121,8 +121,7 @@ def test_a_new_checkpoint_goes_out_at_once_and_a_plain_step_within_the_second(tm
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = io.StringIO()
     progress = Progress(make_scratch(), Events(out))
-    env: dict[str, str] = {}
-    progress.arm(env, 0)
+    env = rank_vars(0, [sys.executable], progress.scratch)
     monkeypatch.setenv("DISTLAUNCH_PROGRESS_FILE", env["DISTLAUNCH_PROGRESS_FILE"])
     reports, ranks = distlaunch._ProgressFile(), [SimpleNamespace(rank=0)]
 

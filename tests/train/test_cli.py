@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from distlaunch.launcher.planning.train import EMBEDDED_CONFIG, parse_size
-from distlaunch.training.config import load_config
+from distlaunch.training.config import load_config, read_config_file
 from distlaunch.training.dims import resolve_parallel_dims
 from distlaunch.training.planner import plan_memory, rank_tensors
 from distlaunch.training.presets import PRESETS
@@ -66,6 +66,25 @@ def test_templates_validate_and_ship_with_the_package(name, world_size):
 def test_embedded_default_exercises_more_than_data_parallelism():
     cfg = load_config(EMBEDDED_CONFIG)
     assert cfg.model.preset == "tiny" and cfg.parallel.dp == 2 and cfg.parallel.tp * cfg.parallel.pp == 2
+
+
+def test_a_bare_train_trains_what_the_engine_trains_with_no_config():
+    """One owner of the training defaults (training/config.py): every rank of ``distlaunch train`` loads the
+    engine's own defaults, as ``python -m distlaunch.engine`` with no config does under the same launcher, but
+    for what the demo job adds: its layout (DISTLAUNCH_PARALLEL, which the engine reads too) and its micro-batch
+    size (4 pipeline micro-batches; the same gradients as 2 bigger ones)."""
+    plan = json.loads(invoke(["train", "--dry-run", "--json"]).stdout)
+    rank = plan["nodes"][0]["ranks"][0]
+    argv = rank["argv"][rank["argv"].index("distlaunch.engine") + 1 :]
+    sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+    layout = rank["env"]["DISTLAUNCH_PARALLEL"]
+    trained = load_config(argv[0], sets, layout)
+    assert trained == load_config(None, ["train.micro_batch_size=2"], layout)
+    assert (trained.train.lr, trained.train.warmup_steps, trained.train.weight_decay) == (3e-3, 20, 0.1)
+    assert (trained.train.steps, trained.train.log_every, trained.train.eval_every) == (200, 10, 50)
+    # the template states no default of its own: only the demo's additions, beside its [parallel] table
+    written = {f"{table}.{key}" for table, keys in read_config_file(EMBEDDED_CONFIG).items() for key in keys}
+    assert {key for key in written if not key.startswith("parallel.")} == {"model.preset", "train.micro_batch_size"}
 
 
 @pytest.mark.parametrize(

@@ -74,13 +74,13 @@ def test_bad_values_are_one_line_and_exit_2(assignment, words):
 def test_min_lr_above_lr_is_refused_against_the_lr_the_job_trains_with(tmp_path):
     line = refused(["--set", "train.min_lr=0.5", "--set", "train.lr=0.001"], "train.min_lr=0.5", "train.lr=0.001")
     assert "climb" in line and "at most 0.001" in line
-    # no lr given: the embedded config's (3e-3), not the class default, is the one it is checked against
+    # no lr given: the default (3e-3), the embedded config's as every other config's, is the one it is checked against
     refused(["--set", "train.min_lr=0.004"], "train.min_lr=0.004 is above train.lr=0.003")
     assert invoke(["train", "-n", "1", "--dry-run", "--set", "train.min_lr=0.002"]).exit_code == 0
     assert invoke(["train", "-n", "1", "--dry-run", "--set", "train.min_lr=0.003"]).exit_code == 0  # equal: constant
     mine = tmp_path / "mine.toml"
-    mine.write_text("[train]\nmin_lr = 0.01\n")  # the default lr, 1e-3, is the one this file trains with
-    refused([str(mine)], "train.min_lr=0.01 is above train.lr=0.001")
+    mine.write_text("[train]\nmin_lr = 0.01\n")  # the default lr, 3e-3, is the one this file trains with
+    refused([str(mine)], "train.min_lr=0.01 is above train.lr=0.003")
 
 
 @pytest.mark.parametrize("size", ["0", "0GiB", "0.1"])

@@ -80,11 +80,17 @@ def store_endpoint(opts: LaunchOptions, node: NodeOptions) -> tuple[str, int]:
 
 
 def node_plan(
-    opts: LaunchOptions, nnodes: int, node_rank: int, job_id: str | None = None, workdir: str | None = None
+    opts: LaunchOptions,
+    nnodes: int,
+    node_rank: int,
+    job_id: str | None = None,
+    workdir: str | None = None,
+    flight_recorder: bool = False,
 ) -> LaunchPlan:
     """The whole job's plan, built as for a hostfile of ``nnodes`` equal nodes, cut down to this node's part;
     its ranks start in ``workdir`` (--workdir; default: the current directory), where their program is checked."""
-    spec = make_spec(opts, workdir=workdir)  # this machine's slots, backend, env, port; every node has the same count
+    # this machine's slots, backend, env, port; every node has the same count
+    spec = make_spec(opts, workdir=workdir, flight_recorder=flight_recorder)
     slots = spec.hosts[0].slots
     hosts = [HostSlots(host="localhost" if i == node_rank else f"node{i}", slots=slots) for i in range(nnodes)]
     spec = spec.model_copy(update={"hosts": hosts, **({"job_id": job_id} if job_id else {})})
@@ -92,13 +98,15 @@ def node_plan(
     return plan.model_copy(update={"nodes": [plan.nodes[node_rank]]})
 
 
-def dry_run_plan(opts: LaunchOptions, node: NodeOptions, workdir: str | None = None) -> LaunchPlan:
+def dry_run_plan(
+    opts: LaunchOptions, node: NodeOptions, workdir: str | None = None, flight_recorder: bool = False
+) -> LaunchPlan:
     """This node's part without meeting the others (with --rdzv-endpoint: the part of the node that arrives first)."""
     check_node_options(opts, node)
     if node.node_rank is None and node.rdzv_endpoint is not None:
         host, _ = parse_endpoint(node.rdzv_endpoint)
         opts = opts.model_copy(update={"master_addr": opts.master_addr or host})
-    return node_plan(opts, node.nnodes, node.node_rank or 0, workdir=workdir)
+    return node_plan(opts, node.nnodes, node.node_rank or 0, workdir=workdir, flight_recorder=flight_recorder)
 
 
 def master_for_first_node(opts: LaunchOptions, store_host: str) -> tuple[str, int]:

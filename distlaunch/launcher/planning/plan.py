@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from distlaunch.agent.rankenv import SCRATCH_MARK, rank_vars
 from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, groups, resolve_layout, tp_group_across_nodes
 from distlaunch.contract.plan import View, rank_device
@@ -108,7 +109,8 @@ def mask_env(env: dict[str, str]) -> dict[str, str]:
 def rank_env(
     spec: LaunchSpec, parallel: Layout, world_size: int, node_rank: int, rank: int, local_rank: int, host: HostSlots
 ) -> dict[str, str]:
-    """The torchrun-compatible environment of one rank, plus distlaunch's own variables."""
+    """The torchrun-compatible environment of one rank, plus distlaunch's own variables, plus the files its agent
+    gives it (in the agent's scratch folder, ``<scratch>``: made on the host when the agent starts)."""
     env = dict(spec.env)
     env.update(
         contract_env(
@@ -129,6 +131,7 @@ def rank_env(
     if spec.backend == "nccl":
         # Slots name GPUs: every rank of a node sees the node's GPUs, LOCAL_RANK picks one (as torchrun).
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in host.slots)
+    env.update(rank_vars(rank, spec.command, SCRATCH_MARK))
     return env
 
 

@@ -12,6 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
+from distlaunch.agent.rankenv import SCRATCH_MARK, flight_recorder_vars
 from distlaunch.contract.endpoint import choose_port
 from distlaunch.contract.env import launcher_defaults, parse_env
 from distlaunch.contract.hostname import host_key
@@ -245,10 +246,12 @@ def make_spec(
     hosts: list[HostSlots] | None = None,
     addresses: dict[str, str] | None = None,
     workdir: str | None = None,
+    flight_recorder: bool = False,
 ) -> LaunchSpec:
     """Resolve options into a LaunchSpec; ``hosts`` as ``resolve_hosts`` gave them (read here when None),
     ``addresses`` maps remote host aliases to what other hosts can reach. Which hosts are this machine is
-    decided here, once, and kept in the spec and the plan."""
+    decided here, once, and kept in the spec and the plan. ``flight_recorder``: the job has a hang watch, whose
+    ranks get NCCL's flight recorder (``ExecOptions.flight_recorder``)."""
     hosts = hosts if hosts is not None else resolve_hosts(opts)
     # absolute: a remote host would take a relative --workdir from its login folder, not from ours
     workdir = os.path.abspath(os.path.expanduser(workdir)) if workdir else os.getcwd()
@@ -262,6 +265,8 @@ def make_spec(
         backend = "nccl" if local_gpu_count() else "gloo"
     env = job_env(opts, all_local)
     env.update(launcher_defaults(backend, max(h.nslots for h in hosts), {**os.environ, **env}))
+    if flight_recorder:  # as every agent sets it, unless the user's environment does (a rank here inherits this one)
+        env.update(flight_recorder_vars(SCRATCH_MARK, {**os.environ, **env}))
     return LaunchSpec(
         hosts=hosts,
         command=build_command(opts, workdir),

@@ -45,21 +45,21 @@ def host_addresses(opts: LaunchOptions, hosts: list[HostSlots]) -> dict[str, str
     return {alias: target.hostname for alias, target in resolve_targets(remote, opts.ssh_config).items()}
 
 
-def spec_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchSpec:
+def spec_for(opts: LaunchOptions, workdir: str | None = None, flight_recorder: bool = False) -> LaunchSpec:
     """Resolve the options (the hostfile read once, ssh_config only when a host is remote). With
     ``--nnodes MIN:MAX`` the job starts on the first MAX hosts; the rest are its spares."""
     hosts = resolve_hosts(opts)
     addresses = host_addresses(opts, hosts)
     if opts.nodes is None:
-        return make_spec(opts, hosts, addresses, workdir)
+        return make_spec(opts, hosts, addresses, workdir, flight_recorder)
     active, spares = split_spares(hosts, opts.nodes, opts.hostfile)
-    spec = make_spec(opts, active, addresses, workdir)
+    spec = make_spec(opts, active, addresses, workdir, flight_recorder)
     return spec.model_copy(update={"spares": Spares(min_nodes=opts.nodes.min_nodes, hosts=spares)})
 
 
-def plan_for(opts: LaunchOptions, workdir: str | None = None) -> LaunchPlan:
+def plan_for(opts: LaunchOptions, workdir: str | None = None, flight_recorder: bool = False) -> LaunchPlan:
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
-    plan = build_plan(spec_for(opts, workdir))
+    plan = build_plan(spec_for(opts, workdir, flight_recorder))
     check_local_script(plan, opts)  # a dry-run checks what a run checks
     if starts_rank0_here(plan):
         check_master_port(opts, plan.master_port)
@@ -249,7 +249,8 @@ def _heal(ctx: LaunchContext) -> RunReport:
     workdir = plan.nodes[0].workdir
 
     def replan(hosts: list[HostSlots], layout: LayoutSpec) -> LaunchPlan:
-        spec = make_spec(opts.model_copy(update={"parallel": str(layout)}), hosts, addresses, workdir)
+        layout_opts = opts.model_copy(update={"parallel": str(layout)})
+        spec = make_spec(layout_opts, hosts, addresses, workdir, ctx.exec_opts.flight_recorder)
         return build_plan(spec.model_copy(update={"job_id": plan.job_id, "spares": plan.spares}))
 
     def connect(attempt_plan: LaunchPlan):

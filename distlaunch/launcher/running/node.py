@@ -28,7 +28,8 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
     """Meet the other nodes, run this node's ranks, and stop them when a rank fails on any node."""
     check_node_options(opts, node, exec_opts.max_restarts)
     if node.nnodes == 1 and node.rdzv_endpoint is None:  # a job of one node: nobody to meet
-        return launch(node_plan(opts, 1, 0, workdir=exec_opts.workdir), opts, exec_opts, sink)
+        alone = node_plan(opts, 1, 0, workdir=exec_opts.workdir, flight_recorder=exec_opts.flight_recorder)
+        return launch(alone, opts, exec_opts, sink)
     host, port = store_endpoint(opts, node)
     # this node's part as the job will have it (the master is not known yet: no name is looked up for it)
     draft = node_plan(
@@ -59,7 +60,7 @@ def launch_node(opts: LaunchOptions, node: NodeOptions, exec_opts: ExecOptions, 
             tell_others(store, node_rank, exc)
             raise
         opts = opts.model_copy(update={"master_addr": addr, "master_port": str(mport)})
-        plan = node_plan(opts, node.nnodes, node_rank, job_id, exec_opts.workdir)
+        plan = node_plan(opts, node.nnodes, node_rank, job_id, exec_opts.workdir, exec_opts.flight_recorder)
         watcher = FailureWatcher(store, silent_after)
         watcher.start()
         try:
