@@ -160,7 +160,7 @@ def jobs_dir() -> Path:
 
 def job_folder(job_id: str) -> Path:
     """The folder of one job in the store: its record and what it keeps beside it. The one place its path is built."""
-    return job_folder(job_id)
+    return jobs_dir() / job_id
 
 
 def write_record(record: JobRecord) -> Path:
