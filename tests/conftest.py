@@ -9,8 +9,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # makes ``fixtures`` importable however pytest is invoked
 
+# --cpu-account: what each test costs in CPU (tests/fixtures/cpu_account.py).
 # The real OpenSSH test cluster (127.0.0.11 …) for multi-host tests: ``sshd_cluster`` (session scope).
 from fixtures.sshd import sshd_cluster  # noqa: F401
+
+from tests.fixtures import cpu_account
+from tests.fixtures.cpu_account import pytest_addoption  # noqa: F401
 
 # Job records of the jobs this suite starts go to a folder of its own, never the user's state directory
 # (and two suites running at once never see each other's jobs). Set before any test starts a process.
@@ -30,6 +34,7 @@ def pytest_configure(config):
     """
     for folder in (ROOT / "distlaunch", ROOT / "tests"):
         compileall.compile_dir(folder, quiet=2)
+    cpu_account.configure(config)
 
 
 # The longest files (real training, multi-node and Slurm faults: up to two minutes each) are scheduled first, so
