@@ -2,7 +2,7 @@
 of a checkpoint trained on other data.
 
 The ranks use it when they load data and resume (``engine/data.py``, ``engine/checkpoint/store.py``);
-``distlaunch train`` uses the same checks before any rank starts (``training/checkpoint/resume.py``,
+``distlaunch train`` uses the same checks before any rank starts (``training/resume.py``,
 ``launcher/planning/train.py``), so a job that cannot run on its data is one line and exit 2 there, not an
 error on every rank after they have started.
 """

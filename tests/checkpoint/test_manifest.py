@@ -21,9 +21,9 @@ from distlaunch.training.checkpoint.folder import (
     remove_leftovers,
     resolve_checkpoint,
 )
-from distlaunch.training.checkpoint.resume import resume_source
 from distlaunch.training.config import FaultSection
 from distlaunch.training.faults import restart_count
+from distlaunch.training.resume import resume_source
 
 
 def save(root, step: int, tag: str = "job-r0"):

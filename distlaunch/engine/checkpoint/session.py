@@ -25,8 +25,8 @@ from distlaunch.engine.watchdog import Watchdog
 from distlaunch.errors import DistlaunchError
 from distlaunch.training.checkpoint.integrity import DamagedCheckpoint, verify_share
 from distlaunch.training.checkpoint.manifest import CheckpointMeta
-from distlaunch.training.checkpoint.resume import nothing_left, resume_candidates, resume_source, steps_left
 from distlaunch.training.faults import restart_count
+from distlaunch.training.resume import nothing_left, resume_candidates, resume_source, steps_left
 
 
 class Checkpointing:

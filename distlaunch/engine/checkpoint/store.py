@@ -36,8 +36,8 @@ from distlaunch.errors import DistlaunchError, ExitCode, UsageError
 from distlaunch.training.checkpoint.folder import directory_bytes, prune, publish, remove_leftovers, step_dir_name
 from distlaunch.training.checkpoint.integrity import checkpoint_files, digest, share
 from distlaunch.training.checkpoint.manifest import CheckpointMeta, ComponentSize, Layout, read_meta, write_meta
-from distlaunch.training.checkpoint.resume import preset_refusal
 from distlaunch.training.places import create_checkpoint_dir
+from distlaunch.training.resume import preset_refusal
 
 EXTRA, RNG = "extra.", "rng.rank"
 

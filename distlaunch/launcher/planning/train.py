@@ -21,7 +21,6 @@ from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.planning.spec import local_gpu_count, size_in_bytes
 from distlaunch.readable import plural
 from distlaunch.training.argv import ENGINE_MODULE, engine_args, engine_job
-from distlaunch.training.checkpoint.resume import check_before_launch
 from distlaunch.training.config import (
     TrainingConfig,
     check_file_layout,
@@ -34,6 +33,7 @@ from distlaunch.training.faults import check_fault, restart_count
 from distlaunch.training.places import METRICS_FILE, check_place, metrics_path
 from distlaunch.training.planner import MemoryPlan, plan_memory
 from distlaunch.training.presets import model_config
+from distlaunch.training.resume import check_before_launch
 from distlaunch.training.tracking import check_event_folder, check_packages
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parents[2] / "templates" / "train-tiny-cpu.toml"
