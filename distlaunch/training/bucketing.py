@@ -1,6 +1,6 @@
 """Which parameters share a gradient bucket (ZeRO-0/1/2).
 
-Torch-free, so the launcher's memory planner (``engine/planner``) cuts exactly the buckets the
+Torch-free, so the launcher's memory planner (``training/planner``) cuts exactly the buckets the
 engine's reducer (``parallel/buckets.py``) will.
 """
 

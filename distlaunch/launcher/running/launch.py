@@ -72,7 +72,7 @@ def all_local(plan: LaunchPlan) -> bool:
 
 def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
     """Where ranks run here, their working directory, Python and program must be usable here (remote hosts
-    have their own filesystem: their agents check them before any rank starts, see job.py's gate)."""
+    have their own filesystem: their agents check them before any rank starts, see supervising/gate.py)."""
     local = next((node for node in plan.nodes if node.local), None)
     if local is not None:
         check_local_program(opts, local.workdir)
