@@ -120,8 +120,10 @@ class ModelSection(_Section):
 
 class TrainSection(_Section):
     """Every default here is what ``distlaunch train`` and ``python -m distlaunch.engine`` train with when no config
-    says otherwise (the embedded template adds only its layout and micro-batches): tuned for the tiny preset on the bundled corpus,
-    whose loss falls from ~5.6 to ~1.9 in these 200 steps."""
+    says otherwise (the embedded template adds its layout, its micro-batches and how often it reports): tuned for
+    the tiny preset on the bundled corpus, whose loss falls from ~5.6 to ~1.9 in these 200 steps. How often a job
+    reports (``log_every``, ``eval_every``) changes no step it trains: every step is logged and nothing is held
+    out for evaluation unless asked, so a config that sets ``data.val_fraction = 0`` needs nothing else."""
 
     steps: Int = Field(200, ge=1)
     global_batch_size: Int = Field(16, ge=1)
@@ -158,10 +160,10 @@ class TrainSection(_Section):
     # backward as soon as it is complete (DDP's default 25); at most 64 GiB: a bucket larger than
     # all of a model's gradients is one bucket of them all, so more would change nothing
     bucket_mb: Float = Field(25.0, gt=0, le=65536)
-    log_every: Int = Field(10, ge=1)  # a piped rank 0 prints every N steps; metrics are read every N steps
+    log_every: Int = Field(1, ge=1)  # a piped rank 0 prints every N steps; metrics are read every N steps
     # seconds one step may take before the rank's watchdog ends it (exit 124); 0: no limit
     step_timeout: Float = Field(900.0, ge=0, le=MAX_TIMEOUT_S, description=TIMEOUT_HINT)
-    eval_every: Int = Field(50, ge=0)  # evaluate the held-out split every N steps and at the last; 0: never
+    eval_every: Int = Field(0, ge=0)  # evaluate the held-out split every N steps and at the last; 0: never
     eval_batches: Int = Field(4, ge=1)  # global batches per evaluation
     # where rank 0 also sends the metrics: TensorBoard event files, a W&B run; none by default
     report_to: Annotated[list[Tracker], BeforeValidator(_trackers)] = Field(default_factory=list)

@@ -71,20 +71,23 @@ def test_embedded_default_exercises_more_than_data_parallelism():
 def test_a_bare_train_trains_what_the_engine_trains_with_no_config():
     """One owner of the training defaults (training/config.py): every rank of ``distlaunch train`` loads the
     engine's own defaults, as ``python -m distlaunch.engine`` with no config does under the same launcher, but
-    for what the demo job adds: its layout (DISTLAUNCH_PARALLEL, which the engine reads too) and its micro-batch
-    size (4 pipeline micro-batches; the same gradients as 2 bigger ones)."""
+    for what the demo job adds: its layout (DISTLAUNCH_PARALLEL, which the engine reads too), its micro-batch
+    size (4 pipeline micro-batches; the same gradients as 2 bigger ones) and how often it reports (which changes
+    no step it trains)."""
     plan = json.loads(invoke(["train", "--dry-run", "--json"]).stdout)
     rank = plan["nodes"][0]["ranks"][0]
     argv = rank["argv"][rank["argv"].index("distlaunch.engine") + 1 :]
     sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
     layout = rank["env"]["DISTLAUNCH_PARALLEL"]
     trained = load_config(argv[0], sets, layout)
-    assert trained == load_config(None, ["train.micro_batch_size=2"], layout)
+    demo = ["train.micro_batch_size=2", "train.log_every=10", "train.eval_every=50"]
+    assert trained == load_config(None, demo, layout)
     assert (trained.train.lr, trained.train.warmup_steps, trained.train.weight_decay) == (3e-3, 20, 0.1)
     assert (trained.train.steps, trained.train.log_every, trained.train.eval_every) == (200, 10, 50)
     # the template states no default of its own: only the demo's additions, beside its [parallel] table
     written = {f"{table}.{key}" for table, keys in read_config_file(EMBEDDED_CONFIG).items() for key in keys}
-    assert {key for key in written if not key.startswith("parallel.")} == {"model.preset", "train.micro_batch_size"}
+    added = {"model.preset", *(assignment.partition("=")[0] for assignment in demo)}
+    assert {key for key in written if not key.startswith("parallel.")} == added
 
 
 @pytest.mark.parametrize(
