@@ -96,10 +96,9 @@ def validation_problem(err) -> str:
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM (or SIGHUP) while a command unwinds on a signal (``launcher.signals.interrupts_unwind``:
-    a launch before its job's own trap is set, a data prepare): it cleans up on the way, and the command
-    exits 128 + the signal with one line. Not a KeyboardInterrupt, which the CLI framework would turn into
-    a silent exit 130 whatever the signal."""
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread to unwind a command (``distlaunch/interrupts.py``):
+    it cleans up on the way, and the command exits 128 + the signal with one line. Not a KeyboardInterrupt,
+    which the CLI framework would turn into a silent exit 130 whatever the signal."""
 
     def __init__(self, signum: int):
         super().__init__(signum)

@@ -1,71 +1,162 @@
-"""A Ctrl-C while the CLI loads its libraries, and one that some code swallowed.
+"""The signals that end a command, and the one rule every command follows for them: a signal is recorded first,
+then acted on at the next safe point, even when the exception it raised was swallowed on the way.
 
-typer, rich and pydantic take a few tenths of a second to load, the first time a command runs included. A
-KeyboardInterrupt raised inside an import is caught by whatever code that import happens to run: pydantic's
-schema builder turns it into a SchemaError, a class body's ``__set_name__`` into a RuntimeError, and distlaunch
-would call a Ctrl-C an internal error. So a Ctrl-C meanwhile is held until the import is done, then raised.
+SIGINT, SIGTERM and SIGHUP (a closed terminal; unless it was ignored when the command started, as under
+``nohup``) are caught from the command's first moment (``install``, the first thing ``distlaunch`` and a detached
+job's supervisor do). What a signal does then:
 
-A KeyboardInterrupt raised where Python cannot pass it on (a finaliser, a callback run by the interpreter)
-is printed as "ignored" and the command goes on as if nothing happened: once seen, the job then ran to its
-end. So every Ctrl-C the command turns into a KeyboardInterrupt is also remembered (``listen``), and a job
-that starts after one (``launcher.signals.SignalTrap``) stops at once, as if it had come then.
+- While the command loads its modules, or sets up what it must undo (``held``), it is only recorded: an
+  exception raised inside an import lands in whatever code that import runs (pydantic's schema builder turns
+  it into a SchemaError, importlib's module-lock callback drops it). It is raised when the held part ends.
+- Otherwise the first signal raises ``Interrupted`` in the main thread, which unwinds the command: what it
+  made is removed on the way, and the command exits 128 + the signal with one line (``cli/app.py``). A second
+  signal meanwhile is recorded only: it never interrupts the clean-up of the first. A running job's own trap
+  (``launcher/running/signals.py``) takes the signals while the job runs and gives a second one its meaning.
+- An ``Interrupted`` raised where Python cannot pass it on (a finaliser, a weakref or import-lock callback) is
+  dropped there with an "Exception ignored" report: ``sys.unraisablehook`` notices it instead, says nothing,
+  and the next safe point (``check``: the end of a held part, the long loops of a command, a job's start)
+  raises it again.
+- A command ends through ``exit_code``: one that recorded a signal and never handed it to anything that answers
+  for it (the top of the command, a job's trap) exits 128 + that signal whatever became of the exception.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
-_remembered: list[int] = []  # the SIGINTs this command raised as KeyboardInterrupt
+from distlaunch.errors import Interrupted
 
-
-def remember(signum: int) -> None:
-    """Note a signal that is about to be raised as an exception in the main thread (see ``swallowed``)."""
-    _remembered.append(signum)
+CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _interrupt(signum, frame) -> None:
-    remember(signum)
-    raise KeyboardInterrupt
+class _Record:
+    """What this command has seen of the signals: all module state lives here."""
+
+    def __init__(self):
+        self.first: int | None = None  # the first signal: the one the command ends by
+        self.count = 0
+        self.raised = False  # Interrupted is on its way up for the first signal (not swallowed)
+        self.answered = False  # something that answers for the signal took it (the command's top, a job's trap)
+        self.holding = 0  # depth of held parts
+        self.ending = False  # the command is writing its last words: a signal now is recorded only
 
 
-def listen() -> None:
-    """From now on, a SIGINT raises KeyboardInterrupt as Python's own handler does, and is remembered.
-    Only where Python's handler is in place: a launch started in the background keeps SIGINT ignored."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is (
-        signal.default_int_handler
-    ):
-        signal.signal(signal.SIGINT, _interrupt)
+_record = _Record()
+_default_unraisablehook = sys.unraisablehook
 
 
-def swallowed() -> int | None:
-    """The signal of a Ctrl-C raised earlier in this command that never ended it (caught and dropped on the
-    way), or None."""
-    return _remembered[0] if _remembered else None
+def _on_signal(signum: int, frame) -> None:
+    record(signum)
+    if _record.holding or _record.raised or _record.answered or _record.ending:
+        return  # held, or ending; or the first signal is being acted on: a second never interrupts its clean-up
+    _record.raised = True
+    raise Interrupted(_record.first)
+
+
+def _unraisable(unraisable) -> None:
+    """An Interrupted dropped where Python could not pass it on: silently, to be raised again at the next check."""
+    if isinstance(unraisable.exc_value, Interrupted | KeyboardInterrupt) and _record.first is not None:
+        _record.raised = False
+        return
+    _default_unraisablehook(unraisable)
+
+
+def install() -> None:
+    """Catch SIGINT, SIGTERM and SIGHUP for the rest of the command (the main thread's job, once, first thing)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in CAUGHT:
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # nohup: the command must outlive the terminal that started it
+        signal.signal(sig, _on_signal)
+    sys.unraisablehook = _unraisable
+
+
+def record(signum: int) -> None:
+    """Note a signal that reached this command (a job's trap notes the ones it takes too)."""
+    if _record.first is None:
+        _record.first = signum
+    _record.count += 1
+
+
+def signal_name(signum: int) -> str:
+    """``SIGINT``, ``SIGTERM``, ``SIGHUP``."""
+    return signal.Signals(signum).name
+
+
+def first() -> int | None:
+    """The first signal this command received, or None."""
+    return _record.first
+
+
+def pending() -> int | None:
+    """The first signal, when nothing has acted on it yet: not on its way up, not answered."""
+    return None if _record.first is None or _record.raised or _record.answered else _record.first
+
+
+def unanswered() -> int | None:
+    """The first signal, when nothing that answers for it has taken it (it was swallowed, or is on its way up)."""
+    return None if _record.answered else _record.first
+
+
+def answer() -> int | None:
+    """Take the first signal over (a job's trap, the command's top): from now on, it decides what it means."""
+    _record.answered = _record.first is not None
+    return _record.first
+
+
+def check() -> None:
+    """A safe point: raise Interrupted now for a signal that came and was not acted on (held, or swallowed)."""
+    signum = pending()
+    if signum is not None and not _record.holding and threading.current_thread() is threading.main_thread():
+        _record.raised = True
+        raise Interrupted(signum)
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
-    """Hold SIGINT inside; a SIGINT that arrived meanwhile is raised as KeyboardInterrupt on the way out."""
-    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
-        yield
-        return
-    arrived: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+def held(then_check: bool = True) -> Iterator[None]:
+    """Signals inside are recorded, and raised once the held part is over (``check``); with ``then_check`` False
+    they are left to the command's end (``exit_code``): the part was the command's last step, done whole."""
+    _record.holding += 1
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if arrived:
-        _remembered.extend(arrived)
-        raise KeyboardInterrupt
+        _record.holding -= 1
+    if then_check:
+        check()
 
 
-def forget_handled() -> None:
-    """CPython 3.11 notes a KeyboardInterrupt raised inside any ``exec``/``eval`` of a string (dataclasses and
-    named tuples build their methods so) as unhandled, even when it was caught, and then ends ``python -m``
-    with SIGINT itself instead of the exit code asked for. Each such call clears the note first: one more,
-    harmless, makes distlaunch's own exit code (130 after a Ctrl-C) the one the shell sees."""
-    eval("None")
+def exit_code(code: int) -> int:
+    """The command's exit code, once it is over (signals are recorded only from now on): 128 + its first signal
+    when one came that nothing answered for, else ``code``."""
+    _record.ending = True
+    if _record.first is not None and not _record.answered:
+        return 128 + _record.first
+    return code
+
+
+def leave(code: int, say: Callable[[int], None]) -> NoReturn:
+    """End the process with ``code``, as the command decided it, or with 128 + a signal that came while it was
+    deciding. The signals are blocked first: one that arrives now stays pending in the kernel, is counted here
+    (``say`` tells it in a line), and none can catch the interpreter in its own shutdown, where Python's handlers
+    are gone and the default action would kill the process with nothing said. Then the output is flushed and the
+    process ends at once: every thread distlaunch starts is a daemon, and it leaves nothing to finalise."""
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
+        for sig in sorted(signal.sigpending() & set(CAUGHT)):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                record(sig)
+    final = exit_code(code)
+    if final != code:
+        answer()
+        say(final - 128)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone (a closed pipe), a stream closed
+            stream.flush()
+    os._exit(final)

@@ -12,19 +12,38 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from rich.console import Console
+from distlaunch import interrupts
+from distlaunch.errors import DistlaunchError, Interrupted
 
-from distlaunch.cli import notices
-from distlaunch.cli.output import RankPrinter
-from distlaunch.cli.render import render_report
-from distlaunch.errors import DistlaunchError
-from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE
-from distlaunch.launcher.running.detach import DetachedLaunch
-from distlaunch.launcher.running.launch import launch
+
+def main(folder: Path) -> int:
+    """The supervisor's life: signals caught from its first moment (``distlaunch/interrupts.py``), the job run,
+    its exit code (128 + a signal that ended it before the job's own trap took the signals)."""
+    interrupts.install()
+    try:
+        code = supervise(folder)
+    except Interrupted as stop:  # before the job's trap, or after the job: the record says how the job ended
+        code = _interrupted(stop.signum)
+    return code
+
+
+def _interrupted(signum: int) -> int:
+    interrupts.answer()
+    print(f"distlaunch: the supervisor was interrupted by {interrupts.signal_name(signum)}", flush=True)
+    return 128 + signum
 
 
 def supervise(folder: Path) -> int:
     """In the supervisor: run the job described in ``folder`` and return its exit code."""
+    with interrupts.held():  # the CLI's libraries load whole
+        from rich.console import Console
+
+        from distlaunch.cli import notices
+        from distlaunch.cli.output import RankPrinter
+        from distlaunch.cli.render import render_report
+        from distlaunch.jobs.store import ERRORS_FILE, LAUNCH_FILE
+        from distlaunch.launcher.running.detach import DetachedLaunch
+        from distlaunch.launcher.running.launch import launch
     notices.install()  # the library's notices go where a terminal's would: output.log (its stderr is that file)
     spec = DetachedLaunch.model_validate_json((folder / LAUNCH_FILE).read_bytes())
     # output.log reads like the terminal would have (stdout is that file); errors.log keeps the stderr lines
@@ -69,4 +88,4 @@ class _Tee:
 
 
 if __name__ == "__main__":
-    sys.exit(supervise(Path(sys.argv[1])))
+    interrupts.leave(main(Path(sys.argv[1])), _interrupted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import stat
 import sys
 import tempfile
@@ -12,7 +13,7 @@ import traceback
 
 import typer
 
-from distlaunch import __version__
+from distlaunch import __version__, interrupts
 from distlaunch.cli import notices
 from distlaunch.cli.commands import LazyCommands
 from distlaunch.cli.helpfmt import plain_help
@@ -121,17 +122,33 @@ def _closed_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return the exit code; user errors are one line, never a traceback."""
-    code = _run(argv)
-    try:
-        sys.stdout.flush()  # a reader that left early is found here, not in the interpreter's last flush
-    except BrokenPipeError:
-        return _closed_pipe()
-    return code
-
-
-def _run(argv: list[str] | None) -> int:
+    """Run the CLI and return the exit code; user errors are one line, never a traceback. A signal at any
+    moment ends it with 128 + the signal and one line (``distlaunch/interrupts.py``)."""
     args = sys.argv[1:] if argv is None else argv
+    try:
+        code = _run(args, argv)
+        try:
+            sys.stdout.flush()  # a reader that left early is found here, not in the interpreter's last flush
+        except BrokenPipeError:
+            code = _closed_pipe()
+    except Interrupted as stop:  # after the command's own work: its output is out
+        code = _interrupted(stop.signum, args)
+    final = interrupts.exit_code(code)
+    if final != code:  # a signal came that nothing answered for: it was swallowed on the way, or came last
+        _interrupted(final - 128, args)
+    return final
+
+
+def _interrupted(signum: int, args: list[str]) -> int:
+    """The one line of a command that a signal stopped; its exit code."""
+    interrupts.answer()
+    words = [a for a in args[:2] if not a.startswith("-")][: 2 if args[:1] == ["data"] else 1]
+    what = f"distlaunch {' '.join(words)}".strip()
+    sys.stderr.write(f"{what}: interrupted by {signal.Signals(signum).name}\n")
+    return 128 + signum
+
+
+def _run(args: list[str], argv: list[str] | None) -> int:
     try:
         check_peer_spellings(args)
         result = app(args=argv, prog_name="distlaunch", standalone_mode=False)
@@ -162,9 +179,11 @@ def _run(argv: list[str] | None) -> int:
         return ExitCode.SIGINT
     except KeyboardInterrupt:
         return ExitCode.SIGINT
-    except Interrupted as exc:  # a launch stopped before its job's own trap was set (the SSH preflight)
-        sys.stderr.write(f"distlaunch: interrupted by {exc.name}\n")
-        return exc.exit_code
+    except Interrupted as exc:  # a signal that unwound the command: what it made was removed on the way
+        return _interrupted(exc.signum, args)
     except Exception as exc:
+        signum = interrupts.unanswered()
+        if signum is not None:  # a signal's exception, turned into another by the code it landed in
+            return _interrupted(signum, args)
         return _internal_error(exc)
     return result if isinstance(result, int) else 0

@@ -9,12 +9,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from distlaunch import interrupts
 from distlaunch.cli.options import user_path
 from distlaunch.cli.render import print_json
 from distlaunch.data.prepare import DEFAULT_SHARD_TOKENS, PrepareReport, PrepareSpec, prepare
 from distlaunch.data.verify import verify_dataset
 from distlaunch.errors import DistlaunchError, Interrupted
-from distlaunch.launcher.running.signals import interrupts_unwind
 from distlaunch.readable import plural
 
 data_app = typer.Typer(
@@ -77,15 +77,15 @@ def prepare_command(
     spec = PrepareSpec(inputs=inputs, out=out, tokenizer=tokenizer, field=field, shard_tokens=shard_tokens)
     status = Console(stderr=True)
     # Ctrl-C, SIGTERM or a closed terminal unwind the prepare, which removes its unfinished folder
-    with interrupts_unwind(hangup=True):
-        try:
-            if status.is_terminal:  # a live line on the terminal only: logs and pipes get just the result
-                with status.status("preparing") as line:
-                    report = prepare(spec, progress=line.update)
-            else:
-                report = prepare(spec)
-        except Interrupted as stop:
-            raise DistlaunchError(f"interrupted by {stop.name}; {out} unchanged", exit_code=stop.exit_code) from None
+    try:
+        if status.is_terminal:  # a live line on the terminal only: logs and pipes get just the result
+            with status.status("preparing") as line:
+                report = prepare(spec, progress=line.update)
+        else:
+            report = prepare(spec)
+    except Interrupted as stop:
+        interrupts.answer()
+        raise DistlaunchError(f"interrupted by {stop.name}; {out} unchanged", exit_code=stop.exit_code) from None
     print_json(report) if json_output else render_prepare(report, Console())
     return 0
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 
+from distlaunch import interrupts
 from distlaunch.backends.base import LaunchRequest
 from distlaunch.backends.registry import select
 from distlaunch.cli import groups as g
@@ -44,6 +45,7 @@ def start(
     plan (train: the memory estimate) and ``describe`` shows what it added."""
     backend = select(request, detach)
     plan = refine(backend.plan(request))
+    interrupts.check()  # a signal the planning swallowed (ssh_config, a hostfile's names) ends it here
     if dry_run:
         if json_output:
             print_json(plan.masked())

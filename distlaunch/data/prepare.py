@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel
 
+from distlaunch import interrupts
 from distlaunch.data.index import (
     REPREPARE,
     DatasetIndex,
@@ -167,6 +168,7 @@ def _write_dataset(folder: Path, tokenizer: Tokenizer, spec: PrepareSpec, progre
         for piece, ids in zip(batch, _encode(tokenizer, batch), strict=True):
             writer.add(ids + eos if piece.ends else ids, starts=piece.starts)
             count += piece.ends
+        interrupts.check()  # a signal the tokenizer's native code swallowed stops the prepare here
         tokens = sum(s.tokens for s in writer.shards) + len(writer.tokens)
         progress(f"encoding: {plural(count, 'document', grouped=True)}, {plural(tokens, 'token', grouped=True)}")
     writer.flush()
@@ -205,10 +207,12 @@ def prepare(spec: PrepareSpec, progress: Progress = lambda message: None) -> Pre
                 progress(f"training {spec.tokenizer} on the inputs")
                 # in pieces too: cut at spaces, the BPE's pre-tokenizer sees the very same words
                 tokenizer = train_bpe(vocab, (p.text for p in _pieces(documents(spec.inputs, spec.field), True)))
+                interrupts.check()
             index = _write_dataset(folder, tokenizer, spec, progress)
-            publish(folder, out)
-    except KeyboardInterrupt:
-        raise DistlaunchError(f"interrupted; {spec.out} unchanged", exit_code=ExitCode.SIGINT) from None
+            with interrupts.held(then_check=False):  # the dataset is out whole: a signal now is told at the end
+                publish(folder, out)
+    except KeyboardInterrupt:  # a Ctrl-C where distlaunch's handler is not installed (prepare called as a library)
+        raise DistlaunchError(f"interrupted by SIGINT; {spec.out} unchanged", exit_code=ExitCode.SIGINT) from None
     return PrepareReport(out=str(spec.out), index=index, padded_vocab_size=padded_vocab_size(index.vocab_size))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from importlib.metadata import PackageNotFoundError, version
 
+from distlaunch import interrupts
 from distlaunch.contract.endpoint import auto_port_text
 from distlaunch.contract.env import parse_env
 from distlaunch.contract.options import LaunchOptions
@@ -220,6 +221,7 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
     gathering = Gathering(results, opts, address, port)
     gathering.listener.chosen_at_launch = note
     results, listener = gathering.run()
+    interrupts.check()  # a signal the gathering's threads or SSH clients swallowed ends the doctor here
     checks = head + classify(results, listener, opts, backend)
     if not opts.bench:
         return DoctorReport.of(checks)

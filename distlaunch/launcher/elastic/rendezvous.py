@@ -24,6 +24,7 @@ import socket
 import time
 from collections.abc import Iterator
 
+from distlaunch import interrupts
 from distlaunch.contract.hostname import host_port
 from distlaunch.errors import HostError, UsageError
 from distlaunch.launcher.elastic.store_client import StoreClient, StoreSilent
@@ -225,6 +226,7 @@ class NodeStore:
                     f"{arrived} of {self.nnodes} nodes arrived",
                     "start distlaunch run --nnodes on every node, or raise --rdzv-timeout",
                 )
+            interrupts.check()  # a Ctrl-C its store calls swallowed ends the wait here
             time.sleep(0.1)
 
     def publish_job(self, job_id: str, master_addr: str, master_port: int) -> None:

@@ -6,6 +6,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from distlaunch import interrupts
 from distlaunch.contract.layout import LayoutSpec
 from distlaunch.contract.options import ExecOptions, LaunchOptions
 from distlaunch.contract.report import RunReport
@@ -25,7 +26,6 @@ from distlaunch.launcher.planning.spec import (
 from distlaunch.launcher.running.attempt import CannotStart
 from distlaunch.launcher.running.execute import Progress, execute
 from distlaunch.launcher.running.portlock import hold_port
-from distlaunch.launcher.running.signals import interrupts_unwind
 from distlaunch.launcher.running.transport import LocalAgent
 from distlaunch.launcher.supervising.recovery import Connect, Recovery
 from distlaunch.launcher.supervising.requests import JobRequests, StopRequest, signal_number
@@ -181,26 +181,37 @@ def _recorded(ctx: LaunchContext, command: list[str]) -> RunReport:
     with JobRequests(
         save_signal=signal_number(x.save_signal), forward=tuple(signal_number(n) for n in x.forward_signals)
     ) as requests:
-        journal = Journal.begin(plan, backend, command, log_dir, ctx.sink.notice)
-        requests.folder = None if journal.broken else job_folder(plan.job_id)
-        ctx.requests, ctx.progress = requests, journal.progress
+        journal = None
         try:
-            with interrupts_unwind():  # a signal during the SSH preflight: recorded, not a lost job
-                report = _launch(ctx)
-        except DistlaunchError as exc:
-            journal.end(exit_code=exc.exit_code, error=str(exc))
-            raise
-        except Interrupted as exc:
-            journal.end(exit_code=exc.exit_code, error=f"interrupted by {exc.name}")
-            raise
-        except KeyboardInterrupt:
-            journal.end(exit_code=ExitCode.SIGINT, error="interrupted")
-            raise
+            with interrupts.held():  # the record is begun whole; a signal meanwhile is raised once it is
+                journal = Journal.begin(plan, backend, command, log_dir, ctx.sink.notice)
+                requests.folder = None if journal.broken else job_folder(plan.job_id)
+                ctx.requests, ctx.progress = requests, journal.progress
+            report = _launch(ctx)
+            with interrupts.held(then_check=False):  # the record says the report whole; a signal now ends the command
+                journal.end(report)
         except BaseException as exc:
-            journal.end(exit_code=ExitCode.CHECK_FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
+            # how the launch ended when it did not end with a report: a user error, a signal (the SSH preflight,
+            # before the job's own trap takes the signals), a bug; a second signal waits for the record
+            if journal is not None:
+                with interrupts.held(then_check=False):
+                    journal.end(exit_code=_end_code(exc), error=_end_error(exc))
             raise
-        journal.end(report)
     return report
+
+
+def _end_code(exc: BaseException) -> int:
+    if isinstance(exc, DistlaunchError | Interrupted):
+        return int(exc.exit_code)
+    return int(ExitCode.SIGINT if isinstance(exc, KeyboardInterrupt) else ExitCode.CHECK_FAILED)
+
+
+def _end_error(exc: BaseException) -> str:
+    if isinstance(exc, Interrupted):
+        return f"interrupted by {exc.name}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return str(exc) if isinstance(exc, DistlaunchError) else f"internal error: {type(exc).__name__}: {exc}"
 
 
 def _launch(ctx: LaunchContext) -> RunReport:

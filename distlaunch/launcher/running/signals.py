@@ -1,16 +1,15 @@
-"""SIGINT/SIGTERM/SIGHUP while distlaunch supervises a job: record them (and optionally react) instead of dying,
-so the job can be stopped in order; restores the previous handlers on exit."""
+"""SIGINT/SIGTERM/SIGHUP while distlaunch supervises a job: the job's trap takes them over from the command's
+(``distlaunch/interrupts.py``), records them (and optionally reacts) instead of unwinding, so the job is stopped
+in order; the previous handlers come back on exit."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from distlaunch import interrupts
-from distlaunch.errors import Interrupted
 
 
 def catch(sig: int, handler: Callable) -> object | None:
@@ -22,33 +21,6 @@ def catch(sig: int, handler: Callable) -> object | None:
     if signal.getsignal(sig) is signal.SIG_IGN:
         return None
     return signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def interrupts_unwind(hangup: bool = False) -> Iterator[None]:
-    """SIGINT and SIGTERM (and with ``hangup``, SIGHUP unless ignored: a closed terminal) raise
-    ``Interrupted`` in the main thread meanwhile, instead of a KeyboardInterrupt or the default action
-    (death, leaving the job record 'running' and then 'lost', or a half-built folder). A ``SignalTrap``
-    inside takes over while a job runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def unwind(signum, frame) -> None:
-        interrupts.remember(signum)  # should the exception be swallowed, the job's trap still stops it
-        raise Interrupted(signum)
-
-    # Always, as the job's own trap (SignalTrap) does: a launch started by a script in the background inherits
-    # SIGINT ignored, yet a SIGINT sent to it must stop it in order, before the job starts as after.
-    saved = {sig: signal.signal(sig, unwind) for sig in (signal.SIGINT, signal.SIGTERM)}
-    previous = catch(signal.SIGHUP, unwind) if hangup else None
-    if previous is not None:
-        saved[signal.SIGHUP] = previous
-    try:
-        yield
-    finally:
-        for sig, previous in saved.items():
-            signal.signal(sig, previous)
 
 
 class SignalTrap:
@@ -70,9 +42,9 @@ class SignalTrap:
             previous = catch(signal.SIGHUP, self._handle)
             if previous is not None:
                 self._saved[signal.SIGHUP] = previous
-        swallowed = interrupts.swallowed()
-        if swallowed is not None:  # a Ctrl-C before the job, which some code caught and dropped: stop now
-            self._handle(swallowed, None)
+        came = interrupts.unanswered()
+        if came is not None:  # a signal before the job, whose exception some code caught and dropped: stop now
+            self._take(came)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -80,6 +52,11 @@ class SignalTrap:
             signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
+        interrupts.record(signum)
+        self._take(signum)
+
+    def _take(self, signum: int) -> None:
+        interrupts.answer()  # the job decides what it means: its report's exit code is the command's
         if self.first is None:
             self.first, self.first_at = signum, time.time()
         self.count += 1
