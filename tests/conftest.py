@@ -42,6 +42,7 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "tests/slurm/test_slurm_requeue.py",  # the longest of all (Slurm's time limits), mostly waiting
     "tests/engine/",
+    "tests/signals/",  # every command stopped at 30 moments per signal: minutes of short runs
     "tests/train/",
     "tests/checkpoint/",
     "tests/launcher/test_pernode",
