@@ -20,6 +20,9 @@ from tests.fixtures.cpu_account import pytest_addoption  # noqa: F401
 # (and two suites running at once never see each other's jobs). Set before any test starts a process.
 _STATE_DIR = tempfile.mkdtemp(prefix="distlaunch-test-state-")
 os.environ["DISTLAUNCH_STATE_DIR"] = _STATE_DIR
+# Training runs draw no loss curve here (matplotlib's import is about a second of CPU a run): a test that checks
+# the curve asks for it (DISTLAUNCH_LOSS_CURVE=1).
+os.environ["DISTLAUNCH_LOSS_CURVE"] = "0"
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -21,7 +21,7 @@ from distlaunch.engine.metrics import MetricsWriter, flops_per_token, peak_flops
 from distlaunch.engine.model import num_params
 from distlaunch.engine.parallel.compile import compile_enabled
 from distlaunch.engine.parallel.mesh import DistEnv, build_mesh, init_process_group, pick_device
-from distlaunch.engine.progress import ProgressReport, write_loss_curve
+from distlaunch.engine.progress import ProgressReport, curve_wanted, write_loss_curve
 from distlaunch.engine.tracking import open_tracking
 from distlaunch.engine.trainer import Engine, StepResult, read_results
 from distlaunch.errors import DistlaunchError
@@ -206,7 +206,7 @@ def train(
     summary = summarize(engine, records, mfu_scale)
     summary["wall_s"] = time.perf_counter() - started
     if rank == 0 and writer.path is not None and records:  # no steps run: the last run's curve stays
-        curve = write_loss_curve(records, writer.path.with_name("loss_curve.png"))
+        curve = write_loss_curve(records, writer.path.with_name("loss_curve.png")) if curve_wanted() else None
         summary["loss_curve"] = str(curve) if curve else None
     progress.finish(summary)
     return summary

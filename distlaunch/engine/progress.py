@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -156,6 +157,15 @@ def init_peak_text(peaks: list[dict[str, Any]] | None) -> str:
     if not known:
         return "-"
     return f"{max(known) / 2**20:.0f} MiB (the most of {plural(len(known), 'rank')})"
+
+
+CURVE_VAR = "DISTLAUNCH_LOSS_CURVE"  # 0: no loss_curve.png, and no matplotlib import (about a second of CPU)
+
+
+def curve_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether rank 0 draws the loss curve: unless DISTLAUNCH_LOSS_CURVE is 0 (a test suite, a job whose curve
+    nobody looks at)."""
+    return (os.environ if environ is None else environ).get(CURVE_VAR, "1").strip() != "0"
 
 
 def write_loss_curve(records: list[dict[str, Any]], path: Path) -> Path | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -76,7 +77,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def test_the_loss_curve_is_a_png_beside_the_metrics_with_matplotlib_and_absent_without(tmp_path):
     with_plot, without = tmp_path / "with" / "m.jsonl", tmp_path / "without" / "m.jsonl"
-    (result,) = spawn(ENGINE + SMALL_RUN + ["--metrics-file", str(with_plot)], world_size=0, timeout=120)
+    # the suite draws no curve (tests/conftest.py): this test asks for one, as every run does by default
+    asked = {"DISTLAUNCH_LOSS_CURVE": "1"}
+    (result,) = spawn(
+        ENGINE + SMALL_RUN + ["--metrics-file", str(with_plot)], world_size=0, timeout=120, extra_env=asked
+    )
     assert result.returncode == 0, result.stderr
     curve = with_plot.with_name("loss_curve.png")
     assert curve.read_bytes().startswith(PNG_SIGNATURE) and sorted(p.name for p in curve.parent.iterdir()) == [
@@ -88,10 +93,22 @@ def test_the_loss_curve_is_a_png_beside_the_metrics_with_matplotlib_and_absent_w
     # a Python without matplotlib (the optional 'plot' extra): no curve, the run is no worse for it
     code = "import runpy, sys; sys.modules['matplotlib'] = None; runpy.run_module('distlaunch.engine', run_name='__main__')"
     args = [*SMALL_RUN, "--metrics-file", str(without)]
-    (bare,) = spawn([sys.executable, "-c", code, *args], world_size=0, timeout=120)
+    (bare,) = spawn([sys.executable, "-c", code, *args], world_size=0, timeout=120, extra_env=asked)
     assert bare.returncode == 0, bare.stderr
     assert json.loads(without.read_text().splitlines()[-1])["loss_curve"] is None
     assert not without.with_name("loss_curve.png").exists()
+
+
+def test_with_the_curve_turned_off_matplotlib_is_never_imported(tmp_path):
+    """DISTLAUNCH_LOSS_CURVE=0: no loss_curve.png, and none of matplotlib's second of imports."""
+    metrics = tmp_path / "m.jsonl"
+    argv = [sys.executable, "-X", "importtime", "-m", "distlaunch.engine", *SMALL_RUN, "--metrics-file", str(metrics)]
+    (result,) = spawn(argv, world_size=0, timeout=120, extra_env={"DISTLAUNCH_LOSS_CURVE": "0"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| torch\n" in result.stderr  # the import times are there: the engine ran under -X importtime
+    assert not re.search(r"\|\s+matplotlib$", result.stderr, re.M)  # the package itself (sympy has a module so named)
+    assert json.loads(metrics.read_text().splitlines()[-1])["loss_curve"] is None
+    assert not metrics.with_name("loss_curve.png").exists()
 
 
 def test_a_rank_past_the_last_gpu_gets_one_clear_line():
