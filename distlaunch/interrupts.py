@@ -78,6 +78,12 @@ def install() -> None:
     sys.unraisablehook = _unraisable
 
 
+def forget() -> None:
+    """Start again as a command that has seen no signal: for a process that runs many commands (a test suite)."""
+    global _record
+    _record = _Record()
+
+
 def record(signum: int) -> None:
     """Note a signal that reached this command (a job's trap notes the ones it takes too)."""
     if _record.first is None:
@@ -145,18 +151,26 @@ def leave(code: int, say: Callable[[int], None]) -> NoReturn:
     """End the process with ``code``, as the command decided it, or with 128 + a signal that came while it was
     deciding. The signals are blocked first: one that arrives now stays pending in the kernel, is counted here
     (``say`` tells it in a line), and none can catch the interpreter in its own shutdown, where Python's handlers
-    are gone and the default action would kill the process with nothing said. Then the output is flushed and the
-    process ends at once: every thread distlaunch starts is a daemon, and it leaves nothing to finalise."""
+    are gone and the default action would kill the process with nothing said. A thread that native code started
+    (a tokenizer's pool) can still take one: its handler runs here, between two lines, so the code is decided
+    after the output is flushed (a slow reader can hold a flush), as the very last step. Then the process ends at
+    once: every thread distlaunch starts is a daemon, and it leaves nothing to finalise."""
+    _record.ending = True
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
         for sig in sorted(signal.sigpending() & set(CAUGHT)):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 record(sig)
+    _flush()
     final = exit_code(code)
     if final != code:
         answer()
         say(final - 128)
+        _flush()
+    os._exit(final)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone (a closed pipe), a stream closed
             stream.flush()
-    os._exit(final)

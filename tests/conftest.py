@@ -3,6 +3,7 @@
 import compileall
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -11,8 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # makes ``fixtures`` importable 
 
 # --cpu-account: what each test costs in CPU (tests/fixtures/cpu_account.py).
 # The real OpenSSH test cluster (127.0.0.11 …) for multi-host tests: ``sshd_cluster`` (session scope).
+import pytest
 from fixtures.sshd import sshd_cluster  # noqa: F401
 
+from distlaunch import interrupts
 from tests.fixtures import cpu_account
 from tests.fixtures.cpu_account import pytest_addoption  # noqa: F401
 
@@ -55,14 +58,98 @@ LONGEST_FIRST = (
 )
 
 
+# ``pytest -m quick``: what a developer runs before every commit (under two minutes on 2 cores with -n 2). The unit
+# tests and the CLI's refusals, whole files; then one real job of each kind. CI runs everything.
+QUICK = (
+    # the plan, the layout, the contracts
+    "tests/backends/test_plan_protocol.py",
+    "tests/contract/test_entry_points.py",
+    "tests/contract/test_extras.py",
+    "tests/contract/test_interrupts.py",
+    "tests/contract/test_layout.py",
+    "tests/contract/test_settings_files.py",
+    "tests/contract/test_torch_free.py",
+    "tests/launcher/test_plan.py",
+    "tests/launcher/test_hostfile.py",
+    "tests/launcher/test_elastic.py",
+    "tests/launcher/test_store.py",
+    "tests/launcher/test_rendezvous_store.py",
+    "tests/launcher/test_stragglers.py",
+    "tests/launcher/test_debug_log.py",
+    # the CLI: its words, its refusals, its screens
+    "tests/launcher/test_cli.py",
+    "tests/launcher/test_cli_imports.py",
+    "tests/launcher/test_80_columns.py",
+    "tests/launcher/test_screens.py",
+    "tests/launcher/test_program.py",
+    "tests/launcher/test_closed_pipe.py",
+    "tests/dropin/test_peer_habits.py",
+    "tests/train/test_cli.py",
+    "tests/train/test_config_values.py",
+    "tests/engine/test_config.py",
+    "tests/engine/test_metrics.py",
+    "tests/engine/test_schedule.py",
+    "tests/engine/test_torch_floor.py",
+    "tests/checkpoint/test_manifest.py",
+    "tests/doctor/test_classify.py",
+    "tests/slurm/test_slurm_parsing.py",
+    "tests/slurm/test_slurm_env.py",
+    "tests/slurm/test_slurm_checks.py",
+    "tests/slurm/test_slurm_cli.py",
+    "tests/slurm/test_slurm_requeue_cli.py",
+    "tests/slurm/test_slurm_saves.py",
+    "tests/remote/test_openssh_parts.py",
+    "tests/data/test_prepare.py",
+    "tests/data/test_prepare_inputs.py",
+    "tests/data/test_prepare_out.py",
+    "tests/data/test_verify.py",
+    # one real job of each kind: local ranks, gloo, SSH hosts, Slurm, the doctor, a detached job, training
+    "tests/launcher/test_local_launch.py::test_every_rank_gets_the_torchrun_environment",
+    "tests/launcher/test_local_launch.py::test_failing_rank_stops_the_others_and_sets_the_exit_code",
+    "tests/launcher/test_local_launch.py::test_torchrun_script_runs_unchanged_with_real_gloo_allreduce",
+    "tests/remote/test_multihost.py::test_env_contract_forwarding_and_quoting_reach_remote_ranks",
+    "tests/remote/test_multihost.py::test_ctrl_c_stops_every_rank_on_every_host",
+    "tests/slurm/test_slurm_cluster.py",
+    "tests/doctor/test_ssh_hosts.py",
+    "tests/jobs/test_jobs.py::test_detached_job_is_listed_followed_and_stopped_with_nothing_left",
+    "tests/engine/test_entrypoint.py::test_launched_ranks_read_the_env_contract_and_parallel_spec",
+)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Files whose path starts with one of ``LONGEST_FIRST`` first, in that order; each file's tests together."""
+    """Files whose path starts with one of ``LONGEST_FIRST`` first, in that order; each file's tests together.
+    The tests named in ``QUICK`` (a file, or one test with its parameters) get the ``quick`` mark."""
 
     def rank(item) -> int:
-        path = Path(os.path.relpath(item.path, ROOT)).as_posix()  # never raises, unlike relative_to
-        return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if _path(item).startswith(prefix)), len(LONGEST_FIRST))
 
+    for item in items:
+        test = f"{_path(item)}::{item.originalname}"
+        if _path(item) in QUICK or test in QUICK:
+            item.add_marker(pytest.mark.quick)
     items.sort(key=rank)  # stable: the order within a file and among the rest stays as collected
+
+
+def _path(item) -> str:
+    return Path(os.path.relpath(item.path, ROOT)).as_posix()  # never raises, unlike relative_to
+
+
+KEPT_SIGNALS = (*interrupts.CAUGHT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE)
+
+
+@pytest.fixture(autouse=True)
+def signals_left_as_found():
+    """Each test starts as one command in a process of its own does: no signal recorded by an earlier test's
+    command (``distlaunch/interrupts.py`` keeps what a command saw in module state). And a test whose in-process
+    code leaves a signal handler changed fails: a library call that kept it would change its caller's Ctrl-C."""
+    handlers = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS}
+    interrupts.forget()
+    yield
+    changed = [signal.Signals(sig).name for sig, handler in handlers.items() if signal.getsignal(sig) != handler]
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    interrupts.forget()
+    assert not changed, f"the test left these signal handlers changed: {', '.join(changed)}"
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -66,7 +66,7 @@ def job(tmp_path_factory) -> Path:
         resume = f"checkpoint.resume='{out / source / 'step_000005'}'"
         phases[name] = [f"checkpoint.dir='{out / name}'", resume, *extra]
     spec = json.dumps({"base": BASE, "phases": phases, "masters": ["zero1-bf16"]})
-    spawn_ok([sys.executable, str(Path(__file__).with_name("_worker.py")), str(out), spec], 4, timeout=270)
+    spawn_ok([sys.executable, str(Path(__file__).with_name("_worker.py")), str(out), spec], 4, timeout=270, forked=True)
     return out
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,43 +44,116 @@ class RankResult(subprocess.CompletedProcess):
     stopped: bool = False
 
 
-def spawn(argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None) -> list[RankResult]:
+def spawn(
+    argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None, forked: bool = False
+) -> list[RankResult]:
     """Run ``argv`` as ``world_size`` ranks (0: one process without the launch environment).
 
     Like the launcher, the job stops as soon as one rank fails: its peers would otherwise wait in a
     collective (or for a store that never came up) until the timeout. At the timeout every rank left
     prints its Python stacks (faulthandler, on SIGABRT) before it ends, so a hang says where it was.
     Output goes to files, not pipes: a rank never blocks on a full pipe while the harness waits.
+    ``forked``: ``argv`` is ``[python, script, ...]``, and its ranks are forked from one process that imported
+    torch and the engine once (``tests/engine/zygote.py``), for tests that do not measure a rank's memory.
     """
     port = free_port()
-    with contextlib.ExitStack() as files:
-        procs, outputs = [], []
-        for rank in range(max(world_size, 1)):
-            env = rank_env(rank, world_size, port) | {"PYTHONFAULTHANDLER": "1"} | (extra_env or {})
-            out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
-            outputs.append((out, err))
+    envs = [
+        rank_env(rank, world_size, port) | {"PYTHONFAULTHANDLER": "1"} | (extra_env or {})
+        for rank in range(max(world_size, 1))
+    ]
+    with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
+        outputs = [(Path(folder) / f"{rank}.out", Path(folder) / f"{rank}.err") for rank in range(len(envs))]
+        with contextlib.ExitStack() as stack:
+            procs = _fork(argv, envs, outputs, Path(folder), stack) if forked else _start(argv, envs, outputs)
+            stopped = _wait(procs, time.monotonic() + timeout)
+        results = []
+        for rank, (proc, streams) in enumerate(zip(procs, outputs, strict=True)):
+            result = RankResult(argv, proc.returncode, *(p.read_text(errors="replace") for p in streams))
+            result.stopped = rank in stopped
+            results.append(result)
+    return results
+
+
+def _start(argv: list[str], envs: list[dict], outputs: list[tuple[Path, Path]]) -> list[subprocess.Popen]:
+    procs = []
+    for env, (out, err) in zip(envs, outputs, strict=True):
+        with open(out, "w") as out_file, open(err, "w") as err_file:
             procs.append(
                 subprocess.Popen(
                     argv,
                     env=env,
                     cwd=REPO,
-                    stdout=out,
-                    stderr=err,
-                    text=True,
+                    stdout=out_file,
+                    stderr=err_file,
                     start_new_session=True,
                     # a pytest killed from outside (a CI timeout) takes its ranks with it
                     preexec_fn=die_with_parent,
                 )
             )
-        stopped = _wait(procs, time.monotonic() + timeout)
-        results = []
-        for rank, (proc, streams) in enumerate(zip(procs, outputs, strict=True)):
-            for stream in streams:
-                stream.seek(0)
-            result = RankResult(argv, proc.returncode, *(stream.read() for stream in streams))
-            result.stopped = rank in stopped
-            results.append(result)
-    return results
+    return procs
+
+
+class _ForkedRank:
+    """A rank forked by the zygote: what ``_wait`` and ``_end`` ask of a ``Popen``, by pid (our own processes)."""
+
+    def __init__(self, pid: int, codes: dict[int, int], ended: threading.Condition):
+        self.pid, self._codes, self._ended = pid, codes, ended
+
+    @property
+    def returncode(self) -> int | None:
+        return self._codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._ended:
+            if not self._ended.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+        return self.returncode
+
+
+def _fork(
+    argv: list[str], envs: list[dict], outputs: list[tuple[Path, Path]], folder: Path, stack: contextlib.ExitStack
+) -> list[_ForkedRank]:
+    spec = folder / "zygote.json"
+    ranks = [{"env": env, "out": str(out), "err": str(err)} for env, (out, err) in zip(envs, outputs, strict=True)]
+    spec.write_text(json.dumps({"argv": argv, "ranks": ranks}))
+    zygote = subprocess.Popen(
+        [sys.executable, "-m", "tests.engine.zygote", str(spec)],
+        env=envs[0],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=stack.enter_context((folder / "zygote.err").open("w")),
+        text=True,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+    stack.callback(zygote.wait)
+    line = zygote.stdout.readline()
+    if not line:
+        zygote.wait()
+        raise AssertionError(f"the zygote exited {zygote.returncode}: {(folder / 'zygote.err').read_text()[-3000:]}")
+    codes: dict[int, int] = {}
+    ended = threading.Condition()
+
+    def read_ends() -> None:
+        for end in zygote.stdout:
+            pid, code = map(int, end.split())
+            with ended:
+                codes[pid] = code
+                ended.notify_all()
+
+    threading.Thread(target=read_ends, daemon=True).start()
+    return [_ForkedRank(pid, codes, ended) for pid in json.loads(line)]
 
 
 def _wait(procs: list[subprocess.Popen], deadline: float) -> set[int]:
@@ -112,10 +186,12 @@ def _end(procs: list[subprocess.Popen]) -> set[int]:
     return running
 
 
-def spawn_ok(argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None) -> list[RankResult]:
+def spawn_ok(
+    argv: list[str], world_size: int, timeout: float, extra_env: dict | None = None, forked: bool = False
+) -> list[RankResult]:
     """``spawn``, failing the test with the stderr of the rank that failed first (every rank's when
     the job timed out: their stacks) unless every rank exits 0."""
-    results = spawn(argv, world_size, timeout, extra_env)
+    results = spawn(argv, world_size, timeout, extra_env, forked)
     failed = [(rank, r) for rank, r in enumerate(results) if r.returncode != 0]
     if not failed:
         return results
@@ -140,5 +216,5 @@ def run_layouts(
     """Train every layout in one job of ``world_size`` ranks; results per layout, per rank
     (``count_comms``: step 2 runs under CommDebugMode, see ``_worker.reduction_stats``)."""
     spec = json.dumps({"base": base, "layouts": layouts, "count_comms": count_comms})
-    spawn_ok([sys.executable, str(WORKER), str(out_dir), spec], world_size, timeout)
+    spawn_ok([sys.executable, str(WORKER), str(out_dir), spec], world_size, timeout, forked=True)
     return {name: [torch.load(out_dir / f"{name}.rank{r}.pt") for r in range(max(world_size, 1))] for name in layouts}

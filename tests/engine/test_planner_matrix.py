@@ -45,7 +45,7 @@ def measured(tmp_path_factory):
         if world_size not in cache:
             out = tmp_path_factory.mktemp(f"world{world_size}")
             spec = json.dumps({"base": BASE + STEPS, "configs": MATRIX[world_size]})
-            spawn_ok([sys.executable, _worker.__file__, str(out), spec], world_size, timeout=400)
+            spawn_ok([sys.executable, _worker.__file__, str(out), spec], world_size, timeout=400, forked=True)
             cache[world_size] = {
                 name: [torch.load(out / f"{name}.rank{r}.pt") for r in range(world_size)] for name in MATRIX[world_size]
             }

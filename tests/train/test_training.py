@@ -114,7 +114,7 @@ PEAK_RTOL = 0.10  # planned vs measured peak of a step (activations are an estim
 
 def _run(out, world_size: int, configs: dict[str, list[str]], plain: bool = False) -> dict[str, list[dict]]:
     spec = json.dumps({"base": BASE, "configs": configs, "plain": plain})
-    spawn_ok([sys.executable, _worker.__file__, str(out), spec], world_size, timeout=270)
+    spawn_ok([sys.executable, _worker.__file__, str(out), spec], world_size, timeout=270, forked=True)
     return {name: [torch.load(out / f"{name}.rank{r}.pt") for r in range(max(world_size, 1))] for name in configs}
 
 
