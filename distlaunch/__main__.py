@@ -19,17 +19,23 @@ def entry() -> None:
     try:
         with interrupts.held():
             from distlaunch.cli.app import main
-    except Interrupted as stop:  # nothing was started yet
+
+            _escape_what_cannot_be_shown()
+        code = main()
+    except Interrupted as stop:  # before the command's own handling began: nothing was started yet
         interrupts.answer()
         _say_at_start(stop.signum)
-        interrupts.leave(stop.exit_code, _say_at_start)
-    # A terminal that cannot show a character (a latin-1 or ASCII locale, PYTHONIOENCODING=ascii; a file name
-    # that is not UTF-8) gets it escaped: a plan or a report is never lost to a UnicodeEncodeError.
+        code = stop.exit_code
+    interrupts.leave(code, _say_at_end)
+
+
+def _escape_what_cannot_be_shown() -> None:
+    """A terminal that cannot show a character (a latin-1 or ASCII locale, PYTHONIOENCODING=ascii; a file name that
+    is not UTF-8) gets it escaped: a plan or a report is never lost to a UnicodeEncodeError."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
-    interrupts.leave(main(), _say_at_end)
 
 
 def _say_at_start(signum: int) -> None:

@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -177,12 +178,8 @@ def _remove(tmp: Path | None, made: list[Path]) -> None:
 
 
 def publish(tmp: Path, out: Path) -> None:
-    """Put the complete dataset ``tmp`` in the place of ``out`` (two renames; Ctrl-C waits for them)."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: nothing to hold off
-        previous = None
-    try:
+    """Put the complete dataset ``tmp`` in the place of ``out`` (two renames; a Ctrl-C waits for them)."""
+    with _sigint_deferred():
         if out.exists():
             old = hidden(out, OLD)
             os.rename(out, old)
@@ -194,6 +191,24 @@ def publish(tmp: Path, out: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, out)
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """A SIGINT inside is noted, and handed to the handler before it once the block is over: never lost, and never
+    between two renames. The handler is read before anything changes, so an interrupt at any moment here leaves
+    it as it was (where ``distlaunch`` runs this, its own rule holds the signals already)."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:  # not the main thread, or a handler set outside Python: nothing to defer with
+        yield
+        return
+    came: list[int] = []
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+        yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous)
+    if came and callable(previous):
+        previous(signal.SIGINT, None)
+    elif came and previous == signal.SIG_DFL:
+        os.kill(os.getpid(), signal.SIGINT)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,29 @@ def test_an_out_whose_index_is_a_pipe_is_a_damaged_dataset_not_a_wait(dataset):
         f"--out {out} holds a damaged dataset: {out}/index.json is not a regular file",
         "remove it first",
     )
+
+
+def test_a_ctrl_c_between_the_two_renames_waits_for_them_and_is_never_lost(tmp_path, monkeypatch):
+    """As a library call: the SIGINT that lands inside publish is raised once both renames are done, and the
+    handler afterwards is the one before it (an ignored SIGINT left behind would outlive the call)."""
+    from distlaunch.data import outdir
+
+    out, staged_folder = tmp_path / "ds", tmp_path / ".ds.new"
+    out.mkdir()
+    staged_folder.mkdir()
+    (staged_folder / "index.json").write_text("{}")
+    renames = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        real_rename(src, dst)
+        renames.append(Path(dst).name)
+        if len(renames) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, between the two renames
+
+    monkeypatch.setattr(outdir.os, "rename", rename)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        outdir.publish(staged_folder, out)
+    assert len(renames) == 2 and (out / "index.json").exists()
+    assert signal.getsignal(signal.SIGINT) is before

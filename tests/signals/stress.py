@@ -279,12 +279,15 @@ def stress_twice(command: Command, root: Path, tries: int, seed: int = 0) -> lis
 
 
 def verdict(outcomes: list[Outcome]) -> str:
-    """Every failed try in a line (empty when none failed); also fails when too few tries got their signal."""
+    """Every failed try in a line (empty when none failed); also fails when too few tries got their signal: the
+    tries whose moment fell after the command's end (its life varies from try to try) test nothing."""
     failed = [str(o) for o in outcomes if o.problems]
+    if sum(o.signalled for o in outcomes) < len(outcomes) * 0.75:
+        failed.append(f"only {sum(o.signalled for o in outcomes)} of {len(outcomes)} tries reached the command alive")
     for signum in SIGNALS:
         sent = [o for o in outcomes if o.signum == signum]
         got = sum(1 for o in sent if o.signalled)
-        if got < len(sent) * 0.8:
+        if got < len(sent) / 2:
             failed.append(f"only {got} of {len(sent)} {signal.Signals(signum).name} tries reached the command alive")
     return "\n".join(failed)
 
