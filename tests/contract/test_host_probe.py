@@ -178,3 +178,10 @@ def test_the_interface_toward_an_address():
     assert inv.interface_toward("192.168.0.1").name == "eth0"  # eth1 is down: the default route again
     assert inv.interface_toward("not an address") is None
     assert HostInventory.of({"gpus": "garbled"}) is None and HostInventory.of(None) is None
+
+
+def test_this_machines_gpu_count_is_the_probes(tmp_path):
+    """local_gpu_count (what -n auto reads here today) counts the GPUs through the probe's one driver reader."""
+    count = "from distlaunch.launcher.planning.spec import local_gpu_count; print(local_gpu_count())"
+    done = run_on(EIGHT_GPUS, tmp_path / "hw", sys.executable, "-c", count)
+    assert done.stdout.strip() == "8", done.stderr
