@@ -4,8 +4,10 @@ pipes, a paramiko channel).
 One JSON object per line. The launcher writes the node plan as the first line of the agent's stdin, then
 commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its stdout:
 
-    {"ev": "hello", "python": "3.11.7", "protocol": 2,        at once, before the node plan is read; now: the
-     "now": 1795552340.02}                                     agent's wall clock (see clock_offset)
+    {"ev": "hello", "python": "3.11.7", "protocol": 4,        at once, before the node plan is read; now: the
+     "now": 1795552340.02, "inventory": {...}}                 agent's wall clock (see clock_offset); inventory:
+                                                               the host's GPUs, CPUs, NUMA nodes, interfaces and
+                                                               InfiniBand (distlaunch/hostprobe.py)
     {"ev": "ready", "problems": [...], "plan_at": 1795552340.3} a plan with "gate": true: what keeps its ranks
                                                                from starting here (distlaunch/startcheck.py),
                                                                checked before any; then "go", or "stop";
@@ -59,8 +61,9 @@ from collections.abc import Iterator
 # The protocol's version, in every agent's hello. A launcher and an agent of another distlaunch may not
 # understand each other (an agent from before the gate starts its ranks at once, unchecked), so a remote
 # host whose agent speaks another version is refused before any rank starts. Raise it whenever a message
-# is added or changes meaning. 1: hellos without it (before the gate); 2: before save and signal.
-PROTOCOL = 3
+# is added or changes meaning. 1: hellos without it (before the gate); 2: before save and signal; 3: hellos
+# without the host's inventory.
+PROTOCOL = 4
 # events, agent → launcher
 HELLO, READY, STARTED, OUT, PROGRESS, STACKS, EXIT, STRAGGLERS, NCCL_TRACE, HEARTBEAT, DONE = (
     "hello", "ready", "started", "out", "progress", "stacks", "exit", "stragglers", "nccl-trace", "hb", "done"

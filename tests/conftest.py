@@ -69,6 +69,7 @@ QUICK = (
     "tests/contract/test_layout.py",
     "tests/contract/test_settings_files.py",
     "tests/contract/test_torch_free.py",
+    "tests/contract/test_host_probe.py",
     "tests/launcher/test_plan.py",
     "tests/launcher/test_hostfile.py",
     "tests/launcher/test_elastic.py",

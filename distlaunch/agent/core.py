@@ -28,6 +28,7 @@ from distlaunch.agent.ranks import Rank, base_env, rank_argv, read_error_file, s
 from distlaunch.agent.requests import RankRequests
 from distlaunch.agent.scratch import make_scratch
 from distlaunch.agent.strays import end_stragglers
+from distlaunch.hostprobe import inventory
 from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, start_problems
 
 # With the launcher gone nobody waits for a graceful end, and its ranks must be gone within 5 s
@@ -220,9 +221,12 @@ def main() -> int:
     # stopped its ranks: writes then fail with EPIPE, which emit() absorbs. Ranks get SIGPIPE back by default.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     # "hello" tells a launcher that this host can run the agent before it sends any node its plan,
-    # so a host without distlaunch fails the launch before a single rank has started anywhere.
+    # so a host without distlaunch fails the launch before a single rank has started anywhere; and what the
+    # host has (its inventory), which the launcher decides from, not from the machine it was typed on.
     try:
-        hello = p.event(p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL, now=time.time())
+        hello = p.event(
+            p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL, now=time.time(), inventory=inventory()
+        )
         print(json.dumps(hello), flush=True)
     except OSError:
         return 2

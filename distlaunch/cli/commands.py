@@ -50,6 +50,13 @@ COMMANDS: dict[str, Entry] = {
         "/dev/shm and clocks on every host; print what to fix.",
         UNDERSCORES,
     ),
+    "hosts": Entry(
+        "distlaunch.cli.hosts",
+        "hosts",
+        "Show what every host has: GPUs (model, memory, NUMA node), CPUs and NUMA nodes, interfaces, InfiniBand, "
+        "driver and NCCL.",
+        UNDERSCORES,
+    ),
     "train": Entry(
         "distlaunch.cli.train",
         "train",

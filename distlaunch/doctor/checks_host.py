@@ -135,8 +135,8 @@ def gpus_check(host: str, facts: HostFacts, slots: int, explicit_slots: bool, an
         return check(
             "gpus", host, "pass", f"no GPUs (nvidia-smi/driver not found): {plural(slots, 'rank')} on CPU with gloo"
         )
-    names = sorted(set(facts.gpus["names"]))
-    found = f"{plural(count, 'GPU')} ({', '.join(names)}) via {facts.gpus.get('source')}"
+    names = sorted({g.model or "unknown model" for g in facts.inventory.gpus})
+    found = f"{plural(count, 'GPU')} ({', '.join(names)}) via {facts.inventory.gpu_source}"
     if explicit_slots and slots > count:
         return check(
             "gpus",

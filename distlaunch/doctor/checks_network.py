@@ -4,9 +4,10 @@ and the interface gloo and NCCL should use. Pure functions from gathered facts t
 from __future__ import annotations
 
 from distlaunch.contract.hostname import host_port
+from distlaunch.contract.inventory import Interface
 from distlaunch.doctor.checks_host import is_loopback
 from distlaunch.doctor.gather import ListenerResult
-from distlaunch.doctor.model import Check, HostFacts, Interface, check
+from distlaunch.doctor.model import Check, HostFacts, check
 
 
 def dns_check(host: str, target_name: str | None, facts: HostFacts | None, master_addr: str) -> Check:

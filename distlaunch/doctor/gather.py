@@ -18,6 +18,7 @@ from pathlib import Path
 import paramiko
 from pydantic import ValidationError
 
+from distlaunch import hostprobe
 from distlaunch.doctor.model import DoctorOptions, HostFacts
 from distlaunch.doctor.sessions import HostSession, LineStream, LocalSession, SshSession, StartGate
 from distlaunch.launcher.planning import listener_script
@@ -29,7 +30,8 @@ from distlaunch.remote.ssh import SshError, connect
 from distlaunch.remote.sshconfig import SshTarget
 
 HERE = Path(__file__).parent
-PROBE_SOURCE = (HERE / "probe_script.py").read_text(encoding="utf-8")
+# The shared inventory probe, then the doctor's own: one program for a bare interpreter (probe_script.py)
+PROBE_SOURCE = "\n".join(Path(p).read_text(encoding="utf-8") for p in (hostprobe.__file__, HERE / "probe_script.py"))
 LISTENER_SOURCE = Path(listener_script.__file__).read_text(encoding="utf-8")  # the launcher's port check, run remotely
 MAX_PARALLEL = 64
 STOP_S = 0.8  # on Ctrl-C, how long stopping the remote processes may take before the doctor exits anyway
@@ -257,10 +259,12 @@ class Gathering:
     the listener's end lets go on finds the gate closed), and the sweep by the mark runs only once the starts
     already under way have their processes on the hosts."""
 
-    def __init__(self, results: list[HostResult], opts: DoctorOptions, master_addr: str, master_port: int):
+    def __init__(self, results: list[HostResult], opts: DoctorOptions, master_addr: str | None, master_port: int = 0):
+        """``master_addr`` None: no master, no listener and no clocks, only each host's probe (its inventory)."""
         self.results = results
         self.opts = opts
-        self.listener = ListenerResult(host=results[0].host, address=master_addr, port=master_port)
+        self.master = master_addr is not None
+        self.listener = ListenerResult(host=results[0].host, address=master_addr or "", port=master_port)
         self.nonce = secrets.token_hex(8)
         self.log: list[str] = []  # paramiko's messages and background threads' errors
         self._listener_ready = threading.Event()
@@ -270,6 +274,8 @@ class Gathering:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_PARALLEL)
         self._gate = StartGate()
+        if not self.master:
+            self._listener_ready.set()
 
     def _host(self, index: int) -> None:
         result = self.results[index]
@@ -285,7 +291,7 @@ class Gathering:
                     if stopping:  # a connect that finished after Ctrl-C: nothing may start on it
                         session.close()
                         return
-                if index == 0:
+                if index == 0 and self.master:
                     self._start_master(session)
                 if session is None:
                     return
@@ -295,8 +301,8 @@ class Gathering:
                     "timeout": self.opts.reach_timeout,
                     "port": self.listener.port if self.listener.bound else None,
                 }
-                run_probe(session, result, self.opts, args)
-                if result.facts is not None:
+                run_probe(session, result, self.opts, args if self.master else {})
+                if result.facts is not None and self.master:
                     measure_clock(session, result, self.opts.remote_python)
                 if result.probe_hung or result.shell_hung:
                     with self._lock:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, model_serializer
 
+from distlaunch.contract.inventory import HostInventory, Interface
 from distlaunch.contract.options import HostOptions
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -117,14 +118,6 @@ class DoctorOptions(HostOptions):
     bench_max_bytes: int | None = None  # default: 256 MiB on GPUs, 16 MiB on CPU
 
 
-class Interface(BaseModel):
-    """A network interface of a host."""
-
-    name: str
-    up: bool = False
-    addrs: list[str] = Field(default_factory=list)
-
-
 class HostFacts(BaseModel):
     """Everything the probe found on one host (see ``probe_script.py``); unknown keys are kept."""
 
@@ -139,11 +132,9 @@ class HostFacts(BaseModel):
     python: dict[str, str]
     distlaunch: str | None = None
     torch: dict[str, str | None] | None = None
-    gpus: dict[str, Any] = Field(default_factory=lambda: {"source": "none", "names": []})
-    interfaces: list[Interface] = Field(default_factory=list)
+    inventory: HostInventory = Field(default_factory=HostInventory)  # GPUs, interfaces, InfiniBand: hostprobe.py
     shm_bytes: int | None = None
     memlock: int = -1  # bytes; -1 is unlimited
-    infiniband: list[str] = Field(default_factory=list)
     master: dict[str, Any] | None = None
     time: float = 0.0
     # Filled in by the doctor, not the probe: when the question left and the answer came back (local clock).
@@ -156,7 +147,16 @@ class HostFacts(BaseModel):
 
     @property
     def gpu_count(self) -> int:
-        return len(self.gpus.get("names", []))
+        return self.inventory.gpu_count
+
+    @property
+    def interfaces(self) -> list[Interface]:
+        return self.inventory.interfaces
+
+    @property
+    def infiniband(self) -> list[str]:
+        """The names of the host's InfiniBand devices."""
+        return [d.name for d in self.inventory.ib_devices]
 
     @property
     def clock_offset(self) -> float:

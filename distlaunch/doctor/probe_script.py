@@ -1,9 +1,11 @@
 """The per-host probe: one stdlib-only script, run as ``PYTHON - ARGS_JSON`` with this source on stdin.
 
 It gathers every fact the doctor needs from a host in one round trip and prints them as one JSON
-object. It must run on a bare interpreter (no distlaunch, no torch installed), so it imports only the
-standard library, and it never imports torch: versions come from package metadata and torch's own
-``version.py``, which takes milliseconds instead of the seconds an import of torch (and CUDA) costs.
+object: the host's inventory (GPUs, CPUs, interfaces, InfiniBand) from the shared probe,
+distlaunch/hostprobe.py, whose source is sent before this one, and what only the doctor asks. It must
+run on a bare interpreter (no distlaunch, no torch installed), so it imports only the standard library,
+and it never imports torch: versions come from package metadata and torch's own ``version.py``, which
+takes milliseconds instead of the seconds an import of torch (and CUDA) costs.
 """
 
 import importlib.util
@@ -11,22 +13,14 @@ import json
 import os
 import re
 import resource
-import shutil
 import socket
-import subprocess
 import sys
 import time
 
-NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+if "inventory" not in globals():  # run as a module; sent to a host, gather.py puts hostprobe.py's source first
+    from distlaunch.hostprobe import inventory, nccl_version, read
+
 BANNER = b"distlaunch-doctor "
-
-
-def read(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def addresses_of(name):
@@ -34,16 +28,6 @@ def addresses_of(name):
         return sorted({info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)})
     except OSError as exc:
         return {"error": str(exc)}
-
-
-def run(argv, timeout=5.0):
-    if not shutil.which(argv[0]):
-        return None
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
 
 
 def dist_version(name):
@@ -81,58 +65,8 @@ def torch_facts():
     if cuda:  # CPU builds have no NCCL: skip the (slow) package metadata scan
         libs = os.listdir(os.path.join(root, "lib")) if os.path.isdir(os.path.join(root, "lib")) else []
         bundled = "bundled" if any(lib.startswith("libnccl") for lib in libs) else None
-        nccl = next((v for v in map(dist_version, NCCL_DISTS) if v), bundled)
+        nccl = nccl_version() or bundled
     return {"version": package_version("torch"), "cuda": cuda.group(1) if cuda else None, "nccl": nccl, "path": root}
-
-
-def gpu_facts():
-    out = run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
-    if out is not None:
-        return {
-            "source": "nvidia-smi",
-            "names": [line.split(",")[0].strip() for line in out.splitlines() if line.strip()],
-        }
-    try:
-        return {"source": "/proc/driver/nvidia", "names": sorted(os.listdir("/proc/driver/nvidia/gpus"))}
-    except OSError:
-        return {"source": "none", "names": []}
-
-
-def ipv4_of(name):
-    """The interface's IPv4 address via the SIOCGIFADDR ioctl (no subprocess: the probe runs on every host)."""
-    import fcntl
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return []
-    return [socket.inet_ntoa(packed[20:24])]
-
-
-def ipv6_by_interface():
-    found = {}
-    for line in (read("/proc/net/if_inet6") or "").splitlines():
-        fields = line.split()
-        if len(fields) == 6:
-            found.setdefault(fields[5], []).append(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0])))
-    return found
-
-
-def interface_facts():
-    names = (
-        sorted(os.listdir("/sys/class/net"))
-        if os.path.isdir("/sys/class/net")
-        else [n for _, n in socket.if_nameindex()]
-    )
-    v6 = ipv6_by_interface()
-    out = []
-    for name in names:
-        flags = read(f"/sys/class/net/{name}/flags")
-        up = bool(int(flags, 16) & 1) if flags else read(f"/sys/class/net/{name}/operstate") in ("up", "unknown")
-        out.append({"name": name, "up": up, "addrs": ipv4_of(name) + v6.get(name, [])})
-    return out
 
 
 def route_to(address, interfaces):
@@ -145,7 +79,7 @@ def route_to(address, interfaces):
             src = s.getsockname()[0]
     except OSError as exc:
         return {"error": str(exc)}
-    dev = next((i["name"] for i in interfaces if src in i["addrs"]), None)
+    dev = next((i["name"] for i in interfaces if src in [a.partition("/")[0] for a in i["addresses"]]), None)
     return {"dev": dev, "src": src}
 
 
@@ -191,7 +125,7 @@ def main():
         shm_bytes = shm.f_blocks * shm.f_frsize
     except OSError:
         shm_bytes = None
-    interfaces = interface_facts()
+    host = inventory()
     facts = {
         "ev": "probe",  # what the doctor looks for after any login banner
         "hostname": hostname,
@@ -203,14 +137,12 @@ def main():
         "python": {"executable": sys.executable, "version": ".".join(map(str, sys.version_info[:3]))},
         "distlaunch": package_version("distlaunch"),
         "torch": torch_facts(),
-        "gpus": gpu_facts(),
-        "interfaces": interfaces,
+        "inventory": host,
         "shm_bytes": shm_bytes,
         "memlock": -1 if memlock == resource.RLIM_INFINITY else memlock,
-        "infiniband": sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else [],
     }
     if args.get("master_addr"):
-        facts["master"] = master_facts(args, interfaces)
+        facts["master"] = master_facts(args, host["interfaces"])
     facts["time"] = time.time()  # last, so it is as close as possible to the moment the answer leaves
     print(json.dumps(facts))
 

@@ -232,7 +232,7 @@ class _Preflight:
             self.errors[alias] = refused
         else:
             self.hosts.started[alias] = process
-            self.hosts.clock_bounds[alias] = process.clock_bounds
+            self.hosts.heard(alias, process.hello, process.clock_bounds)
 
     def _ended(self, alias: str, process: SshProcess) -> None:
         """A client that ended without a hello: the agent failed, or the connection did (then a retry, or

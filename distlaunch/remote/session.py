@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from distlaunch.contract.env import JOB_ID_VAR
+from distlaunch.contract.inventory import HostInventory
 from distlaunch.errors import HostError
 from distlaunch.protocol import NEEDS_FLOOR, PROTOCOL, PYTHON_FLOOR, AgentConnection
 from distlaunch.remote.agent_conn import START_TIMEOUT_VAR, SshAgent, StartedAgent
@@ -71,6 +72,8 @@ class RemoteHosts(ABC):
         self.python, self.workdir, self.job_id = python, workdir, job_id  # job_id: what marks its processes
         # host -> where its wall clock minus ours lies, from its agent's hello (protocol.clock_bounds)
         self.clock_bounds: dict[str, tuple[float, float]] = {}
+        # host -> what it has, as its agent's hello tells (missing where the hello carried none, or a garbled one)
+        self.inventories: dict[str, HostInventory] = {}
 
     @classmethod
     @abstractmethod
@@ -99,6 +102,13 @@ class RemoteHosts(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def heard(self, alias: str, hello: dict, bounds: tuple[float, float]) -> None:
+        """Keep what the accepted ``hello`` of ``alias``'s agent told: its clock's offset and its inventory."""
+        self.clock_bounds[alias] = bounds
+        inventory = HostInventory.of(hello.get("inventory"))
+        if inventory is not None:
+            self.inventories[alias] = inventory
 
     def hello_error(self, alias: str, hello: dict) -> HostError | None:
         """What keeps an agent that said ``hello`` from the job: another distlaunch's protocol. None: nothing."""
@@ -183,7 +193,7 @@ class ParamikoHosts(RemoteHosts):
             elif (refused := self.hello_error(alias, agent.hello)) is not None:
                 errors.append(refused)
             else:
-                self.clock_bounds[alias] = agent.clock_bounds
+                self.heard(alias, agent.hello, agent.clock_bounds)
         if errors:
             raise HostsFailed(errors, "cannot start the distlaunch agent; no rank was started")
 

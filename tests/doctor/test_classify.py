@@ -33,6 +33,20 @@ from distlaunch.remote.ssh import SshError
 from distlaunch.remote.sshconfig import SshTarget
 
 
+def inventory(gpus: int = 8, ib: tuple[str, ...] = ()) -> dict:
+    """A host's inventory as the probe sends it: ``gpus`` H100s, lo, eth0 and ib0, the InfiniBand devices ``ib``."""
+    return {
+        "gpus": [{"index": i, "model": "NVIDIA H100", "memory_mib": 81559} for i in range(gpus)],
+        "gpu_source": "nvidia-smi" if gpus else None,
+        "interfaces": [
+            {"name": "lo", "up": True, "addresses": ["127.0.0.1/8"]},
+            {"name": "eth0", "up": True, "addresses": ["10.0.0.5/24"]},
+            {"name": "ib0", "up": True, "addresses": ["192.168.1.5/24"]},
+        ],
+        "ib_devices": [{"name": name, "ports": []} for name in ib],
+    }
+
+
 def facts(**over) -> HostFacts:
     base = dict(
         hostname="gpu1",
@@ -44,15 +58,9 @@ def facts(**over) -> HostFacts:
         python={"executable": "/usr/bin/python3", "version": "3.11.7"},
         distlaunch="0.1.0",
         torch={"version": "2.5.1+cu124", "cuda": "12.4", "nccl": "2.21.5", "path": "/x"},
-        gpus={"source": "nvidia-smi", "names": ["NVIDIA H100"] * 8},
-        interfaces=[
-            {"name": "lo", "up": True, "addrs": ["127.0.0.1"]},
-            {"name": "eth0", "up": True, "addrs": ["10.0.0.5"]},
-            {"name": "ib0", "up": True, "addrs": ["192.168.1.5"]},
-        ],
+        inventory=inventory(),
         shm_bytes=64 << 30,
         memlock=-1,
-        infiniband=[],
         time=1000.0,
         sent_at=1000.0,
         received_at=1000.1,
@@ -172,7 +180,7 @@ def test_nccl_needs_a_cuda_build_where_gpus_exist():
     assert nccl_check("gpu1", facts(), facts()).status == "pass"
     cpu_torch = facts(torch={"version": "2.5.1+cpu", "cuda": None, "nccl": None, "path": "/x"})
     assert nccl_check("gpu1", cpu_torch, facts()).status == "fail"
-    assert nccl_check("cpu1", facts(gpus={"source": "none", "names": []}), facts()).status == "skip"
+    assert nccl_check("cpu1", facts(inventory=inventory(gpus=0)), facts()).status == "skip"
     older = facts(torch={"version": "2.5.1+cu124", "cuda": "12.4", "nccl": "2.20.0", "path": "/x"})
     assert nccl_check("gpu1", older, facts()).status == "fail"
 
@@ -181,7 +189,7 @@ def test_gpus_against_slots():
     assert gpus_check("gpu1", facts(), slots=8, explicit_slots=True, any_gpus=True).status == "pass"
     c = gpus_check("gpu1", facts(), slots=16, explicit_slots=True, any_gpus=True)
     assert c.status == "fail" and "slots=8" in c.hint
-    none = facts(gpus={"source": "none", "names": []})
+    none = facts(inventory=inventory(gpus=0))
     assert gpus_check("cpu1", none, 2, True, any_gpus=False).status == "pass"
     assert gpus_check("cpu1", none, 2, True, any_gpus=True).status == "fail"
 
@@ -190,8 +198,8 @@ def test_shm_and_memlock():
     assert shm_check("h", facts(shm_bytes=64 << 20)).status == "warn"
     assert shm_check("h", facts(shm_bytes=None)).status == "warn"
     assert shm_check("h", facts()).status == "pass"
-    assert memlock_check("h", facts(infiniband=["mlx5_0"], memlock=64 << 10)).status == "warn"
-    assert memlock_check("h", facts(infiniband=["mlx5_0"], memlock=-1)).status == "pass"
+    assert memlock_check("h", facts(inventory=inventory(ib=("mlx5_0",)), memlock=64 << 10)).status == "warn"
+    assert memlock_check("h", facts(inventory=inventory(ib=("mlx5_0",)), memlock=-1)).status == "pass"
     assert memlock_check("h", facts(memlock=64 << 10)).status == "pass"
 
 

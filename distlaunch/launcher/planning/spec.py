@@ -19,6 +19,7 @@ from distlaunch.contract.hostname import host_key
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
+from distlaunch.hostprobe import driver_gpus
 from distlaunch.launcher.planning.hostfile import (
     HostSlots,
     apply_filters,
@@ -46,10 +47,7 @@ def is_local_host(name: str) -> bool:
 
 def local_gpu_count() -> int:
     """GPUs the NVIDIA driver exposes here, without importing torch or running nvidia-smi."""
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
+    return len(driver_gpus())
 
 
 def new_job_id() -> str:
