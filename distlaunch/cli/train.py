@@ -112,10 +112,17 @@ def train(
     request = launch.request(opts)
 
     def with_memory(plan: Plan) -> Plan:  # every rank's memory, where the plan knows the hosts
-        return train_plan(plan, cfg, config, gpu_memory) if isinstance(plan, LaunchPlan) else plan
+        if not isinstance(plan, LaunchPlan):
+            return plan
+        planned = train_plan(plan, cfg, config, gpu_memory)
+        if planned.batch and not launch.dry_run:
+            sys.stderr.write(f"distlaunch: {planned.batch}\n")
+        return planned
 
     def show_memory(plan: Plan, console: Console) -> None:
         if isinstance(plan, TrainPlan):
+            if plan.batch:
+                print_indented(console, plan.batch)
             render_memory(plan.memory, console)
 
     return start(

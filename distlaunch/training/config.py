@@ -87,6 +87,7 @@ TokenDtype = Literal["uint16", "uint8", "uint32"]
 # The watchdog's longest deadline: far beyond any step, save or load, and far below what
 # threading's waits accept (threading.TIMEOUT_MAX, ~292 years); 0 turns a timeout off instead.
 MAX_TIMEOUT_S = 30 * 24 * 3600
+DEFAULT_GLOBAL_BATCH = 16  # sequences per step, over all data-parallel ranks
 TIMEOUT_HINT = "seconds, 30 days at most; 0 turns the limit off"
 
 
@@ -126,7 +127,9 @@ class TrainSection(_Section):
     out for evaluation unless asked, so a config that sets ``data.val_fraction = 0`` needs nothing else."""
 
     steps: Int = Field(200, ge=1)
-    global_batch_size: Int = Field(16, ge=1)
+    # "auto": this default, made a multiple of what the layout splits it by (training/dims.py fit_global_batch);
+    # distlaunch train asks for it where the user gave the ranks but no batch
+    global_batch_size: Derived = Field(DEFAULT_GLOBAL_BATCH, ge=1)
     # None: the whole per-dp-rank batch at once (pp=1) or split into parallel.microbatches (pp>1)
     micro_batch_size: Derived = Field(None, ge=1)
     seq_len: Int = Field(128, ge=2)

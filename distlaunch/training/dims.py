@@ -11,7 +11,7 @@ from pydantic import ConfigDict
 from distlaunch.contract.layout import DEGREES, Layout, Schedule, resolve_layout
 from distlaunch.errors import UsageError
 from distlaunch.readable import plural
-from distlaunch.training.config import TrainingConfig
+from distlaunch.training.config import DEFAULT_GLOBAL_BATCH, TrainingConfig
 from distlaunch.training.presets import GPTConfig
 
 
@@ -69,6 +69,30 @@ def _check_model(model: GPTConfig, tp: int, seq_len: int) -> None:
             f"train.seq_len={seq_len} exceeds the model's max_seq_len={model.max_seq_len}",
             f"use train.seq_len <= {model.max_seq_len}",
         )
+
+
+def fit_global_batch(cfg: TrainingConfig, dp: int, pp: int) -> None:
+    """``train.global_batch_size = "auto"``: the default batch, raised to the smallest multiple of what every
+    split of it takes (dp ranks x accumulation rounds x micro-batches x their size), so any world size trains it.
+    Decided once, into ``cfg``, before anything reads the batch."""
+    if cfg.train.global_batch_size is not None:
+        return
+    micro = cfg.parallel.microbatches or (pp if pp > 1 else 1)
+    unit = dp * cfg.train.grad_accum_steps * micro * (cfg.train.micro_batch_size or 1)
+    cfg.train.global_batch_size = unit * -(-DEFAULT_GLOBAL_BATCH // unit)
+
+
+def fitted_batch(global_batch: int, dims: ParallelDims) -> str:
+    """The plan's line for a batch ``fit_global_batch`` chose: what it is and why."""
+    rounds = f" in {plural(dims.accum_steps, 'accumulation round')}" if dims.accum_steps > 1 else ""
+    micro = plural(dims.microbatches, "micro-batch", "micro-batches")
+    split = f"{global_batch // dims.dp} per dp rank{rounds} as {micro} of {dims.micro_batch_size}"
+    why = (
+        "the default, for"
+        if global_batch == DEFAULT_GLOBAL_BATCH
+        else f"the default {DEFAULT_GLOBAL_BATCH}, raised to fit"
+    )
+    return f"batch: {global_batch} sequences per step, {split} ({why} {plural(dims.dp, 'dp rank')})"
 
 
 def _resolve_microbatches(cfg: TrainingConfig, dp: int, pp: int) -> tuple[int, int]:
@@ -141,6 +165,7 @@ def resolve_parallel_dims(cfg: TrainingConfig, model: GPTConfig, world_size: int
             "interleaving needs at least 2 virtual stages per rank, or use schedule 1f1b",
         )
     v = cfg.parallel.virtual_stages if schedule == "interleaved" and pp > 1 else 1
+    fit_global_batch(cfg, dp, pp)
     n_micro, mbs = _resolve_microbatches(cfg, dp, pp)
     _check_pipeline(model, pp, schedule, v, n_micro)
     pipeline = {"schedule": schedule, "virtual_stages": v, "microbatches": n_micro}

@@ -42,7 +42,7 @@ def _one_line_error(result, *words: str) -> None:
         (["--set", "parallel.tp=2", "--parallel", "tp=4"], ["conflicts", "parallel.tp=2", "tp=4"]),
         (["--parallel", "tp=two"], ["--parallel", "not an integer"]),
         (["--parallel", "schedule=zigzag"], ["schedule='zigzag' is not a schedule", "gpipe, 1f1b, interleaved"]),
-        (["-n", "3"], ["global_batch_size=16 is not divisible by dp=3"]),
+        (["-n", "3", "--set", "train.global_batch_size=16"], ["global_batch_size=16 is not divisible by dp=3"]),
         (["-n", "4", "--parallel", "dp=3"], ["dp(3)*tp(1)*pp(1) = 3 != world size 4"]),
         (["--set", "parallel.tp=3", "--set", "parallel.pp=1", "--set", "parallel.dp=1"], ["tp=3 does not divide"]),
         (["--set", "train.grad_accum_steps=3"], ["grad_accum_steps=3"]),
@@ -265,3 +265,33 @@ def test_a_flag_of_no_trainer_is_still_no_such_option():
     r = invoke(["train", "--frobnicate", "--dry-run"])
     _one_line_error(r)
     assert "No such option: --frobnicate" in r.stderr
+
+
+@pytest.mark.parametrize("nproc", [1, 3, 5, 8, 16, 24, 64])
+def test_the_bundled_model_plans_on_any_world_size_and_says_which_batch_it_chose(nproc):
+    """No config, ranks given: the embedded batch is fitted to them (only what the user wrote is ever refused)."""
+    r = invoke(["train", "-n", str(nproc), "--dry-run"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.stdout + r.stderr
+    (line,) = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("batch:")]
+    global_batch = int(line.split()[1])
+    assert global_batch >= 16 and global_batch % nproc == 0 and (global_batch // nproc) % 2 == 0, line
+    assert ("raised to fit" in line) == (global_batch != 16), line
+    assert f"{nproc} dp rank" in line, line
+
+
+def test_a_hostfile_of_two_8_gpu_nodes_plans_the_bundled_model():
+    r = invoke(["train", "-H", str(ROOT / "hostfiles" / "two-nodes-8-gpus.txt"), "--dry-run"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "batch: 32 sequences per step, 2 per dp rank as 1 micro-batch of 2" in r.stdout
+
+
+def test_a_batch_the_user_wrote_is_refused_not_fitted():
+    _one_line_error(
+        invoke(["train", "-n", "16", "--set", "train.global_batch_size=8", "--dry-run"]),
+        "train.global_batch_size=8 is not divisible by dp=16",
+    )
+
+
+def test_the_embedded_default_keeps_its_own_batch_and_says_nothing_of_it():
+    r = invoke(["train", "--dry-run"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "batch:" not in r.stdout, r.stdout + r.stderr

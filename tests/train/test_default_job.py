@@ -90,14 +90,17 @@ def test_a_layout_on_the_command_line_runs_for_real(tmp_path):
 def test_fp16_overflow_reads_as_skipped_steps_without_torch_warnings(tmp_path):
     """Every fp16 step overflows (a loss scale no gradient survives): each step line says it was
     skipped, and no rank prints torch's scheduler-before-optimizer warning, which would tell users
-    to reorder calls they never made."""
+    to reorder calls they never made. On 3 ranks, which the embedded batch of 16 does not split over: every
+    rank trains the batch the plan chose and said (18 sequences)."""
     sets = ["train.precision='fp16'", "train.loss_scale=1e30", "train.steps=2", "train.log_every=1"]
-    args = ["train", "--parallel", "dp=2,tp=1,pp=1,zero=0", "--set", "train.eval_every=0"]
+    args = ["train", "--parallel", "dp=3,tp=1,pp=1,zero=0", "--set", "train.eval_every=0"]
     for assignment in sets:
         args += ["--set", assignment]
     run = run_cli(*args, "--metrics-file", str(tmp_path / "m.jsonl"), timeout=240, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("skipped (fp16 overflow, loss scale halved)") == 2, run.stdout
     assert "Warning" not in run.stdout + run.stderr, run.stdout + run.stderr
-    summary = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])
-    assert summary["skipped_steps"] == 2
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert records[-1]["skipped_steps"] == 2
+    assert "distlaunch: batch: 18 sequences per step" in run.stderr, run.stderr
+    assert records[0]["config"]["train"]["global_batch_size"] == 18  # what the ranks trained, as they report it

@@ -28,7 +28,7 @@ from distlaunch.training.config import (
     load_config,
     ranks_path,
 )
-from distlaunch.training.dims import resolve_parallel_dims
+from distlaunch.training.dims import fitted_batch, resolve_parallel_dims
 from distlaunch.training.faults import check_fault, restart_count
 from distlaunch.training.places import METRICS_FILE, check_place, metrics_path
 from distlaunch.training.planner import MemoryPlan, plan_memory
@@ -44,6 +44,7 @@ class TrainPlan(LaunchPlan):
 
     config: str
     memory: MemoryPlan
+    batch: str | None = None  # the batch distlaunch chose (the user wrote none), in words
 
 
 def train_config(
@@ -76,6 +77,8 @@ def train_config(
     if shape_given or written & {f"parallel.{key}" for key in DEGREES}:
         unset = LayoutSpec()  # dp=auto, every other degree 1
         dropped += [f"parallel.{key}={getattr(unset, key) or 'auto'}" for key in DEGREES]
+        if "train.global_batch_size" not in written:  # the embedded batch, made to fit the ranks given
+            dropped.append("train.global_batch_size=auto")
     if "parallel.microbatches" in written and "train.micro_batch_size" not in written:
         dropped.append("train.micro_batch_size=auto")  # derived from the micro-batch count instead
     check_parallel_conflict(sets, parallel)
@@ -246,9 +249,12 @@ def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_m
     """The launch plan with the layout checked against the model and every rank's memory planned."""
     data = ranks_path(cfg.data.path, plan.nodes[0].workdir or None) if cfg.data.path else None
     model = model_config(cfg.model.preset, data)  # a prepared dataset sets the vocabulary
+    chosen = cfg.train.global_batch_size is None  # "auto": resolving the layout decides it
     dims = resolve_parallel_dims(cfg, model, plan.world_size)
+    batch = fitted_batch(cfg.train.global_batch_size, dims) if chosen else None
     check_fault(cfg.fault, plan.world_size, cfg.train.step_timeout)
     ranks_per_node = max(len(node.ranks) for node in plan.nodes)
     device, capacity, source = device_capacity(plan.backend, gpu_memory, ranks_per_node)
     memory = plan_memory(model, dims, cfg.train, plan.backend, device, capacity, source)
-    return TrainPlan(**plan.model_dump(), config=str((config or EMBEDDED_CONFIG).resolve()), memory=memory)
+    config_path = str((config or EMBEDDED_CONFIG).resolve())
+    return TrainPlan(**plan.model_dump(), config=config_path, memory=memory, batch=batch)
