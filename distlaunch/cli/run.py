@@ -39,10 +39,12 @@ def start(
     detach: bool,
     refine: Callable[[Plan], Plan] = lambda plan: plan,
     describe: Callable[[Plan, Console], None] = lambda plan, console: None,
+    verdict: Callable[[Plan], int] = lambda plan: 0,
 ) -> int:
     """The one path of ``run`` and ``train``: pick the backend, plan, then show the plan (--dry-run), hand it to
     a supervisor (--detach), or run it with live rank output and the root-cause table. ``refine`` adds to the
-    plan (train: the memory estimate) and ``describe`` shows what it added."""
+    plan (train: the memory estimate) and ``describe`` shows what it added; ``verdict`` is a dry run's exit code
+    (train: 2 when the plan does not fit its devices)."""
     backend = select(request, detach)
     plan = refine(backend.plan(request))
     interrupts.check()  # a signal the planning swallowed (ssh_config, a hostfile's names) ends it here
@@ -53,7 +55,7 @@ def start(
             console = Console()
             render_plan(plan, console)
             describe(plan, console)
-        return 0
+        return verdict(plan)
     if detach:
         return report_detached(backend.detach(request, plan), json_output)
     # With --json, stdout carries only the report: rank output goes to stderr.

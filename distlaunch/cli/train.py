@@ -18,7 +18,7 @@ from distlaunch.cli import options as o
 from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
 from distlaunch.contract.plan import Plan
-from distlaunch.errors import UsageError
+from distlaunch.errors import ExitCode, UsageError
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.planning.spec import local_gpu_count
 from distlaunch.launcher.planning.train import (
@@ -83,7 +83,7 @@ def train(
 ) -> int:
     """Train the bundled GPT on every rank: config validated first, then the same launch as `run`.
 
-    With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state kept between steps; a step's activations, buffers and peak) against the GPU's memory.
+    With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state kept between steps; a step's activations, buffers and peak) against the GPU's memory; exit 2 when a rank's step peak does not fit.
 
     Exit code: 0 on success (also when a resumed checkpoint already reaches train.steps), 1 for an internal error, 2 for a bad config or option (before any process starts), 3 when a host cannot be reached, 124 when the job hung, the first failing rank's code otherwise, 130/143/129 after Ctrl-C / SIGTERM / a closed terminal (SIGHUP).
     """
@@ -132,7 +132,21 @@ def train(
         detach=launch.detach,
         refine=with_memory,
         describe=show_memory,
+        verdict=dry_run_verdict,
     )
+
+
+def dry_run_verdict(plan: Plan) -> int:
+    """A training plan that does not fit its devices is a dry run that failed: one line, exit 2."""
+    if not isinstance(plan, TrainPlan) or plan.memory.fits is not False:
+        return 0
+    worst = max(plan.memory.ranks, key=lambda r: r.peak)
+    sys.stderr.write(
+        f"error: the plan does not fit: rank {worst.rank}'s step peak of {_gib(worst.peak)} is over 90% of "
+        f"{_gib(plan.memory.capacity_bytes or 0)} per rank (hint: shard more (parallel.zero, tp, pp), turn on "
+        "train.activation_checkpointing, or lower train.micro_batch_size)\n"
+    )
+    return ExitCode.USAGE
 
 
 def _gib(n: int) -> str:

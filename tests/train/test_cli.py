@@ -166,7 +166,7 @@ def test_dry_run_json_has_a_memory_estimate_per_rank():
 def test_dry_run_table_says_whether_it_fits_the_gpu():
     config = str(ROOT / "templates" / "train-1.3b-3d.toml")
     small = invoke(["train", config, "-n", "16", "--backend", "nccl", "--dry-run", "--gpu-memory", "2GiB"])
-    assert small.exit_code == 0, small.stderr
+    assert small.exit_code == 2, small.stderr  # a plan that does not fit is a failed dry run
     assert "memory per rank in GiB (bf16, zero=1" in small.stdout and "does not fit" in small.stdout
     assert "0-7" in small.stdout and "8-15" in small.stdout  # ranks with equal estimates share a row
     big = invoke(["train", config, "-n", "16", "--backend", "nccl", "--dry-run", "--json", "--gpu-memory", "80GiB"])
@@ -295,3 +295,17 @@ def test_a_batch_the_user_wrote_is_refused_not_fitted():
 def test_the_embedded_default_keeps_its_own_batch_and_says_nothing_of_it():
     r = invoke(["train", "--dry-run"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "batch:" not in r.stdout, r.stdout + r.stderr
+
+
+def test_a_dry_run_whose_plan_does_not_fit_says_so_in_one_line_and_exits_2():
+    args = [
+        "train",
+        str(ROOT / "templates" / "train-1.3b-3d.toml"),
+        "-H",
+        str(ROOT / "hostfiles" / "two-nodes-8-gpus.txt"),
+    ]
+    small = invoke([*args, "--gpu-memory", "1GiB", "--dry-run"], env={"COLUMNS": "200"})
+    assert "the step peak does not fit" in small.stdout
+    _one_line_error(small, "the plan does not fit: rank", "over 90% of 1.00 GiB per rank", "activation_checkpointing")
+    assert invoke([*args, "--gpu-memory", "80GiB", "--dry-run", "--json"]).exit_code == 0
+    assert invoke([*args, "--gpu-memory", "1GiB", "--dry-run", "--json"]).exit_code == 2
