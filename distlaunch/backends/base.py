@@ -32,6 +32,10 @@ class LaunchRequest(BaseModel):
     launcher: str = "auto"  # --launcher: auto | slurm | agent
     command: list[str] = []  # the command line, kept in the job record
     supervision_given: list[str] = []  # supervision flags typed on the command line (--hang-timeout, ...)
+    dry_run: bool = False  # --dry-run: plan only, contacting no host
+    probe: bool = (
+        False  # --dry-run --probe: the launch's preflight reads the hosts, then the plan shows their decisions
+    )
 
 
 PlanT = TypeVar("PlanT", bound=Plan)  # what a backend's plan() makes and its run() and detach() take

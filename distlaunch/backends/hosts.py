@@ -95,6 +95,14 @@ class LauncherDriven(FileOutput[PlanT]):
         return request_stacks(record, timeout)
 
 
+def check_probe(request: LaunchRequest) -> None:
+    """--probe reads the hosts for a --dry-run: a launch reads them anyway, in its preflight."""
+    if request.probe and not request.dry_run:
+        raise UsageError(
+            "--probe without --dry-run", "add --dry-run to see what the hosts decide without starting a rank"
+        )
+
+
 class Hosts(LauncherDriven["LaunchPlan"]):
     name = "hosts"
 
@@ -102,9 +110,18 @@ class Hosts(LauncherDriven["LaunchPlan"]):
         pass  # every option applies; --detach hands the plan to a supervisor
 
     def plan(self, request: LaunchRequest) -> LaunchPlan:
-        from distlaunch.launcher.running.launch import check_shown_local_ranks, plan_for
+        from distlaunch.launcher.running.launch import check_shown_local_ranks, plan_for, probed_plan
 
+        check_probe(request)
         plan = plan_for(request.opts, request.exec_opts.workdir, request.exec_opts.flight_recorder)
+        if plan.decisions is None and request.probe:
+            plan = probed_plan(plan, request.opts, request.exec_opts)
+        if plan.decisions is None and request.dry_run and request.opts.nproc_per_node in ("auto", "gpu"):
+            raise UsageError(
+                f"--nproc-per-node {request.opts.nproc_per_node}: the ranks per host are counted by the hosts' GPUs, "
+                "which a --dry-run does not contact",
+                "add --probe to read them now, or give the ranks per host, e.g. -n 8",
+            )
         check_shown_local_ranks(plan, request.exec_opts.local_ranks_filter)
         return plan
 

@@ -45,6 +45,7 @@ from distlaunch.cli.options import (
     NprocPerNode,
     OnStraggler,
     ParallelOpt,
+    Probe,
     Program,
     Python,
     RdzvEndpoint,
@@ -105,6 +106,7 @@ LAUNCH_OPTIONS = (
     Opt("save_signal", SaveSignal, _SUPERVISION.save_signal),
     Opt("forward_signals", ForwardSignals, None),
     Opt("dry_run", DryRun, False),
+    Opt("probe", Probe, False),
     Opt("detach", Detach, False),
     Opt("json_output", Json, False),
     Opt("launcher", Launcher, "auto"),
@@ -271,6 +273,8 @@ class LaunchArgs:
             launcher=self.launcher,
             command=command_line(),
             supervision_given=self.supervision_given,
+            dry_run=bool(self.values.get("dry_run")),
+            probe=bool(self.values.get("probe")),
         )
 
 

@@ -68,8 +68,9 @@ NprocPerNode = Annotated[
         "--nproc-per-node",
         parser=parse_nproc,
         metavar="N|auto|gpu",
-        help="Processes per host (default: the host's slots; without a hostfile, the GPUs here or 1). "
-        "auto: the GPUs here or 1; gpu: the GPUs here. Under Slurm: the same as --ntasks-per-node.",
+        help="Processes per host (default: the host's slots; without a hostfile, this machine's GPUs or 1). "
+        "auto: each host's GPUs or 1; gpu: each host's GPUs, the same on every host (counted by the hosts at "
+        "start). Under Slurm: the same as --ntasks-per-node.",
         rich_help_panel=LAUNCH,
     ),
 ]
@@ -140,8 +141,8 @@ Backend = Annotated[
         "--backend",
         parser=parse_backend,
         metavar="auto|nccl|gloo",
-        help="auto | nccl | gloo (auto: nccl where GPUs are found, else gloo; `train` on this machine with fewer "
-        "GPUs than ranks: gloo, on the CPU).",
+        help="auto | nccl | gloo (auto: nccl where every host has GPUs, gloo where none has, as the hosts report "
+        "at start; hosts that disagree are refused; `train` on this machine with fewer GPUs than ranks: gloo).",
         rich_help_panel=LAUNCH,
     ),
 ]
@@ -360,7 +361,24 @@ ForwardSignals = Annotated[
         show_default=False,
     ),
 ]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan and start nothing.", rich_help_panel=LAUNCH)]
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the plan and start nothing. It contacts no host: what the hosts decide (backend, -n auto|gpu) "
+        "is said as decided at start, unless their facts were read in the last 10 minutes (--probe reads them).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+Probe = Annotated[
+    bool,
+    typer.Option(
+        "--probe",
+        help="With --dry-run: run the launch's preflight (every host contacted, its inventory read) and show what "
+        "the hosts decide. No rank starts.",
+        rich_help_panel=LAUNCH,
+    ),
+]
 Json = Annotated[
     bool,
     typer.Option(

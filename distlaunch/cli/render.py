@@ -19,6 +19,7 @@ from distlaunch.cli.lines import print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.plan import Plan, View
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
+from distlaunch.launcher.planning.decisions import PENDING_BACKEND
 from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
@@ -73,10 +74,14 @@ def render_hosts(plan: Plan, console: Console) -> None:
     """One row per host, then the process groups (``plan`` is masked already)."""
     p = plan.parallel
     hosts = plural(plan.nnodes, "host")
+    pending = plan.backend == "auto"  # a dry run that contacted no host: they decide at start
     console.print(
         f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
-        f"master {escape(host_port(plan.master_addr, plan.master_port))}, backend {plan.backend}"  # [v6] is no markup
+        f"master {escape(host_port(plan.master_addr, plan.master_port))}"  # [v6] is no markup
+        + ("" if pending else f", backend {plan.backend}")
     )
+    if pending:
+        print_indented(console, f"backend: from the hosts at start ({PENDING_BACKEND})")
     console.print("  parallel " + str(p).replace(",", " "))
     # where, with what and what each host starts: lines of their own, so that no path is cut by a table cell
     for label, field in (("workdir", "workdir"), ("agent", "agent_python"), ("command", "argv")):
@@ -148,7 +153,9 @@ def _print_per_host(console: Console, label: str, per_host: dict[str, str | list
 
 
 def devices_text(devices: list[str]) -> str:
-    """A host's devices, short: ``cuda:0-7``, ``cpu``."""
+    """A host's devices, short: ``cuda:0-7``, ``cpu``; ``at start`` where its host decides them then."""
+    if "auto" in devices:
+        return "at start"
     kinds: dict[str, list[int]] = {}
     others: list[str] = []
     for device in devices:

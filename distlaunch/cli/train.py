@@ -19,8 +19,8 @@ from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
 from distlaunch.contract.plan import Plan
 from distlaunch.errors import ExitCode, UsageError
+from distlaunch.launcher.planning.decisions import local_gpu_count
 from distlaunch.launcher.planning.plan import LaunchPlan
-from distlaunch.launcher.planning.spec import local_gpu_count
 from distlaunch.launcher.planning.train import (
     TrainPlan,
     check_tracking,

@@ -11,6 +11,8 @@ from pydantic import BaseModel, Field, model_validator
 from distlaunch import protocol as p
 
 BackendName = Literal["auto", "nccl", "gloo"]
+NprocWord = Literal["auto", "gpu"]  # -n counted by each host's GPUs (launcher/planning/decisions.py)
+Nproc = int | NprocWord | None  # -n as typed: a number, auto, gpu, or nothing (the hostfile's slots)
 OnStraggler = Literal["warn", "replace"]  # --on-straggler: say so, or also take its host out at a checkpoint
 DEFAULT_MAX_BYTES = 64 << 20  # --log-max-size: per rank, twice that on disk with the previous part
 """``--backend``, one type in every options model (the CLI refuses anything else: ``launcher.spec.parse_backend``)."""
@@ -23,7 +25,7 @@ class SharedOptions(BaseModel):
     """The options every launching command takes (run, train, doctor, slurm run|sbatch), as the user typed them:
     the ranks per host, the layout, the master, the backend and the ranks' environment."""
 
-    nproc_per_node: int | None = None
+    nproc_per_node: Nproc = None
     parallel: str | None = None
     master_addr: str | None = None
     master_port: str = "auto"  # an integer, or auto

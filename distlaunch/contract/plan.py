@@ -18,7 +18,10 @@ the one rank this process becomes (an srun task: Slurm placed the others, so the
 
 
 def rank_device(backend: str, local_rank: int) -> str:
-    """The device a rank computes on: its node's GPU ``cuda:LOCAL_RANK`` under nccl, else the CPU."""
+    """The device a rank computes on: its node's GPU ``cuda:LOCAL_RANK`` under nccl, the CPU under gloo; ``auto``
+    while the backend is (its host decides at start)."""
+    if backend == "auto":
+        return "auto"
     return f"cuda:{local_rank}" if backend == "nccl" else "cpu"
 
 
@@ -82,7 +85,7 @@ class Plan(Protocol):
     @property
     def master_port(self) -> int: ...
     @property
-    def backend(self) -> str: ...  # the ranks' process-group backend: gloo or nccl
+    def backend(self) -> str: ...  # the ranks' process-group backend: gloo or nccl; auto: the hosts decide at start
     @property
     def parallel(self) -> Layout: ...
     @property

@@ -15,6 +15,7 @@ from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, groups, resolve_layout, tp_group_across_nodes
 from distlaunch.contract.plan import View, rank_device
 from distlaunch.errors import UsageError
+from distlaunch.launcher.planning.decisions import decide_backend
 from distlaunch.launcher.planning.plan import NodePlan, RankPlan, mask_env
 from distlaunch.readable import plural
 from distlaunch.slurm.step import SlurmStep, node_of_rank
@@ -143,12 +144,10 @@ def check_gpu_binding(step: SlurmStep, gpus_here: int) -> None:
 
 
 def pick_backend(backend: str, step: SlurmStep, gpus_here: int) -> Literal["gloo", "nccl"]:
-    """``auto``: nccl when this task sees a GPU (Slurm's CUDA_VISIBLE_DEVICES, else the driver), else gloo."""
-    if backend != "auto":
-        return "nccl" if backend == "nccl" else "gloo"
-    if step.visible_gpus is not None:
-        return "nccl" if step.visible_gpus else "gloo"
-    return "nccl" if gpus_here else "gloo"
+    """``auto``: nccl when this task sees a GPU (Slurm's CUDA_VISIBLE_DEVICES, else the driver), else gloo: the
+    rule every host decides by (launcher/planning/decisions.py), this task's node being its host."""
+    seen = len(step.visible_gpus) if step.visible_gpus is not None else gpus_here
+    return decide_backend(backend, {step.node_name or "this node": seen})
 
 
 def map_rank(

@@ -109,7 +109,9 @@ def _count(environ: Mapping[str, str], name: str) -> int | None:
 def tasks_per_node(opts: SlurmJobOptions, nodes: int, environ: Mapping[str, str]) -> int:
     """--ntasks-per-node (or -n), else --ntasks / nodes, else the allocation's (its tasks per node, or its
     --ntasks over its nodes), else one per GPU, else 1."""
-    given, nproc = opts.ntasks_per_node, opts.nproc_per_node
+    given = opts.ntasks_per_node
+    # -n auto|gpu: the nodes count their own GPUs (each task checks it there); the allocation says the tasks here
+    nproc = opts.nproc_per_node if isinstance(opts.nproc_per_node, int) else None
     if given is not None and nproc is not None and given != nproc:
         raise UsageError(
             f"--ntasks-per-node {given} and -n/--nproc-per-node {nproc} disagree: under Slurm each task is one "
@@ -288,7 +290,7 @@ def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
     for flag, value in (
         ("-N/--nodes", opts.nodes),
         ("--ntasks-per-node", opts.ntasks_per_node),
-        ("-n/--nproc-per-node", opts.nproc_per_node),
+        ("-n/--nproc-per-node", opts.nproc_per_node if isinstance(opts.nproc_per_node, int) else None),
         ("--ntasks", opts.ntasks),
         ("--cpus-per-task", opts.cpus_per_task),
     ):

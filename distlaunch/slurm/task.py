@@ -13,8 +13,8 @@ from distlaunch.contract.env import launcher_defaults, parse_env
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
+from distlaunch.launcher.planning.decisions import local_gpu_count, local_nproc
 from distlaunch.launcher.planning.program import build_command, check_script
-from distlaunch.launcher.planning.spec import local_gpu_count
 from distlaunch.saverequest import rank_signals
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
@@ -56,8 +56,8 @@ def rank_for_task(opts: LaunchOptions, environ: Mapping[str, str]) -> SlurmRank:
         master_port=master_port_for(opts, environ),
         parallel=layout_spec(opts.parallel),
         backend=opts.backend,
-        gpus_here=local_gpu_count(),
-        nproc_per_node=opts.nproc_per_node,
+        gpus_here=local_gpu_count(),  # the task runs on its host: its own inventory decides
+        nproc_per_node=local_nproc(opts.nproc_per_node),
     )
     return rank.model_copy(update={"argv": build_command(opts)})
 

@@ -181,7 +181,7 @@ def test_the_interface_toward_an_address():
 
 
 def test_this_machines_gpu_count_is_the_probes(tmp_path):
-    """local_gpu_count (what -n auto reads here today) counts the GPUs through the probe's one driver reader."""
-    count = "from distlaunch.launcher.planning.spec import local_gpu_count; print(local_gpu_count())"
+    """local_gpu_count (what this machine's own work, an srun task, reads) counts the GPUs through the probe."""
+    count = "from distlaunch.launcher.planning.decisions import local_gpu_count; print(local_gpu_count())"
     done = run_on(EIGHT_GPUS, tmp_path / "hw", sys.executable, "-c", count)
     assert done.stdout.strip() == "8", done.stderr

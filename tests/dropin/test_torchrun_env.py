@@ -133,12 +133,12 @@ def dry_run(args: list[str], env: dict[str, str]) -> tuple[dict[int, dict[str, s
     return planned_ranks(subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env))
 
 
-def agent_job(tmp_path: Path, *args: str) -> Ranks:
-    """``distlaunch run ARGS envdump.py``, dry and for real, in this process's environment."""
+def agent_job(tmp_path: Path, *args: str, dry: tuple[str, ...] = ()) -> Ranks:
+    """``distlaunch run ARGS envdump.py``, dry (with ``dry`` added) and for real, in this process's environment."""
     script = tmp_path / "envdump.py"
     script.write_text(ENV_DUMP)
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
-    planned, planned_job = dry_run([*args, str(script)], env)
+    planned, planned_job = dry_run([*dry, *args, str(script)], env)
     done = subprocess.run(
         distlaunch_cmd("run", *args, str(script)), capture_output=True, text=True, timeout=180, env=env
     )
@@ -156,7 +156,7 @@ def ssh_ranks(tmp_path: Path, request) -> Ranks:
     cluster = request.getfixturevalue("sshd_cluster")
     hosts = cluster.write_hostfile(tmp_path / "hosts", nhosts=2, slots=1)
     args = ("-H", str(hosts), "--ssh-config", str(cluster.ssh_config), "--master-port", str(free_port()))
-    ranks = agent_job(tmp_path, *args)
+    ranks = agent_job(tmp_path, *args, dry=("--probe",))  # the hosts' decisions (backend), as the launch makes them
     # a remote rank keeps only these of its login's environment (docs/multinode.md), their values the host's
     return replace(ranks, inherited_names=frozenset({*LOGIN_VARS, *PYTHON_SETS}))
 

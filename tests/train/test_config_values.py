@@ -89,9 +89,7 @@ def test_gpu_memory_must_be_positive(size):
 
 
 def test_unknown_gpu_memory_is_said_in_plain_words(monkeypatch):
-    monkeypatch.setattr(
-        "distlaunch.launcher.planning.train.nvidia_smi_memory", lambda: None
-    )  # as on a machine without GPUs
+    monkeypatch.setattr("distlaunch.launcher.planning.decisions.inventory", dict)  # a host without GPUs
     result = invoke(["train", "-n", "1", "--dry-run", "--backend", "nccl"])
     assert result.exit_code == 0, result.stderr
     text = " ".join(result.stdout.split())  # rich wraps at 100 columns

@@ -12,6 +12,7 @@ from distlaunch.contract.env import contract_env
 from distlaunch.contract.layout import Layout, LayoutSpec, groups, resolve_layout, tp_group_across_nodes
 from distlaunch.contract.plan import View, rank_device
 from distlaunch.errors import UsageError
+from distlaunch.launcher.planning.decisions import Decisions
 from distlaunch.launcher.planning.hostfile import HostSlots
 
 # by name: ..._TOKEN, API_KEY, ..._SECRET, any PASS (PASSWORD, PASSWD, PASSPHRASE), ..._PAT, CREDENTIALS
@@ -38,7 +39,7 @@ class LaunchSpec(BaseModel):
     parallel: LayoutSpec = LayoutSpec()
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
-    backend: Literal["gloo", "nccl"] = "gloo"
+    backend: Literal["gloo", "nccl", "auto"] = "gloo"  # auto: the hosts decide at start (``decisions`` None)
     env: dict[str, str] = Field(default_factory=dict)  # user --env, forwarded variables
     job_id: str
     addresses: dict[str, str] = Field(default_factory=dict)  # host → address others reach it by
@@ -48,6 +49,7 @@ class LaunchSpec(BaseModel):
     local_python: str = ""  # ... and on this machine (the launcher's own)
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     spares: Spares | None = None  # --nnodes MIN:MAX with a hostfile
+    decisions: Decisions | None = None  # what the hosts decided; None: not known before they are contacted
 
 
 class RankPlan(BaseModel):
@@ -83,6 +85,7 @@ class LaunchPlan(BaseModel):
     nodes: list[NodePlan]
     groups: dict[str, list[list[int]]]
     spares: Spares | None = None  # --nnodes MIN:MAX: who replaces a failed host (None: a job without spares)
+    decisions: Decisions | None = None  # backend, -n auto|gpu, GPU memory; None: the hosts decide at start
 
     def masked(self) -> LaunchPlan:
         """A copy safe to print: secret-looking env values are hidden (``mask_env``)."""
@@ -186,4 +189,5 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
         nodes=nodes,
         groups=groups(parallel),
         spares=spec.spares,
+        decisions=spec.decisions,
     )

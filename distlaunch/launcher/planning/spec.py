@@ -17,9 +17,10 @@ from distlaunch.contract.endpoint import choose_port
 from distlaunch.contract.env import launcher_defaults, parse_env
 from distlaunch.contract.hostname import host_key
 from distlaunch.contract.layout import layout_spec
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.options import LaunchOptions, Nproc
 from distlaunch.errors import UsageError
-from distlaunch.hostprobe import driver_gpus
+from distlaunch.jobs.inventories import cache_key, remembered
+from distlaunch.launcher.planning.decisions import Decisions, decide, local_inventory
 from distlaunch.launcher.planning.hostfile import (
     HostSlots,
     apply_filters,
@@ -45,27 +46,18 @@ def is_local_host(name: str) -> bool:
     return key in LOCAL_NAMES or key in (host_key(socket.gethostname()), host_key(socket.getfqdn()))
 
 
-def local_gpu_count() -> int:
-    """GPUs the NVIDIA driver exposes here, without importing torch or running nvidia-smi."""
-    return len(driver_gpus())
-
-
 def new_job_id() -> str:
     """A job id unique per launch; it marks every process of the job."""
     return f"dl-{secrets.token_hex(6)}"
 
 
-def parse_nproc(text: str | int | None) -> int | None:
-    """``-n N``, or torchrun's ``auto`` (the GPUs here, else 1) and ``gpu`` (the GPUs here, at least one)."""
+def parse_nproc(text: str | int | None) -> Nproc:
+    """``-n N``, or torchrun's ``auto`` (each host's GPUs, else 1) and ``gpu`` (each host's GPUs, at least one),
+    kept as words: the hosts count their GPUs (``decisions.decide_ranks``), not the machine that parses this."""
     if text is None or isinstance(text, int):
         return text
-    if text in ("auto", "gpu"):
-        gpus = local_gpu_count()
-        if text == "gpu" and not gpus:
-            raise UsageError("--nproc-per-node gpu: this machine has no GPU", "give a number, e.g. -n 4, or auto")
-        return gpus or 1
-    if isinstance(text, int):
-        return text
+    if text.strip() in ("auto", "gpu"):
+        return text.strip()  # type: ignore[return-value]
     if not re.fullmatch(r"[0-9]+", text.strip()):  # int() would also take "1_0" and other scripts' digits
         what = "is not a whole number" if re.fullmatch(r"[0-9]*\.[0-9]+", text.strip()) else "is not a number"
         raise UsageError(f"--nproc-per-node {text!r} {what}", "give the processes per host, e.g. -n 4, or auto / gpu")
@@ -137,8 +129,9 @@ def inline_hosts(path: Path) -> list[HostSlots] | None:
 
 
 def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
-    """Hosts and their slot lists after the hostfile, --nproc-per-node and --include/--exclude."""
-    n = opts.nproc_per_node
+    """Hosts and their slot lists after the hostfile, --nproc-per-node and --include/--exclude. Under -n auto|gpu
+    (and with neither -n nor a hostfile) a host's slots are counted from its GPUs later (``with_ranks``)."""
+    n = opts.nproc_per_node if isinstance(opts.nproc_per_node, int) else None
     if n is not None and n < 1:
         raise UsageError(f"--nproc-per-node {n} must be at least 1", "give the number of processes per host, e.g. -n 4")
     if n is not None:
@@ -146,8 +139,7 @@ def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
     if opts.hostfile is None:
         if opts.include is not None or opts.exclude is not None:  # an empty one too: it is not ignored
             raise UsageError("--include/--exclude need a hostfile", "pass -H HOSTFILE")
-        count = n or local_gpu_count() or 1
-        return [HostSlots(host="localhost", slots=list(range(count)))]
+        return [HostSlots(host="localhost", slots=list(range(n or 1)), explicit=n is not None)]
     hosts = inline_hosts(opts.hostfile) or read_hostfile(opts.hostfile)
     if n is not None:
         for h in hosts:
@@ -159,6 +151,48 @@ def resolve_hosts(opts: LaunchOptions) -> list[HostSlots]:
         check_rank_count(n * len(hosts), f"the world size ({len(hosts)} hosts × -n {n})")
         hosts = [h.model_copy(update={"slots": h.slots[:n] if h.explicit else list(range(n))}) for h in hosts]
     return apply_filters(hosts, opts.include, opts.exclude)
+
+
+def nproc_rule(opts: LaunchOptions) -> Nproc:
+    """-n as the hosts apply it: without a hostfile and without -n, this machine runs one rank per GPU, or one."""
+    return opts.nproc_per_node if opts.hostfile is not None else (opts.nproc_per_node or "auto")
+
+
+def with_ranks(hosts: list[HostSlots], decisions: Decisions | None, opts: LaunchOptions) -> list[HostSlots]:
+    """Each host's slots as its GPUs count them (``Decisions.ranks``): the first ones of a ``slots=`` line."""
+    if decisions is None or not decisions.ranks:
+        return hosts
+    counted = []
+    for h in hosts:
+        n = decisions.ranks.get(h.host, h.nslots)
+        if h.explicit and n > h.nslots:
+            raise UsageError(
+                f"--nproc-per-node {opts.nproc_per_node}: {h.host} has {plural(n, 'GPU')}, more than its "
+                f"{plural(h.nslots, 'slot')} in {opts.hostfile}",
+                f"give -n {h.nslots}, or raise slots of {h.host}",
+            )
+        counted.append(h.model_copy(update={"slots": h.slots[:n] if h.explicit else list(range(n))}))
+    check_rank_count(sum(h.nslots for h in counted), "the world size")
+    return counted
+
+
+def ago(seconds: float) -> str:
+    """How long ago, as a plan says it: ``just now``, ``3 min ago``."""
+    return "just now" if seconds < 60 else f"{int(seconds // 60)} min ago"
+
+
+def known_decisions(opts: LaunchOptions, hosts: list[HostSlots]) -> Decisions | None:
+    """The hosts' decisions as far as they are known without contacting a host: this machine's inventory for the
+    hosts that are this machine, what the remote ones reported within the last minutes (jobs/inventories.py).
+    None while a remote host's facts are unknown: the launch's preflight reads them."""
+    remote = [h.host for h in hosts if not is_local_host(h.host)]
+    kept = remembered(cache_key(opts.hostfile, opts.ssh_config)) if remote and opts.hostfile is not None else None
+    if remote and (kept is None or not set(remote) <= set(kept.hosts)):
+        return None
+    local = local_inventory() if len(remote) < len(hosts) else None
+    inventories = {h.host: kept.hosts[h.host] if kept and h.host in remote else local for h in hosts}
+    source = f"the hosts, as they reported {ago(kept.age())}" if kept else "this machine"
+    return decide(inventories, opts.backend, nproc_rule(opts), source)
 
 
 def is_loopback(addr: str) -> bool:
@@ -245,12 +279,16 @@ def make_spec(
     addresses: dict[str, str] | None = None,
     workdir: str | None = None,
     flight_recorder: bool = False,
+    decisions: Decisions | None = None,
 ) -> LaunchSpec:
     """Resolve options into a LaunchSpec; ``hosts`` as ``resolve_hosts`` gave them (read here when None),
     ``addresses`` maps remote host aliases to what other hosts can reach. Which hosts are this machine is
     decided here, once, and kept in the spec and the plan. ``flight_recorder``: the job has a hang watch, whose
-    ranks get NCCL's flight recorder (``ExecOptions.flight_recorder``)."""
+    ranks get NCCL's flight recorder (``ExecOptions.flight_recorder``). ``decisions``: what the hosts decided (a
+    launch's preflight read them); else what is known of them without contacting one (``known_decisions``)."""
     hosts = hosts if hosts is not None else resolve_hosts(opts)
+    decisions = decisions or known_decisions(opts, hosts)
+    hosts = with_ranks(hosts, decisions, opts)
     # absolute: a remote host would take a relative --workdir from its login folder, not from ours
     workdir = os.path.abspath(os.path.expanduser(workdir)) if workdir else os.getcwd()
     local_hosts = [h.host for h in hosts if is_local_host(h.host)]
@@ -258,9 +296,7 @@ def make_spec(
     addresses = {h.host: "127.0.0.1" for h in hosts} if all_local else dict(addresses or {})
     first = hosts[0].host
     master_addr = opts.master_addr or master_for(hosts, local_hosts, addresses)
-    backend = opts.backend
-    if backend == "auto":
-        backend = "nccl" if local_gpu_count() else "gloo"
+    backend = opts.backend if decisions is None else decisions.backend  # auto: the hosts decide at start
     env = job_env(opts, all_local)
     env.update(launcher_defaults(backend, max(h.nslots for h in hosts), {**os.environ, **env}))
     if flight_recorder:  # as every agent sets it, unless the user's environment does (a rank here inherits this one)
@@ -280,4 +316,5 @@ def make_spec(
         agent_python=opts.remote_python or sys.executable,  # --python picks the ranks' interpreter only
         local_python=sys.executable,
         max_restarts=opts.max_restarts,
+        decisions=decisions,
     )

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from distlaunch.contract.env import parse_env
 from distlaunch.contract.layout import DEGREES, LAYOUT_KEYS, Layout, LayoutSpec, parse_layout
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.contract.options import LaunchOptions, Nproc
 from distlaunch.errors import UsageError
+from distlaunch.launcher.planning.decisions import local_gpu_count, local_nproc
 from distlaunch.launcher.planning.plan import LaunchPlan
-from distlaunch.launcher.planning.spec import local_gpu_count, size_in_bytes
+from distlaunch.launcher.planning.spec import size_in_bytes
 from distlaunch.readable import plural
 from distlaunch.training.argv import ENGINE_MODULE, engine_args, engine_job
 from distlaunch.training.config import (
@@ -126,24 +125,27 @@ def check_tracking(
         check_packages(cfg.train.report_to, load=False)
 
 
-def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: int | None) -> int | None:
+def default_nproc(cfg: TrainingConfig, hostfile: Path | None, nproc_per_node: Nproc) -> Nproc:
     """Processes on this machine when neither -n nor a hostfile says: the config's dp*tp*pp; with dp=auto,
-    as many whole tp*pp groups as there are GPUs here (at least one group)."""
-    if hostfile is not None or nproc_per_node is not None:
+    as many whole tp*pp groups as there are GPUs here (at least one group). Without a hostfile this machine is
+    the host, so its own GPUs count for -n auto|gpu; a hostfile's hosts count theirs at start."""
+    if hostfile is not None:
         return nproc_per_node
+    if nproc_per_node is not None:
+        return local_nproc(nproc_per_node)
     p = cfg.parallel
     dp = p.dp if p.dp is not None else max(1, local_gpu_count() // p.model_parallel)
     return dp * p.model_parallel
 
 
-def train_backend(backend: str, hostfile: Path | None, nproc: int | None, gpus: int) -> tuple[str, str | None]:
+def train_backend(backend: str, hostfile: Path | None, nproc: Nproc, gpus: int) -> tuple[str, str | None]:
     """``--backend`` for a training job, and a line saying why when it is not the launcher's usual choice.
 
     ``auto`` on this machine alone, where GPUs exist but fewer than the ranks (the embedded 4-rank
     default on a 1-GPU workstation), is gloo on the CPU: nccl would stop every rank past the last GPU.
     Everything else is ``run``'s rule (nccl where GPUs exist, else gloo).
     """
-    if backend != "auto" or hostfile is not None or nproc is None or not 0 < gpus < nproc:
+    if backend != "auto" or hostfile is not None or not isinstance(nproc, int) or not 0 < gpus < nproc:
         return backend, None
     return "gloo", (
         f"{plural(nproc, 'rank')} but {plural(gpus, 'GPU')} here: training on the CPU with gloo "
@@ -199,24 +201,6 @@ def parse_size(text: str) -> int:
     return size
 
 
-def nvidia_smi_memory() -> int | None:
-    """The smallest GPU's memory on this machine from nvidia-smi, or None without it."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        return min(int(line) for line in out.split()) * 2**20  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-
-
 def host_memory() -> int | None:
     """MemTotal from /proc/meminfo, or None where there is none."""
     try:
@@ -229,17 +213,18 @@ def host_memory() -> int | None:
     return None
 
 
-def device_capacity(backend: str, gpu_memory: str | None, ranks_per_node: int) -> tuple[str, int | None, str]:
-    """(device, bytes per rank, where that number came from)."""
+def device_capacity(plan: LaunchPlan, gpu_memory: str | None, ranks_per_node: int) -> tuple[str, int | None, str]:
+    """(device, bytes per rank, where that number came from): --gpu-memory, else the smallest GPU the hosts
+    reported (``Decisions``), never the GPUs of the machine that plans."""
     if gpu_memory is not None:
         return "gpu", parse_size(gpu_memory), "--gpu-memory"
-    if backend == "nccl":
-        detected = nvidia_smi_memory()
-        return (
-            ("gpu", detected, "nvidia-smi on this machine")
-            if detected
-            else ("gpu", None, "unknown (pass --gpu-memory)")
-        )
+    decided = plan.decisions
+    if plan.backend == "auto":
+        return "decided by the hosts at start", None, "unknown before the hosts are read (--probe, or --gpu-memory)"
+    if plan.backend == "nccl":
+        if decided is None or decided.gpu_memory_mib is None:
+            return "gpu", None, "unknown (pass --gpu-memory)"
+        return "gpu", decided.gpu_memory_mib * 2**20, f"the smallest GPU of the hosts: {decided.gpu_memory_host}"
     total = host_memory()
     share = total // ranks_per_node if total else None
     return "no GPU: host memory", share, f"/proc/meminfo / {plural(ranks_per_node, 'rank')} per host"
@@ -254,7 +239,7 @@ def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_m
     batch = fitted_batch(cfg.train.global_batch_size, dims) if chosen else None
     check_fault(cfg.fault, plan.world_size, cfg.train.step_timeout)
     ranks_per_node = max(len(node.ranks) for node in plan.nodes)
-    device, capacity, source = device_capacity(plan.backend, gpu_memory, ranks_per_node)
+    device, capacity, source = device_capacity(plan, gpu_memory, ranks_per_node)
     memory = plan_memory(model, dims, cfg.train, plan.backend, device, capacity, source)
     config_path = str((config or EMBEDDED_CONFIG).resolve())
     return TrainPlan(**plan.model_dump(), config=config_path, memory=memory, batch=batch)

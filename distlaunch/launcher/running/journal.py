@@ -93,6 +93,12 @@ class Journal:
         self.record = self.record.model_copy(update=update)
         self._save()
 
+    def replanned(self, plan: LaunchPlan) -> None:
+        """The hosts decided before any rank started, and changed the plan (backend, ranks): record the new one."""
+        update = {"hosts": [node.host for node in plan.nodes], "world_size": plan.world_size}
+        self.record = self.record.model_copy(update={**update, "plan": plan.masked().model_dump(mode="json")})
+        self._save()
+
     def _save(self) -> None:
         if self.broken:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -12,7 +13,9 @@ from distlaunch.contract.options import ExecOptions, LaunchOptions
 from distlaunch.contract.report import RunReport
 from distlaunch.contract.sink import Sink
 from distlaunch.errors import DistlaunchError, ExitCode, HostError, Interrupted, UsageError
+from distlaunch.jobs.inventories import cache_key, forget, remember
 from distlaunch.launcher.elastic.healing import PREFLIGHT_TIMEOUT_S, Healing, Pool, split_spares
+from distlaunch.launcher.planning.decisions import decide, local_inventory
 from distlaunch.launcher.planning.hostfile import HostSlots
 from distlaunch.launcher.planning.plan import LaunchPlan, LaunchSpec, Spares, build_plan
 from distlaunch.launcher.planning.program import check_local_program, check_workdir, program_label, start_error
@@ -21,6 +24,7 @@ from distlaunch.launcher.planning.spec import (
     is_local_host,
     is_loopback,
     make_spec,
+    nproc_rule,
     resolve_hosts,
 )
 from distlaunch.launcher.running.attempt import CannotStart
@@ -32,6 +36,7 @@ from distlaunch.launcher.supervising.requests import JobRequests, StopRequest, s
 from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
+    from distlaunch.launcher.planning.decisions import Decisions
     from distlaunch.remote.session import RemoteHosts
 
 
@@ -45,21 +50,25 @@ def host_addresses(opts: LaunchOptions, hosts: list[HostSlots]) -> dict[str, str
     return {alias: target.hostname for alias, target in resolve_targets(remote, opts.ssh_config).items()}
 
 
-def spec_for(opts: LaunchOptions, workdir: str | None = None, flight_recorder: bool = False) -> LaunchSpec:
+def spec_for(
+    opts: LaunchOptions, workdir: str | None = None, flight_recorder: bool = False, decisions: Decisions | None = None
+) -> LaunchSpec:
     """Resolve the options (the hostfile read once, ssh_config only when a host is remote). With
     ``--nnodes MIN:MAX`` the job starts on the first MAX hosts; the rest are its spares."""
     hosts = resolve_hosts(opts)
     addresses = host_addresses(opts, hosts)
     if opts.nodes is None:
-        return make_spec(opts, hosts, addresses, workdir, flight_recorder)
+        return make_spec(opts, hosts, addresses, workdir, flight_recorder, decisions)
     active, spares = split_spares(hosts, opts.nodes, opts.hostfile)
-    spec = make_spec(opts, active, addresses, workdir, flight_recorder)
+    spec = make_spec(opts, active, addresses, workdir, flight_recorder, decisions)
     return spec.model_copy(update={"spares": Spares(min_nodes=opts.nodes.min_nodes, hosts=spares)})
 
 
-def plan_for(opts: LaunchOptions, workdir: str | None = None, flight_recorder: bool = False) -> LaunchPlan:
+def plan_for(
+    opts: LaunchOptions, workdir: str | None = None, flight_recorder: bool = False, decisions: Decisions | None = None
+) -> LaunchPlan:
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
-    plan = build_plan(spec_for(opts, workdir, flight_recorder))
+    plan = build_plan(spec_for(opts, workdir, flight_recorder, decisions))
     check_local_script(plan, opts)  # a dry-run checks what a run checks
     if starts_rank0_here(plan):
         check_master_port(opts, plan.master_port)
@@ -134,6 +143,13 @@ class LaunchContext:
     stop_request: StopRequest | None = None
     requests: JobRequests | None = None
     progress: Progress | None = None
+    replanned: Callable[[LaunchPlan], None] | None = None  # the job record, when the hosts' decisions change the plan
+
+    def adopt(self, plan: LaunchPlan) -> None:
+        """Go on with ``plan``, as the hosts decided it; the job record hears of it where it changed."""
+        if plan is not self.plan and self.replanned is not None:
+            self.replanned(plan)
+        self.plan = plan
 
     def execute(self, plan: LaunchPlan, connect: Connect, recovery: Recovery | None = None) -> RunReport:
         """Run ``plan``'s attempts, reaching its hosts through ``connect``."""
@@ -186,7 +202,7 @@ def _recorded(ctx: LaunchContext, command: list[str]) -> RunReport:
             with interrupts.held():  # the record is begun whole; a signal meanwhile is raised once it is
                 journal = Journal.begin(plan, backend, command, log_dir, ctx.sink.notice)
                 requests.folder = None if journal.broken else job_folder(plan.job_id)
-                ctx.requests, ctx.progress = requests, journal.progress
+                ctx.requests, ctx.progress, ctx.replanned = requests, journal.progress, journal.replanned
             report = _launch(ctx)
             with interrupts.held(then_check=False):  # the record says the report whole; a signal now ends the command
                 journal.end(report)
@@ -219,32 +235,67 @@ def _launch(ctx: LaunchContext) -> RunReport:
     if plan.spares is not None:
         return _heal(ctx)
     hosts = open_hosts(plan, opts)
-    if hosts is None:
-        return ctx.execute(plan, make_connect(opts))
-    with hosts:
+    with hosts if hosts is not None else nullcontext():
+        ctx.adopt(decided_plan(plan, opts, ctx.exec_opts, hosts))
+        if hosts is None:
+            return ctx.execute(ctx.plan, make_connect(opts))
         try:
-            return ctx.execute(plan, make_connect(opts, hosts))
+            return ctx.execute(ctx.plan, make_connect(opts, hosts))
         except CannotStart as exc:
-            raise cannot_start_error(exc.problems, opts, plan) from None
+            raise cannot_start_error(exc.problems, opts, ctx.plan) from None
 
 
 def open_hosts(plan: LaunchPlan, opts: LaunchOptions, timeout: float | None = None) -> RemoteHosts | None:
     """Preflight: every remote host of the plan connected and able to run the agent before any rank starts
-    anywhere (HostsFailed, exit 3, naming each host that is not); None when every host is this machine."""
+    anywhere (HostsFailed, exit 3, naming each host that is not); None when every host is this machine. A failed
+    preflight forgets what its hosts reported before (jobs/inventories.py): they may not be what they were."""
     remote = [node.host for node in plan.nodes if not node.local]
     if not remote:
         return None
     from distlaunch.remote.preflight import preflight  # paramiko: only paid when a host is remote
 
-    return preflight(
-        remote,
-        ssh_config=opts.ssh_config,
-        accept_new_host_keys=opts.accept_new_host_keys,
-        python=next(node.agent_python for node in plan.nodes if not node.local),  # one for every remote host
-        workdir=plan.nodes[0].workdir,
-        job_id=plan.job_id,
-        timeout=timeout,
-    )
+    try:
+        return preflight(
+            remote,
+            ssh_config=opts.ssh_config,
+            accept_new_host_keys=opts.accept_new_host_keys,
+            python=next(node.agent_python for node in plan.nodes if not node.local),  # one for every remote host
+            workdir=plan.nodes[0].workdir,
+            job_id=plan.job_id,
+            timeout=timeout,
+        )
+    except BaseException:
+        if opts.hostfile is not None:
+            forget(cache_key(opts.hostfile, opts.ssh_config))
+        raise
+
+
+def decided_plan(
+    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, hosts: RemoteHosts | None
+) -> LaunchPlan:
+    """The plan as the hosts decide it, from the inventories the preflight read (this machine's own for its
+    hosts), made once here, before any rank starts: the same plan where it was decided already, else rebuilt
+    with its job id and port. Hosts that disagree are refused (UsageError, exit 2)."""
+    local = local_inventory() if any(node.local for node in plan.nodes) else None
+    found = {n.host: local if n.local else (hosts.inventories.get(n.host) if hosts else None) for n in plan.nodes}
+    remote = {host: inv for host, inv in found.items() if inv is not None and inv is not local}
+    if remote and opts.hostfile is not None:
+        remember(cache_key(opts.hostfile, opts.ssh_config), remote)
+    source = "the hosts" if remote else "this machine"
+    decisions = decide(found, opts.backend, nproc_rule(opts), source)
+    before = plan.decisions
+    if before is not None and before.model_dump(exclude={"source"}) == decisions.model_dump(exclude={"source"}):
+        return plan
+    spec = spec_for(opts, exec_opts.workdir, exec_opts.flight_recorder, decisions)
+    return build_plan(spec.model_copy(update={"job_id": plan.job_id, "master_port": plan.master_port}))
+
+
+def probed_plan(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions) -> LaunchPlan:
+    """``--dry-run --probe``: the launch's own preflight (every host contacted, its inventory read) and its
+    decisions; no rank starts, the agents it started end."""
+    hosts = open_hosts(plan, opts)
+    with hosts if hosts is not None else nullcontext():
+        return decided_plan(plan, opts, exec_opts, hosts)
 
 
 def _heal(ctx: LaunchContext) -> RunReport:
@@ -252,6 +303,8 @@ def _heal(ctx: LaunchContext) -> RunReport:
     (launcher/elastic/healing.py)."""
     from distlaunch.launcher.planning.train import engine_layout_problem
 
+    if ctx.plan.decisions is None:  # the hosts decide once, before the first attempt; every attempt keeps that
+        ctx.adopt(probed_plan(ctx.plan, ctx.opts, ctx.exec_opts))
     plan, opts = ctx.plan, ctx.opts
     spares = plan.spares.hosts if plan.spares is not None else []
     slots = {h.host: h for h in resolve_hosts(opts)}  # the plan keeps ranks, not slots: the hostfile has them
@@ -261,7 +314,7 @@ def _heal(ctx: LaunchContext) -> RunReport:
 
     def replan(hosts: list[HostSlots], layout: LayoutSpec) -> LaunchPlan:
         layout_opts = opts.model_copy(update={"parallel": str(layout)})
-        spec = make_spec(layout_opts, hosts, addresses, workdir, ctx.exec_opts.flight_recorder)
+        spec = make_spec(layout_opts, hosts, addresses, workdir, ctx.exec_opts.flight_recorder, plan.decisions)
         return build_plan(spec.model_copy(update={"job_id": plan.job_id, "spares": plan.spares}))
 
     def connect(attempt_plan: LaunchPlan):

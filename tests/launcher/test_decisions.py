@@ -1,0 +1,54 @@
+"""The hosts decide: the backend, -n auto|gpu and the planner's GPU memory from the inventories the hosts report,
+and one line naming the host that disagrees (launcher/planning/decisions.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlaunch.contract.inventory import HostInventory
+from distlaunch.errors import UsageError
+from distlaunch.launcher.planning.decisions import decide
+
+
+def host(gpus: int, memory_mib: int | None = None) -> HostInventory:
+    return HostInventory.model_validate(
+        {"gpus": [{"index": i, "model": "H100", "memory_mib": memory_mib} for i in range(gpus)]}
+    )
+
+
+def refused(inventories, backend="auto", nproc=None) -> str:
+    with pytest.raises(UsageError) as caught:
+        decide(inventories, backend, nproc, "the hosts")
+    return str(caught.value)
+
+
+def test_auto_is_nccl_where_every_host_has_gpus_and_gloo_where_none_has():
+    assert decide({"a": host(8), "b": host(8)}, "auto", None, "the hosts").backend == "nccl"
+    assert decide({"a": host(0), "b": host(0)}, "auto", None, "the hosts").backend == "gloo"
+
+
+def test_hosts_with_and_without_gpus_are_refused_naming_the_odd_host_and_the_override():
+    message = refused({"a": host(8), "b": host(8), "c": host(0)})
+    assert message.startswith("--backend auto: c has 0 GPUs but a has 8 GPUs") and "--backend gloo" in message
+    assert refused({"a": host(0), "b": host(0), "c": host(4)}).startswith("--backend auto: c has 4 GPUs but a has 0")
+    assert decide({"a": host(8), "c": host(0)}, "gloo", None, "the hosts").backend == "gloo"  # the override
+
+
+def test_n_gpu_counts_each_hosts_gpus_and_refuses_different_counts():
+    assert decide({"a": host(4), "b": host(4)}, "auto", "gpu", "x").ranks == {"a": 4, "b": 4}
+    message = refused({"a": host(8), "b": host(8), "c": host(4)}, nproc="gpu")
+    assert message.startswith("--nproc-per-node gpu: c has 4 GPUs but a has 8") and "-n 4" in message
+    assert "b has no GPU" in refused({"a": host(2), "b": host(0)}, backend="gloo", nproc="gpu")
+    assert decide({"a": host(2), "b": host(0)}, "gloo", "auto", "x").ranks == {"a": 2, "b": 1}
+    assert decide({"a": host(2)}, "auto", 3, "x").ranks == {}  # a number: the user's, not the GPUs'
+
+
+def test_the_planner_counts_on_the_smallest_gpu_of_the_hosts():
+    decided = decide({"a": host(2, 81559), "b": host(2, 40960)}, "auto", None, "x")
+    assert (decided.gpu_memory_mib, decided.gpu_memory_host) == (40960, "b")
+    assert decide({"a": host(2, 81559), "b": host(2)}, "auto", None, "x").gpu_memory_mib is None  # one unknown
+
+
+def test_a_host_without_an_inventory_is_one_line_only_where_it_matters():
+    assert "b did not report its GPUs" in refused({"a": host(2), "b": None})
+    assert decide({"a": host(2), "b": None}, "gloo", 2, "x").backend == "gloo"

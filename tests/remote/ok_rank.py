@@ -1,0 +1,1 @@
+"""A rank that does nothing: a plan needs a program that exists."""
