@@ -48,6 +48,7 @@ class LaunchSpec(BaseModel):
     local_python: str = ""  # ... and on this machine (the launcher's own)
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     spares: Spares | None = None  # --nnodes MIN:MAX with a hostfile
+    cpu_bind: str = "auto"  # --cpu-bind, applied by each host's agent from its own inventory (placement.py)
 
 
 class RankPlan(BaseModel):
@@ -83,6 +84,7 @@ class LaunchPlan(BaseModel):
     nodes: list[NodePlan]
     groups: dict[str, list[list[int]]]
     spares: Spares | None = None  # --nnodes MIN:MAX: who replaces a failed host (None: a job without spares)
+    cpu_bind: str = "auto"  # each host's agent binds its ranks by it, from its own inventory (placement.py)
 
     def masked(self) -> LaunchPlan:
         """A copy safe to print: secret-looking env values are hidden (``mask_env``)."""
@@ -186,4 +188,5 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
         nodes=nodes,
         groups=groups(parallel),
         spares=spec.spares,
+        cpu_bind=spec.cpu_bind,
     )

@@ -280,4 +280,5 @@ def make_spec(
         agent_python=opts.remote_python or sys.executable,  # --python picks the ranks' interpreter only
         local_python=sys.executable,
         max_restarts=opts.max_restarts,
+        cpu_bind=opts.cpu_bind,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from distlaunch.launcher.running.portlock import hold_port
 from distlaunch.launcher.running.transport import LocalAgent
 from distlaunch.launcher.supervising.recovery import Connect, Recovery
 from distlaunch.launcher.supervising.requests import JobRequests, StopRequest, signal_number
+from distlaunch.placement import check_sets
 from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ def plan_for(opts: LaunchOptions, workdir: str | None = None, flight_recorder: b
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
     plan = build_plan(spec_for(opts, workdir, flight_recorder))
     check_local_script(plan, opts)  # a dry-run checks what a run checks
+    check_cpu_bind(plan)
     if starts_rank0_here(plan):
         check_master_port(opts, plan.master_port)
     return plan
@@ -76,6 +79,18 @@ def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
     local = next((node for node in plan.nodes if node.local), None)
     if local is not None:
         check_local_program(opts, local.workdir)
+
+
+def check_cpu_bind(plan: LaunchPlan) -> None:
+    """A --cpu-bind list, as far as the launcher can know it: a set for every local rank of every host, and on
+    this machine only CPUs its ranks may use (remote hosts check theirs before any rank starts)."""
+    for node in plan.nodes:
+        usable = sorted(os.sched_getaffinity(0)) if node.local else None  # a local agent inherits ours
+        try:
+            check_sets(plan.cpu_bind, len(node.ranks), usable)
+        except UsageError as exc:
+            exc.message += f" on {node.host}"
+            raise
 
 
 def check_local_workdir(plan: LaunchPlan) -> None:
@@ -116,6 +131,7 @@ def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
     """What must hold on this machine right before a plan starts (foreground or detached): exit 2 otherwise."""
     check_local_workdir(plan)
     check_local_script(plan, opts)
+    check_cpu_bind(plan)
     if starts_rank0_here(plan):
         check_master_port(opts, plan.master_port)
 
