@@ -19,6 +19,7 @@ from distlaunch.cli.lines import print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.plan import Plan, View
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
+from distlaunch.launcher.planning.netcards import PLAN_LINE as NETWORK_PLAN_LINE
 from distlaunch.placement import describe
 from distlaunch.readable import plural, ranges
 
@@ -88,6 +89,8 @@ def render_hosts(plan: Plan, console: Console) -> None:
         _print_per_host(console, "CUDA_VISIBLE_DEVICES", visible)
     console.print(_hosts_table(plan))
     print_indented(console, f"placement {plan.cpu_bind}: {describe(plan.cpu_bind)}")
+    if plan.nnodes > 1:  # ranks of one host talk over its loopback: no card to choose
+        print_indented(console, NETWORK_PLAN_LINE)
     for axis, axis_groups in plan.groups.items():  # the contract's grid order: tp first
         print_indented(console, f"{axis} groups: {_fmt_groups(axis_groups)}")
     if plan.spares is not None:

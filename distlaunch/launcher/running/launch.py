@@ -26,6 +26,7 @@ from distlaunch.launcher.planning.spec import (
 )
 from distlaunch.launcher.running.attempt import CannotStart
 from distlaunch.launcher.running.execute import Progress, execute
+from distlaunch.launcher.running.network import with_network
 from distlaunch.launcher.running.portlock import hold_port
 from distlaunch.launcher.running.transport import LocalAgent
 from distlaunch.launcher.supervising.recovery import Connect, Recovery
@@ -236,10 +237,10 @@ def _launch(ctx: LaunchContext) -> RunReport:
         return _heal(ctx)
     hosts = open_hosts(plan, opts)
     if hosts is None:
-        return ctx.execute(plan, make_connect(opts))
+        return ctx.execute(with_network(plan, None, ctx.sink.notice), make_connect(opts))
     with hosts:
         try:
-            return ctx.execute(plan, make_connect(opts, hosts))
+            return ctx.execute(with_network(plan, hosts, ctx.sink.notice), make_connect(opts, hosts))
         except CannotStart as exc:
             raise cannot_start_error(exc.problems, opts, plan) from None
 
