@@ -140,7 +140,6 @@ def decide(master_addr: str, inventories: dict[str, HostInventory], user: dict[s
     return net
 
 
-PLAN_LINE = (
-    "network: from each host at start (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME: its interface toward the master, "
-    "where it has several; NCCL_IB_HCA: the HCAs every host has)"
-)
+# the dry run's line: no host is contacted, so it says what each host will decide (GLOO_SOCKET_IFNAME,
+# NCCL_SOCKET_IFNAME where a host has several cards; NCCL_IB_HCA where hosts have InfiniBand)
+PLAN_LINE = "network: at start, each host's card toward the master and the common HCAs"
