@@ -45,7 +45,7 @@ def spawn(argv: list[str], env: dict, workdir: str | None, cpus: list[int] | Non
 
     def prepare() -> None:
         die_with_parent()
-        if cpus is not None:
+        if cpus is not None and hasattr(os, "sched_setaffinity"):  # Linux's: elsewhere ranks stay unbound
             os.sched_setaffinity(0, cpus)
 
     return subprocess.Popen(
@@ -73,7 +73,7 @@ def cpus_of(pid: int) -> str | None:
     """The CPUs process ``pid`` may run on, in the kernel's CPU list syntax; None once it is gone."""
     try:
         return format_cpulist(os.sched_getaffinity(pid))
-    except OSError:
+    except (OSError, AttributeError):  # gone, or no affinity to read on this system
         return None
 
 
