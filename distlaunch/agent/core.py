@@ -24,10 +24,21 @@ from distlaunch.agent.liveness import Heartbeat, Progress
 from distlaunch.agent.output import RankOutput
 from distlaunch.agent.processes import EXITED, RankProcesses
 from distlaunch.agent.rankenv import flight_recorder_vars, rank_vars
-from distlaunch.agent.ranks import Rank, base_env, rank_argv, read_error_file, spawn, start_error, start_exit_code
+from distlaunch.agent.ranks import (
+    Rank,
+    base_env,
+    binding,
+    cpus_of,
+    rank_argv,
+    read_error_file,
+    spawn,
+    start_error,
+    start_exit_code,
+)
 from distlaunch.agent.requests import RankRequests
 from distlaunch.agent.scratch import make_scratch
 from distlaunch.agent.strays import end_stragglers
+from distlaunch.errors import UsageError
 from distlaunch.hostprobe import inventory
 from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, start_problems
 
@@ -39,8 +50,16 @@ _ORPHAN_GRACE_S = 3.0
 class Agent:
     """Supervises one node's ranks from start to end, on the plan ``node``; events go to ``out``."""
 
-    def __init__(self, node: dict, out=sys.stdout, commands: Lines | None = None, plan_at: float | None = None):
+    def __init__(
+        self,
+        node: dict,
+        out=sys.stdout,
+        commands: Lines | None = None,
+        plan_at: float | None = None,
+        host: dict | None = None,
+    ):
         self.node = node
+        self.host = host  # this host's inventory (hostprobe.py), as its hello told it; probed when first needed
         self.plan_at = plan_at  # our wall clock when the plan came: the launcher places our clock by it
         self.sel = selectors.DefaultSelector()
         self.processes = RankProcesses(self.sel, float(node.get("grace_period", p.GRACE_PERIOD_S)))
@@ -70,14 +89,28 @@ class Agent:
             env.update(flight_recorder_vars(self.scratch, env))
         return env
 
+    def bindings(self) -> list[list[int] | None]:
+        """Each rank's CPUs on this host (placement.py), in the plan's order; a bad --cpu-bind: UsageError."""
+        if self.host is None:
+            self.host = inventory()
+        return [binding(self.node, spec, self.host) for spec in self.node["ranks"]]
+
     def start(self) -> None:
-        """Start the node's ranks; one that cannot start is reported at once, as a shell would (126, 127)."""
+        """Start the node's ranks, each on its CPUs; one that cannot start is reported at once, as a shell would
+        (126, 127), and a --cpu-bind this host cannot honour starts none (2)."""
         workdir = self.node.get("workdir") or None
-        for spec in self.node["ranks"]:
+        try:
+            bound = self.bindings()
+        except UsageError as exc:
+            for spec in self.node["ranks"]:
+                self.events.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=f"distlaunch: {exc}")
+                self.events.emit(ev=p.EXIT, rank=spec["rank"], code=2, at=time.time(), stopped=False)
+            return
+        for spec, cpus in zip(self.node["ranks"], bound, strict=True):
             with contextlib.suppress(OSError):  # an earlier attempt's error must not be blamed on this one
                 os.unlink(spec["env"].get("TORCHELASTIC_ERROR_FILE") or "")
             try:
-                proc = spawn(rank_argv(spec["argv"]), self.rank_env(spec), workdir)
+                proc = spawn(rank_argv(spec["argv"]), self.rank_env(spec), workdir, cpus)
             except OSError as exc:
                 self.events.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=start_error(spec["argv"][0], exc, workdir))
                 self.events.emit(ev=p.EXIT, rank=spec["rank"], code=start_exit_code(exc), at=time.time(), stopped=False)
@@ -85,7 +118,7 @@ class Agent:
             rank = Rank(spec, proc)
             self.processes.add(rank)
             self.output.watch(rank)
-            self.events.emit(ev=p.STARTED, rank=rank.rank, pid=proc.pid)
+            self.events.emit(ev=p.STARTED, rank=rank.rank, pid=proc.pid, cpus=cpus_of(proc.pid))
 
     def read_commands(self) -> None:
         """Take the launcher's commands; its end of the channel closing is an order to stop."""
@@ -181,6 +214,10 @@ class Agent:
         # the launcher hears no heartbeat while an interpreter is asked about a module: well within its timeout
         timeout = min(MODULE_CHECK_TIMEOUT_S, self.heartbeat.timeout / 3 or MODULE_CHECK_TIMEOUT_S)
         problems, seen = [], set()
+        try:
+            self.bindings()
+        except UsageError as exc:
+            problems.append({"kind": "cpu-bind", "name": self.node["cpu_bind"], "error": exc.message, "hint": exc.hint})
         for spec in self.node["ranks"]:
             if tuple(spec["argv"]) not in seen:  # ranks of one node usually run one command
                 seen.add(tuple(spec["argv"]))
@@ -224,9 +261,8 @@ def main() -> int:
     # so a host without distlaunch fails the launch before a single rank has started anywhere; and what the
     # host has (its inventory), which the launcher decides from, not from the machine it was typed on.
     try:
-        hello = p.event(
-            p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL, now=time.time(), inventory=inventory()
-        )
+        host = inventory()
+        hello = p.event(p.HELLO, python=sys.version.split()[0], protocol=p.PROTOCOL, now=time.time(), inventory=host)
         print(json.dumps(hello), flush=True)
     except OSError:
         return 2
@@ -235,7 +271,7 @@ def main() -> int:
     plan_at = time.time()
     if not line:
         return 2
-    agent = Agent(json.loads(line), commands=commands, plan_at=plan_at)
+    agent = Agent(json.loads(line), commands=commands, plan_at=plan_at, host=host)
     signal.signal(signal.SIGTERM, lambda *_: agent.processes.begin_stop())
     signal.signal(signal.SIGHUP, lambda *_: agent.processes.begin_stop())
     return agent.run()

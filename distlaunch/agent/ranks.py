@@ -10,6 +10,8 @@ import signal
 import subprocess
 
 from distlaunch.agent.rankenv import in_scratch
+from distlaunch.hostprobe import format_cpulist
+from distlaunch.placement import rank_cpus, rank_gpu
 from distlaunch.startcheck import is_python, program_index
 
 _PR_SET_PDEATHSIG = 1
@@ -37,8 +39,15 @@ class Rank:
         self.reported = False
 
 
-def spawn(argv: list[str], env: dict, workdir: str | None) -> subprocess.Popen:
-    """Start one rank in its own session (its process group is what the agent signals), output on pipes."""
+def spawn(argv: list[str], env: dict, workdir: str | None, cpus: list[int] | None = None) -> subprocess.Popen:
+    """Start one rank in its own session (its process group is what the agent signals), output on pipes, bound
+    to ``cpus`` (None: the CPUs the agent has) from its first instruction on."""
+
+    def prepare() -> None:
+        die_with_parent()
+        if cpus is not None and hasattr(os, "sched_setaffinity"):  # Linux's: elsewhere ranks stay unbound
+            os.sched_setaffinity(0, cpus)
+
     return subprocess.Popen(
         argv,
         env=env,
@@ -47,8 +56,25 @@ def spawn(argv: list[str], env: dict, workdir: str | None) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=prepare,
     )
+
+
+def binding(node: dict, spec: dict, host: dict) -> list[int] | None:
+    """The CPUs rank ``spec`` of the node plan ``node`` is bound to on this host (``host``: its inventory), by the
+    plan's ``--cpu-bind`` (placement.py; a plan without one binds nothing); a bad list is a UsageError."""
+    env = spec["env"]
+    local_ranks = int(env.get("LOCAL_WORLD_SIZE") or len(node["ranks"]))
+    gpu = rank_gpu(env, spec["local_rank"], host)
+    return rank_cpus(node.get("cpu_bind") or "none", host, spec["local_rank"], local_ranks, gpu)
+
+
+def cpus_of(pid: int) -> str | None:
+    """The CPUs process ``pid`` may run on, in the kernel's CPU list syntax; None once it is gone."""
+    try:
+        return format_cpulist(os.sched_getaffinity(pid))
+    except (OSError, AttributeError):  # gone, or no affinity to read on this system
+        return None
 
 
 def rank_argv(argv: list[str]) -> list[str]:

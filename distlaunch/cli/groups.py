@@ -18,6 +18,7 @@ from distlaunch.backends.base import LaunchRequest
 from distlaunch.cli.options import (
     AcceptNewHostKeys,
     Backend,
+    CpuBind,
     Detach,
     DryRun,
     Env,
@@ -88,6 +89,7 @@ LAUNCH_OPTIONS = (
     Opt("master_addr", MasterAddr, None),
     Opt("master_port", MasterPort, "auto"),
     Opt("backend", Backend, "auto"),
+    Opt("cpu_bind", CpuBind, "auto"),
     Opt("max_restarts", MaxRestarts, _SUPERVISION.max_restarts),
     Opt("log_dir", LogDir, None),
     Opt("log_max_size", LogMaxSize, f"{_SUPERVISION.log_max_size >> 20}MiB"),

@@ -18,6 +18,7 @@ from distlaunch.contract.hostname import host_problem
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.spec import parse_backend, parse_log_size, parse_nproc, parse_seconds
 from distlaunch.launcher.supervising.requests import parse_forward_signals, parse_save_signal
+from distlaunch.placement import parse_cpu_bind
 
 LAUNCH = "Launch options"
 
@@ -143,6 +144,26 @@ Backend = Annotated[
         metavar="auto|nccl|gloo",
         help="auto | nccl | gloo (auto: nccl where every host has GPUs, gloo where none has, as the hosts report "
         "at start; hosts that disagree are refused; `train` on this machine with fewer GPUs than ranks: gloo).",
+        rich_help_panel=LAUNCH,
+    ),
+]
+
+
+def check_cpu_bind(text: str) -> str:
+    """``--cpu-bind``: a policy, or per-local-rank CPU lists whose syntax is checked here (their CPUs on each host)."""
+    parse_cpu_bind(text)
+    return text.strip()
+
+
+CpuBind = Annotated[
+    str,
+    typer.Option(
+        "--cpu-bind",
+        metavar="none|numa|cores|LIST",
+        parser=check_cpu_bind,
+        help="Where each rank runs on its host's CPUs. Default: its GPU's NUMA node, without GPUs an equal share"
+        " of the host's CPUs. none: all CPUs; numa: a NUMA node (by GPU, else by local rank); cores: an equal"
+        " share; LIST: each local rank's CPUs, ':' between ranks (0-3:4-7). A Slurm binding is kept.",
         rich_help_panel=LAUNCH,
     ),
 ]

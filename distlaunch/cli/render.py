@@ -20,6 +20,8 @@ from distlaunch.contract.hostname import host_port
 from distlaunch.contract.plan import Plan, View
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
 from distlaunch.launcher.planning.decisions import PENDING_BACKEND
+from distlaunch.launcher.planning.netcards import PLAN_LINE as NETWORK_PLAN_LINE
+from distlaunch.placement import describe
 from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
@@ -91,6 +93,9 @@ def render_hosts(plan: Plan, console: Console) -> None:
     if set(visible.values()) != {"(not set)"}:  # the GPUs a host's cuda:N devices are
         _print_per_host(console, "CUDA_VISIBLE_DEVICES", visible)
     console.print(_hosts_table(plan))
+    print_indented(console, f"placement {plan.cpu_bind}: {describe(plan.cpu_bind)}")
+    if plan.nnodes > 1:  # ranks of one host talk over its loopback: no card to choose
+        print_indented(console, NETWORK_PLAN_LINE)
     for axis, axis_groups in plan.groups.items():  # the contract's grid order: tp first
         print_indented(console, f"{axis} groups: {_fmt_groups(axis_groups)}")
     if plan.spares is not None:

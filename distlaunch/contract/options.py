@@ -70,6 +70,7 @@ class LaunchOptions(ProgramOptions, HostOptions):
     remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: sys.executable)
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
     nodes: NodeRange | None = None  # --nnodes MIN:MAX with a hostfile: spares, shrinking (launcher/elastic/healing.py)
+    cpu_bind: str = "auto"  # --cpu-bind: where each rank runs on its host's CPUs (distlaunch/placement.py)
 
     @model_validator(mode="after")
     def _interpreter(self) -> LaunchOptions:

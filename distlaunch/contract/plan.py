@@ -95,6 +95,8 @@ class Plan(Protocol):
     @property
     def spares(self) -> PlannedSpares | None: ...  # None: a job without spares
     @property
+    def cpu_bind(self) -> str: ...  # --cpu-bind: how each host places its ranks on its CPUs (placement.py)
+    @property
     def view(self) -> View: ...
 
     def masked(self) -> Plan:

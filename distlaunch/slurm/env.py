@@ -42,6 +42,7 @@ class SlurmRank(BaseModel):
     parallel: Layout
     env: dict[str, str]  # the rank contract: MASTER_ADDR ... DISTLAUNCH_RESTART_COUNT
     argv: list[str] = []  # the program the task execs into
+    cpu_bind: str = "auto"  # --cpu-bind, which the task applies to itself unless Slurm bound it (slurm/task.py)
 
     def masked(self) -> SlurmRank:
         """A copy safe to print: secret-looking env values hidden."""

@@ -13,8 +13,10 @@ from distlaunch.contract.env import launcher_defaults, parse_env
 from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
+from distlaunch.hostprobe import inventory
 from distlaunch.launcher.planning.decisions import local_gpu_count, local_nproc
 from distlaunch.launcher.planning.program import build_command, check_script
+from distlaunch.placement import rank_cpus, rank_gpu, slurm_bound
 from distlaunch.saverequest import rank_signals
 from distlaunch.slurm.address import master_address
 from distlaunch.slurm.env import SlurmRank, map_rank
@@ -59,7 +61,7 @@ def rank_for_task(opts: LaunchOptions, environ: Mapping[str, str]) -> SlurmRank:
         gpus_here=local_gpu_count(),  # the task runs on its host: its own inventory decides
         nproc_per_node=local_nproc(opts.nproc_per_node),
     )
-    return rank.model_copy(update={"argv": build_command(opts)})
+    return rank.model_copy(update={"argv": build_command(opts), "cpu_bind": opts.cpu_bind})
 
 
 def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
@@ -83,6 +85,23 @@ def ignore_save_signal(environ: Mapping[str, str]) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def bind_task(rank: SlurmRank, opts: LaunchOptions, env: Mapping[str, str]) -> None:
+    """Place this task on its node's CPUs by --cpu-bind, as an agent places a rank (placement.py), unless Slurm
+    bound it already (srun --cpu-bind): that binding is kept. The exec keeps the affinity."""
+    if slurm_bound(env):
+        return
+    host = inventory()
+    try:
+        cpus = rank_cpus(
+            opts.cpu_bind, host, rank.local_rank, rank.local_world_size, rank_gpu(env, rank.local_rank, host)
+        )
+    except UsageError as exc:
+        exc.message += f" on {rank.node}"
+        raise
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+
+
 def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> NoReturn:
     """Replace this process by the rank's program: no extra process sits between srun and the script."""
     command = rank.argv
@@ -92,6 +111,7 @@ def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) 
         "use a path every node can see (a shared filesystem), or -m MODULE",
     )
     env = task_env(rank, opts, environ)
+    bind_task(rank, opts, env)
     ignore_save_signal(env)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -68,6 +68,7 @@ class OnlyTheProtocol:
     groups: dict[str, list[list[int]]]
     nodes: list[Node]
     spares: Spares | None
+    cpu_bind: str
     view: View
 
     def masked(self) -> OnlyTheProtocol:
@@ -91,7 +92,7 @@ def copy_of(plan: Plan) -> OnlyTheProtocol:
     groups = {axis: [list(g) for g in found] for axis, found in plan.groups.items()}
     return OnlyTheProtocol(
         plan.job_id, plan.world_size, plan.nnodes, plan.master_addr, plan.master_port, plan.backend, plan.parallel,
-        groups, nodes, spares, plan.view,
+        groups, nodes, spares, plan.cpu_bind, plan.view,
     )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ class LaunchSpec(BaseModel):
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     spares: Spares | None = None  # --nnodes MIN:MAX with a hostfile
     decisions: Decisions | None = None  # what the hosts decided; None: not known before they are contacted
+    cpu_bind: str = "auto"  # --cpu-bind, applied by each host's agent from its own inventory (placement.py)
 
 
 class RankPlan(BaseModel):
@@ -86,6 +87,7 @@ class LaunchPlan(BaseModel):
     groups: dict[str, list[list[int]]]
     spares: Spares | None = None  # --nnodes MIN:MAX: who replaces a failed host (None: a job without spares)
     decisions: Decisions | None = None  # backend, -n auto|gpu, GPU memory; None: the hosts decide at start
+    cpu_bind: str = "auto"  # each host's agent binds its ranks by it, from its own inventory (placement.py)
 
     def masked(self) -> LaunchPlan:
         """A copy safe to print: secret-looking env values are hidden (``mask_env``)."""
@@ -190,4 +192,5 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
         groups=groups(parallel),
         spares=spec.spares,
         decisions=spec.decisions,
+        cpu_bind=spec.cpu_bind,
     )

@@ -153,6 +153,8 @@ def start_error(problem: dict, label: str, workdir: str | None, where: str = "",
     """A start problem (startcheck) in one line: on this machine (``where`` empty), or on the hosts ``where``
     names (" on node2, node3"). ``label``: what the user called the program; ``hint`` replaces the usual one."""
     kind, name = problem["kind"], problem["name"]
+    if kind == "cpu-bind":  # the agent's placement.py said it whole
+        return UsageError(problem["error"] + where, problem["hint"])
     relative = not Path(name).is_absolute()
     seen_from = (
         f" (ranks start in {workdir})" if workdir and relative and ("/" in name or kind.startswith("script")) else ""

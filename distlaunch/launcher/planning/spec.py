@@ -317,4 +317,5 @@ def make_spec(
         local_python=sys.executable,
         max_restarts=opts.max_restarts,
         decisions=decisions,
+        cpu_bind=opts.cpu_bind,
     )

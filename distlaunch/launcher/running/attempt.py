@@ -51,6 +51,7 @@ class Attempt:
         self.unconfirmed: list[str] = []  # hosts whose ranks we could not confirm stopped
         self.stragglers = 0  # processes of this job that outlived their rank's process group, ended by agents
         self.quarantine: dict[str, str] = {}  # hosts a watch wants out of the job (host -> why)
+        self.cpus: dict[int, str] = {}  # rank -> the CPUs its agent bound it to
         self.watches = AttemptWatches.build(
             self.plan, self.agents, restart_count, job.options, job.sink, job.logs, job.requests
         )
@@ -69,6 +70,7 @@ class Attempt:
             "heartbeat_timeout": x.heartbeat_timeout,
             "hang_timeout": x.hang_timeout,
             "gate": self.watches.gate.gated,
+            "cpu_bind": self.plan.cpu_bind,
         }
 
     def run(self) -> AttemptOutcome:
@@ -120,6 +122,8 @@ class Attempt:
         kind, host = event.get("ev"), self.agents.node_of[node_rank].host
         if kind == p.AGENT_OUT:
             self.job.sink.notice(f"{host}: {event['line']}")
+        elif kind == p.STARTED and event.get("cpus"):
+            self.cpus[event["rank"]] = event["cpus"]
         elif kind == p.EXIT:
             self.failures.on_exit(event, self.agents.by_node[node_rank])
         elif kind == p.STRAGGLERS:
@@ -174,6 +178,7 @@ class Attempt:
             saved=w.saves.saved,
             save_outcome=w.saves.outcome,
             stopped_unsaved=w.saves.stopped_unsaved,
+            cpus=self.cpus,
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -29,10 +30,12 @@ from distlaunch.launcher.planning.spec import (
 )
 from distlaunch.launcher.running.attempt import CannotStart
 from distlaunch.launcher.running.execute import Progress, execute
+from distlaunch.launcher.running.network import with_network
 from distlaunch.launcher.running.portlock import hold_port
 from distlaunch.launcher.running.transport import LocalAgent
 from distlaunch.launcher.supervising.recovery import Connect, Recovery
 from distlaunch.launcher.supervising.requests import JobRequests, StopRequest, signal_number
+from distlaunch.placement import check_sets
 from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
@@ -70,6 +73,7 @@ def plan_for(
     """Resolve the options and build the plan (reads the hostfile and ssh_config; starts nothing)."""
     plan = build_plan(spec_for(opts, workdir, flight_recorder, decisions))
     check_local_script(plan, opts)  # a dry-run checks what a run checks
+    check_cpu_bind(plan)
     if starts_rank0_here(plan):
         check_master_port(opts, plan.master_port)
     return plan
@@ -85,6 +89,18 @@ def check_local_script(plan: LaunchPlan, opts: LaunchOptions) -> None:
     local = next((node for node in plan.nodes if node.local), None)
     if local is not None:
         check_local_program(opts, local.workdir)
+
+
+def check_cpu_bind(plan: LaunchPlan) -> None:
+    """A --cpu-bind list, as far as the launcher can know it: a set for every local rank of every host, and on
+    this machine only CPUs its ranks may use (remote hosts check theirs before any rank starts)."""
+    for node in plan.nodes:
+        usable = sorted(os.sched_getaffinity(0)) if node.local else None  # a local agent inherits ours
+        try:
+            check_sets(plan.cpu_bind, len(node.ranks), usable)
+        except UsageError as exc:
+            exc.message += f" on {node.host}"
+            raise
 
 
 def check_local_workdir(plan: LaunchPlan) -> None:
@@ -125,6 +141,7 @@ def check_launch(plan: LaunchPlan, opts: LaunchOptions) -> None:
     """What must hold on this machine right before a plan starts (foreground or detached): exit 2 otherwise."""
     check_local_workdir(plan)
     check_local_script(plan, opts)
+    check_cpu_bind(plan)
     if starts_rank0_here(plan):
         check_master_port(opts, plan.master_port)
 
@@ -238,9 +255,9 @@ def _launch(ctx: LaunchContext) -> RunReport:
     with hosts if hosts is not None else nullcontext():
         ctx.adopt(decided_plan(plan, opts, ctx.exec_opts, hosts))
         if hosts is None:
-            return ctx.execute(ctx.plan, make_connect(opts))
+            return ctx.execute(with_network(ctx.plan, None, ctx.sink.notice), make_connect(opts))
         try:
-            return ctx.execute(ctx.plan, make_connect(opts, hosts))
+            return ctx.execute(with_network(ctx.plan, hosts, ctx.sink.notice), make_connect(opts, hosts))
         except CannotStart as exc:
             raise cannot_start_error(exc.problems, opts, ctx.plan) from None
 

@@ -30,6 +30,7 @@ class AttemptOutcome:
     saved: list[SavedOnRequest]
     save_outcome: tuple[int, str] | None
     stopped_unsaved: bool
+    cpus: dict[int, str]  # rank -> the CPUs its agent placed it on (placement.py)
 
     def ending(self) -> str:
         """How the attempt ended, in a few words."""
@@ -69,5 +70,6 @@ class AttemptOutcome:
             ended=self.ending(),
             first_step=self.steps.first_step,
             last_step=self.steps.last_step,
+            cpus=self.cpus,
         )
         return AttemptTimes(report, self.steps, fault_at, self.stopped_at)
