@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from distlaunch.agent.rankenv import FLIGHT_RECORDER_VARS
-from distlaunch.cli.lines import print_command, print_indented, print_value
+from distlaunch.cli.lines import print_clauses, print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.plan import Plan, View
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
@@ -73,10 +72,9 @@ def render_hosts(plan: Plan, console: Console) -> None:
     """One row per host, then the process groups (``plan`` is masked already)."""
     p = plan.parallel
     hosts = plural(plan.nnodes, "host")
-    console.print(
-        f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
-        f"master {escape(host_port(plan.master_addr, plan.master_port))}, backend {plan.backend}"  # [v6] is no markup
-    )
+    head = f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}"
+    master = Text(f"master {host_port(plan.master_addr, plan.master_port)}")  # Text: [v6] is no markup
+    print_clauses(console, [Text.from_markup(head), master, Text(f"backend {plan.backend}")])
     console.print("  parallel " + str(p).replace(",", " "))
     # where, with what and what each host starts: lines of their own, so that no path is cut by a table cell
     for label, field in (("workdir", "workdir"), ("agent", "agent_python"), ("command", "argv")):
