@@ -81,6 +81,7 @@ QUICK = (
     "tests/launcher/test_cli.py",
     "tests/launcher/test_cli_imports.py",
     "tests/launcher/test_80_columns.py",
+    "tests/launcher/test_help.py",
     "tests/launcher/test_screens.py",
     "tests/launcher/test_program.py",
     "tests/launcher/test_closed_pipe.py",

@@ -91,13 +91,18 @@ def render_checkpoint(report: CheckpointReport, console: Console) -> None:
 def save(
     job: Annotated[str, typer.Argument(help="A running job's id, or a unique prefix of one.", show_default=False)],
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds to wait for the job to report the save.", min=1)
+        float,
+        typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for the job to report the save.", min=1),
     ] = 600.0,
     json_output: Json = False,
 ) -> int:
     """Ask a running job to save a checkpoint at its next step, and wait for it; the job trains on (also: distlaunch checkpoint JOB).
 
-    Every rank saves the same step (distlaunch train with checkpoint.dir; a script: distlaunch.checkpoint_requested()). Exit code: 0 once the save is reported, 1 when the job saved none within --timeout, 2 for a job that is unknown, not running or run elsewhere."""
+    Every rank saves the same step (distlaunch train with checkpoint.dir; a script:
+    distlaunch.checkpoint_requested()).
+
+    Exit code: 0 once the save is reported, 1 when the job saved none within --timeout, 2 for a job that is
+    unknown, not running or run elsewhere."""
     record = find_job(job, last_known_ok=True)
     saved = of_record(record).checkpoint(record, "continue", timeout)
     if json_output:

@@ -60,7 +60,7 @@ COMMANDS: dict[str, Entry] = {
     "train": Entry(
         "distlaunch.cli.train",
         "train",
-        "Train the bundled GPT on every rank: config validated first, then the same launch as `run`.",
+        "Train the bundled GPT on every rank: config checked first, then run's launch.",
         UNDERSCORES,
     ),
     "jobs": Entry(
@@ -114,7 +114,7 @@ def load(name: str):
         found = getattr(importlib.import_module(entry.module), entry.attr)
         if isinstance(found, typer.Typer):
             return typer.main.get_group(found)
-        holder = typer.Typer()  # one command alone: typer hands back that command itself
+        holder = typer.Typer(add_completion=False)  # one command alone: typer hands back that command itself
         holder.command(name, context_settings=entry.context)(found)
         return typer.main.get_command(holder)
 

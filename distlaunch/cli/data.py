@@ -63,17 +63,20 @@ def prepare_command(
         typer.Option(
             "--tokenizer",
             "-t",
+            metavar="TOKENIZER",
             help="bpe:VOCAB (train a byte-level BPE on the inputs), PATH/tokenizer.json, PATH.tiktoken, "
             "or gpt2 (tiktoken's file, from its cache; never downloaded).",
         ),
     ],
-    field: Annotated[str, typer.Option("--field", help="The JSONL field that holds the text.")] = "text",
+    field: Annotated[
+        str, typer.Option("--field", metavar="NAME", help="The JSONL field that holds the text.")
+    ] = "text",
     shard_tokens: Annotated[
         int, typer.Option("--shard-tokens", help="Start a new shard past this many tokens.")
     ] = DEFAULT_SHARD_TOKENS,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> int:
-    """Tokenize INPUT files into memory-mapped token shards, an index.json and the tokenizer, in --out."""
+    """Tokenize INPUTS (text or JSONL files) into memory-mapped token shards, an index.json and the tokenizer, in --out."""
     spec = PrepareSpec(inputs=inputs, out=out, tokenizer=tokenizer, field=field, shard_tokens=shard_tokens)
     status = Console(stderr=True)
     # Ctrl-C, SIGTERM or a closed terminal unwind the prepare, which removes its unfinished folder

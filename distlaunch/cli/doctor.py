@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from distlaunch.cli import groups as g
-from distlaunch.cli import options as o
+from distlaunch.cli import panels as h
 from distlaunch.cli.render import print_json
 from distlaunch.contract.options import HostOptions
 from distlaunch.errors import ExitCode, UsageError
@@ -37,12 +37,14 @@ RemotePython = Annotated[
         metavar="PYTHON",
         help="Python to check on every host, as run's agent and ranks use it there: it runs the probe and the "
         "master's listener (default: the launcher's own path).",
-        rich_help_panel=o.LAUNCH,
+        rich_help_panel=h.CONNECT,
     ),
 ]
 BenchMax = Annotated[
     str | None,
-    typer.Option("--bench-max", help="Largest all-reduce message, e.g. 256M (default: 256M on GPUs, 16M on CPU)."),
+    typer.Option(
+        "--bench-max", metavar="SIZE", help="Largest all-reduce message, e.g. 256M (default: 256M on GPUs, 16M on CPU)."
+    ),
 ]
 
 
@@ -75,8 +77,10 @@ def doctor(
 ) -> int:
     """Check DNS, SSH, Python/torch/NCCL versions, GPUs, the master's port and reachability, interfaces, /dev/shm and clocks on every host; print what to fix.
 
-    MASTER_ADDR, --master-port and --backend resolve exactly as for run. Exit code: 0 when no check failed
-    (warnings allowed), 1 when at least one did, 2 when the hostfile or an option is wrong.
+    --master-addr, --master-port and --backend resolve exactly as for distlaunch run.
+
+    Exit code: 0 when no check failed (warnings allowed), 1 when at least one did, 2 when the hostfile or an option
+    is wrong.
     """
     from distlaunch.cli.doctor_render import render_report
     from distlaunch.doctor import run_doctor  # SSH stack: only when used

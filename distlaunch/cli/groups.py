@@ -4,12 +4,13 @@ values: each option is declared once (its annotation in options.py), whichever c
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any, get_args
 
 import typer
 from pydantic import BaseModel
@@ -130,6 +131,26 @@ def pick(group: Iterable[Opt], *names: str) -> tuple[Opt, ...]:
     if unknown:
         raise ValueError(f"no such option: {', '.join(sorted(unknown))}")
     return tuple(opt for opt in group if opt.name in names)
+
+
+def retold(group: Iterable[Opt], **helps: str) -> tuple[Opt, ...]:
+    """The options of ``group``, those named in ``helps`` with that help text instead: for a command where one does
+    less or prints something else (train's --nnodes has no per-node mode; slurm sbatch's --json is the job)."""
+    group = tuple(group)
+    unknown = set(helps) - {opt.name for opt in group}
+    if unknown:
+        raise ValueError(f"no such option: {', '.join(sorted(unknown))}")
+    return tuple(
+        replace(opt, annotation=_with_help(opt.annotation, helps[opt.name])) if opt.name in helps else opt
+        for opt in group
+    )
+
+
+def _with_help(annotation: Any, help_text: str) -> Any:
+    kind, info, *rest = get_args(annotation)  # Annotated[type, typer.Option(...)]
+    told = copy.copy(info)
+    told.help = help_text
+    return Annotated[(kind, told, *rest)]
 
 
 def fields_of(model: type[BaseModel], values: Mapping[str, Any]) -> dict[str, Any]:

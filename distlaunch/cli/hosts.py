@@ -37,8 +37,10 @@ def hosts(
 ) -> int:
     """Show what every host has: GPUs (model, memory, NUMA node), CPUs and NUMA nodes, interfaces, InfiniBand, driver and NCCL.
 
-    Each host answers for itself over SSH (without -H: this machine). Exit code: 0 when every host answered,
-    3 when one could not be reached or could not run the probe, 2 when the hostfile or an option is wrong.
+    Each host answers for itself over SSH (without -H: this machine).
+
+    Exit code: 0 when every host answered, 3 when one could not be reached or could not run the probe, 2 when the
+    hostfile or an option is wrong.
     """
     from distlaunch.cli.hosts_render import render_hosts
     from distlaunch.doctor.hosts import host_inventories  # SSH stack: only when used

@@ -64,7 +64,8 @@ def status(job: JobId, json_output: Json = False) -> int:
 def stop(
     job: JobId,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds to wait for the job to confirm its end.", min=1)
+        float,
+        typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for the job to confirm its end.", min=1),
     ] = 60.0,
     checkpoint: Annotated[
         bool,
@@ -78,7 +79,9 @@ def stop(
 ) -> int:
     """Stop a running job like Ctrl-C: every rank on every host gets SIGTERM, a grace period, then SIGKILL.
 
-    Exit code: 0 once the job has stopped, 1 when it did not confirm its end within --timeout (it goes on stopping) or, with --checkpoint, saved no checkpoint, 2 for a job that is unknown or not running, 3 when kubectl or Slurm failed."""
+    Exit code: 0 once the job has stopped, 1 when it did not confirm its end within --timeout (it goes on stopping)
+    or, with --checkpoint, saved no checkpoint, 2 for a job that is unknown or not running, 3 when kubectl or Slurm
+    failed."""
     # A scheduler that cannot be asked does not make the job stopped: its own stop command is tried (and its
     # failure said, exit 3).
     record = stop_job(find_job(job, last_known_ok=True), timeout, checkpoint)
@@ -127,15 +130,19 @@ def _say_if_lost(end: JobRecord) -> None:
 def stacks(
     job: JobId,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds to wait for the job's launcher to answer.", min=1)
+        float,
+        typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for the job's launcher to answer.", min=1),
     ] = 30.0,
     json_output: Json = False,
 ) -> int:
     """Show where every rank of a running job is now (grouped stacks); the job keeps running.
 
-    The job's launcher gets SIGUSR1, asks every agent for its ranks' Python stacks (py-spy, else faulthandler) as on a hang, and writes them to a new stacks-N folder in the job's folder.
+    A request file in the job's folder asks the job's launcher, which takes it on its next turn (no signal
+    reaches the job): it asks every agent for its ranks' Python stacks (py-spy, else faulthandler) as on a hang, and
+    writes them to a new stacks-N folder in the job's folder.
 
-    Exit code: 0 when the stacks are printed, 1 when the launcher did not answer within --timeout, 2 for a job that is unknown or not running here (ended, lost, another machine, Slurm or Kubernetes)."""
+    Exit code: 0 when the stacks are printed, 1 when the launcher did not answer within --timeout, 2 for a job that
+    is unknown or not running here (ended, lost, another machine, Slurm or Kubernetes)."""
     record = find_job(job, last_known_ok=True)
     snapshot = of_record(record).stacks(record, timeout)  # refused for Slurm and k8s jobs
     if json_output:

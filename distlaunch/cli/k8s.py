@@ -10,6 +10,7 @@ import typer
 
 from distlaunch.backends.registry import named
 from distlaunch.cli import groups as g
+from distlaunch.cli import panels as h
 from distlaunch.cli.render import print_submission
 from distlaunch.launcher.planning.spec import parse_seconds
 
@@ -19,33 +20,80 @@ k8s_app = typer.Typer(
 _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 
 Program = Annotated[list[str], typer.Argument(help="-- SCRIPT [ARGS]...: what distlaunch run starts in every pod.")]
-Nodes = Annotated[int, typer.Option("-N", "--nodes", help="Pods (one per node); parallelism = completions.")]
-Nproc = Annotated[int, typer.Option("-n", "--nproc-per-node", help="Ranks per pod.")]
-Image = Annotated[str, typer.Option("--image", help="Container image with distlaunch and the script.")]
-Gpus = Annotated[int, typer.Option("--gpus-per-node", help="nvidia.com/gpu limit per pod (0: none).")]
-Env = Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE in every pod (repeatable).")]
+Nodes = Annotated[
+    int, typer.Option("-N", "--nodes", help="Pods (one per node); parallelism = completions.", rich_help_panel=h.HOSTS)
+]
+Nproc = Annotated[int, typer.Option("-n", "--nproc-per-node", help="Ranks per pod.", rich_help_panel=h.HOSTS)]
+Image = Annotated[
+    str,
+    typer.Option(
+        "--image", metavar="IMAGE", help="Container image with distlaunch and the script.", rich_help_panel=h.RUN
+    ),
+]
+Gpus = Annotated[
+    int, typer.Option("--gpus-per-node", help="nvidia.com/gpu limit per pod (0: none).", rich_help_panel=h.HOSTS)
+]
+Env = Annotated[
+    list[str] | None,
+    typer.Option("--env", metavar="KEY=VALUE", help="KEY=VALUE in every pod (repeatable).", rich_help_panel=h.RUN),
+]
 SecretEnv = Annotated[
     list[str] | None,
     typer.Option(
         "--secret-env",
+        metavar="NAME=SECRET:KEY",
+        rich_help_panel=h.RUN,
         help="Set NAME from key KEY of Secret SECRET, given as NAME=SECRET:KEY (by reference, repeatable).",
     ),
 ]
-MaxRestarts = Annotated[int, typer.Option("--max-restarts", help="The Job's backoffLimit: pod failures tolerated.")]
-Name = Annotated[str, typer.Option("--name", help="Name of the Job and the Service; pod 0 is NAME-0.NAME.")]
-Namespace = Annotated[str | None, typer.Option("--namespace", help="Namespace (default: kubectl's).")]
-MasterPort = Annotated[int, typer.Option("--master-port", help="Port of rank 0 (init_process_group).")]
-RdzvPort = Annotated[int, typer.Option("--rdzv-port", help="Port where the pods meet (distlaunch's node store).")]
-Json = Annotated[bool, typer.Option("--json", help="Print the objects as a JSON list instead of YAML.")]
+MaxRestarts = Annotated[
+    int,
+    typer.Option("--max-restarts", help="The Job's backoffLimit: pod failures tolerated.", rich_help_panel=h.FAULTS),
+]
+Name = Annotated[
+    str,
+    typer.Option(
+        "--name", metavar="NAME", help="Name of the Job and the Service; pod 0 is NAME-0.NAME.", rich_help_panel=h.RUN
+    ),
+]
+Namespace = Annotated[
+    str | None,
+    typer.Option("--namespace", metavar="NAMESPACE", help="Namespace (default: kubectl's).", rich_help_panel=h.RUN),
+]
+MasterPort = Annotated[
+    int,
+    typer.Option(
+        "--master-port", metavar="PORT", help="Port of rank 0 (init_process_group).", rich_help_panel=h.CONNECT
+    ),
+]
+RdzvPort = Annotated[
+    int,
+    typer.Option(
+        "--rdzv-port",
+        metavar="PORT",
+        help="Port where the pods meet (distlaunch's node store).",
+        rich_help_panel=h.CONNECT,
+    ),
+]
+Json = Annotated[
+    bool, typer.Option("--json", help="Print the objects as a JSON list instead of YAML.", rich_help_panel=h.OUTPUT)
+]
 Module = Annotated[
-    bool, typer.Option("-m", "--module", help="The program is a module (distlaunch run -m), e.g. distlaunch.engine.")
+    bool,
+    typer.Option(
+        "-m",
+        "--module",
+        help="The program is a module (distlaunch run -m), e.g. distlaunch.engine.",
+        rich_help_panel=h.RUN,
+    ),
 ]
 GracePeriod = Annotated[
     float | None,
     typer.Option(
         "--grace-period",
         parser=parse_seconds,
-        metavar="S",
+        metavar="SECONDS",
+        rich_help_panel=h.FAULTS,
         help="The pods' seconds from SIGTERM to SIGKILL for their ranks (distlaunch run --grace-period). Default: the "
         "bundled engine's save estimate, at least 10. terminationGracePeriodSeconds is it plus the save estimate.",
         show_default=False,

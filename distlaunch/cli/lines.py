@@ -49,6 +49,19 @@ def print_value(console: Console, label: str, value: str, indent: str = "  ") ->
     console.print(Text(f"{indent}  {value}"), soft_wrap=True)
 
 
+def print_clauses(console: Console, clauses: list[Text], indent: int = 2) -> None:
+    """``clauses`` joined by commas, a line broken only between two of them (``backend gloo`` never splits in two),
+    the lines after the first indented."""
+    line = Text()
+    for i, clause in enumerate(clauses):
+        piece = clause + ("," if i < len(clauses) - 1 else "")
+        if line.cell_len and line.cell_len + 1 + piece.cell_len > console.width:
+            console.print(line, soft_wrap=True)
+            line = Text(" " * (indent - 1))
+        line = Text.assemble(line, " " if line.cell_len else "", piece)
+    console.print(line, soft_wrap=True)
+
+
 def print_indented(console: Console, text: Text | str, indent: int = 2) -> None:
     """Text wrapped at its spaces to the console's width, every line (the wrapped ones too) indented; a word
     longer than a whole line is folded, as any terminal would."""

@@ -14,13 +14,12 @@ try:  # typer >= 0.22 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click.core import ParameterSource
 
+from distlaunch.cli import panels as h
 from distlaunch.contract.hostname import host_problem
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.spec import parse_backend, parse_log_size, parse_nproc, parse_seconds
 from distlaunch.launcher.supervising.requests import parse_forward_signals, parse_save_signal
 from distlaunch.placement import parse_cpu_bind
-
-LAUNCH = "Launch options"
 
 
 def given(flag: str, example: str, required: bool = False) -> Callable[[str], str]:
@@ -49,8 +48,12 @@ Program = Annotated[
         show_default=False,
     ),
 ]
-Module = Annotated[bool, typer.Option("-m", "--module", help="Run PROGRAM as a module, like python -m.")]
-NoPython = Annotated[bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.")]
+Module = Annotated[
+    bool, typer.Option("-m", "--module", help="Run PROGRAM as a module, like python -m.", rich_help_panel=h.RUN)
+]
+NoPython = Annotated[
+    bool, typer.Option("--no-python", help="Run PROGRAM as an executable, not through Python.", rich_help_panel=h.RUN)
+]
 Hostfile = Annotated[
     Path | None,
     typer.Option(
@@ -59,7 +62,7 @@ Hostfile = Annotated[
         metavar="FILE",
         parser=user_path("-H", "a hostfile, e.g. -H hosts"),
         help="Hostfile: 'node1 slots=8', 'node1:8' or 'node1' per line. Default: this machine only.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.HOSTS,
     ),
 ]
 NprocPerNode = Annotated[
@@ -72,7 +75,7 @@ NprocPerNode = Annotated[
         help="Processes per host (default: the host's slots; without a hostfile, this machine's GPUs or 1). "
         "auto: each host's GPUs or 1; gpu: each host's GPUs, the same on every host (counted by the hosts at "
         "start). Under Slurm: the same as --ntasks-per-node.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.HOSTS,
     ),
 ]
 ParallelOpt = Annotated[
@@ -81,7 +84,7 @@ ParallelOpt = Annotated[
         "--parallel",
         metavar="SPEC",
         help="Parallel layout, e.g. 'dp=2,tp=2,pp=2,zero=1' (dp may be 'auto'). dp*tp*pp must equal the world size.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.LAYOUT,
     ),
 ]
 Include = Annotated[
@@ -90,8 +93,8 @@ Include = Annotated[
         "-i",
         "--include",
         metavar="HOSTS",
-        help="Use only these hosts/slots, e.g. 'node1:0,1@node2'.",
-        rich_help_panel=LAUNCH,
+        help="Only these hosts/slots: 'node1:0,1@node2'.",
+        rich_help_panel=h.HOSTS,
     ),
 ]
 Exclude = Annotated[
@@ -100,8 +103,8 @@ Exclude = Annotated[
         "-e",
         "--exclude",
         metavar="HOSTS",
-        help="Leave out these hosts/slots, e.g. 'node3@node1:7'.",
-        rich_help_panel=LAUNCH,
+        help="Leave out hosts/slots: 'node3@node1:7'.",
+        rich_help_panel=h.HOSTS,
     ),
 ]
 
@@ -122,8 +125,9 @@ MasterAddr = Annotated[
     typer.Option(
         "--master-addr",
         metavar="ADDR",
-        help="Address of rank 0 as every host reaches it (default: the first host's address; under Slurm: the step's first node).",
-        rich_help_panel=LAUNCH,
+        help="Address of rank 0 as every host reaches it (default: the first host's address; under Slurm: the"
+        " step's first node).",
+        rich_help_panel=h.CONNECT,
         callback=check_master_addr,
     ),
 ]
@@ -133,7 +137,7 @@ MasterPort = Annotated[
         "--master-port",
         metavar="PORT|auto",
         help="Rendezvous port: an integer or 'auto' (a free port; under Slurm: one derived from the job and step id).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.CONNECT,
     ),
 ]
 Backend = Annotated[
@@ -144,7 +148,7 @@ Backend = Annotated[
         metavar="auto|nccl|gloo",
         help="auto | nccl | gloo (auto: nccl where every host has GPUs, gloo where none has, as the hosts report "
         "at start; hosts that disagree are refused; `train` on this machine with fewer GPUs than ranks: gloo).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.LAYOUT,
     ),
 ]
 
@@ -164,7 +168,7 @@ CpuBind = Annotated[
         help="Where each rank runs on its host's CPUs. Default: its GPU's NUMA node, without GPUs an equal share"
         " of the host's CPUs. none: all CPUs; numa: a NUMA node (by GPU, else by local rank); cores: an equal"
         " share; LIST: each local rank's CPUs, ':' between ranks (0-3:4-7). A Slurm binding is kept.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.HOSTS,
     ),
 ]
 MaxRestarts = Annotated[
@@ -173,8 +177,9 @@ MaxRestarts = Annotated[
         "--max-restarts",
         metavar="K",
         min=0,
-        help="Restart the whole job up to K times after a rank fails (DISTLAUNCH_RESTART_COUNT tells ranks which try it is).",
-        rich_help_panel=LAUNCH,
+        help="Restart the whole job up to K times after a rank fails (the ranks read which try it is in "
+        "DISTLAUNCH_RESTART_COUNT).",
+        rich_help_panel=h.FAULTS,
     ),
 ]
 
@@ -185,9 +190,9 @@ LogDir = Annotated[
         "--log-dir",
         metavar="DIR",
         parser=user_path("--log-dir", "a folder, e.g. --log-dir logs"),
-        help="Keep every rank's log in LOG_DIR/<job id>/rank<N>.log (time-stamped, with a header) instead of the"
+        help="Keep every rank's log in DIR/<job id>/rank<N>.log (time-stamped, with a header) instead of the"
         " job's folder in the job store (DISTLAUNCH_STATE_DIR), where only the 20 newest jobs keep theirs.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.OUTPUT,
     ),
 ]
 LogMaxSize = Annotated[
@@ -198,7 +203,7 @@ LogMaxSize = Annotated[
         parser=parse_log_size,
         help="A rank's log this big is rotated to rank<N>.log.1 (replacing the part before), so each rank keeps"
         " at most twice SIZE, its newest lines: 64MiB, 1GiB, ... at least 64KiB; 0: no limit.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.OUTPUT,
     ),
 ]
 Env = Annotated[
@@ -207,7 +212,7 @@ Env = Annotated[
         "--env",
         metavar="KEY[=VALUE]",
         help="Set KEY=VALUE in every rank's environment; KEY alone forwards this launcher's value (repeatable).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.RUN,
     ),
 ]
 SshConfig = Annotated[
@@ -217,15 +222,16 @@ SshConfig = Annotated[
         metavar="FILE",
         parser=user_path("--ssh-config", "an OpenSSH client config file"),
         help="OpenSSH client config to use instead of ~/.ssh/config.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.CONNECT,
     ),
 ]
 AcceptNewHostKeys = Annotated[
     bool,
     typer.Option(
         "--accept-new-host-keys",
-        help="Accept and record SSH host keys not yet in known_hosts (default: refuse them and print the ssh-keyscan line). Changed keys are always refused.",
-        rich_help_panel=LAUNCH,
+        help="Accept and record SSH host keys not yet in known_hosts (default: refuse them and print the"
+        " ssh-keyscan line). Changed keys are always refused.",
+        rich_help_panel=h.CONNECT,
     ),
 ]
 RemotePython = Annotated[
@@ -233,8 +239,9 @@ RemotePython = Annotated[
     typer.Option(
         "--remote-python",
         metavar="PYTHON",
-        help="Python on remote hosts that runs the agent and, unless --python is given, the ranks (default: the launcher's own path).",
-        rich_help_panel=LAUNCH,
+        help="Python on remote hosts that runs the agent and, unless --python is given, the ranks (default: the"
+        " launcher's own path).",
+        rich_help_panel=h.CONNECT,
     ),
 ]
 Workdir = Annotated[
@@ -244,7 +251,7 @@ Workdir = Annotated[
         metavar="DIR",
         parser=given("--workdir", "a folder, e.g. --workdir /shared/project"),
         help="Working directory of the ranks on every host (default: the launcher's current directory).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.RUN,
     ),
 ]
 Python = Annotated[
@@ -253,7 +260,7 @@ Python = Annotated[
         "--python",
         metavar="PYTHON",
         help="Python interpreter that runs each rank (default: the launcher's own).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.RUN,
     ),
 ]
 GracePeriod = Annotated[
@@ -263,7 +270,7 @@ GracePeriod = Annotated[
         parser=parse_seconds,
         metavar="SECONDS",
         help="Seconds between SIGTERM and SIGKILL when stopping ranks.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 Detach = Annotated[
@@ -271,8 +278,9 @@ Detach = Annotated[
     typer.Option(
         "--detach",
         "-d",
-        help="Start the job in the background, print its id (with --json: its record) and return (see: distlaunch jobs, logs, stop).",
-        rich_help_panel=LAUNCH,
+        help="Start the job in the background, print its id (with --json: its record) and return (see: distlaunch"
+        " jobs, logs, stop).",
+        rich_help_panel=h.RUN,
     ),
 ]
 HEARTBEAT_FLOOR_S = 1.0
@@ -298,10 +306,10 @@ HeartbeatTimeout = Annotated[
         min=0,
         callback=check_heartbeat_timeout,
         help="Seconds without a message from a host's agent before the host counts as lost: the job stops, exit 3."
-        " Agents likewise stop their ranks when the launcher is silent this long, and in per-node mode (--nnodes)"
-        " a node whose heartbeat at the rendezvous stops this long, or a rendezvous store that does not answer this"
+        " Agents likewise stop their ranks when the launcher is silent this long, and in per-node mode a node"
+        " whose heartbeat at the rendezvous stops this long, or a rendezvous store that does not answer this"
         " long, is given up. At least 1; 0 turns heartbeats off.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 LocalRanksFilter = Annotated[
@@ -310,7 +318,7 @@ LocalRanksFilter = Annotated[
         "--local-ranks-filter",
         metavar="RANKS",
         help="Show only these local ranks' output on the terminal, e.g. 0 or 0,1 (the rank logs keep all).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.OUTPUT,
         show_default=False,
     ),
 ]
@@ -323,7 +331,7 @@ HangTimeout = Annotated[
         help="Seconds without progress (no rank output, no distlaunch.progress() call) before the job counts as"
         " hung: every rank's Python stack is gathered and summarised, saved to the job folder, then the job"
         " stops with exit 124. 0 turns it off.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 
@@ -336,7 +344,7 @@ HangReport = Annotated[
         help="Seconds without progress (as for --hang-timeout) before every rank's Python stack is gathered and"
         " printed once, grouped, and saved to the job folder; the job runs on, and new progress re-arms it."
         " 0 turns it off.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 
@@ -356,7 +364,7 @@ OnStraggler = Annotated[
         parser=parse_on_straggler,
         help="A rank whose own compute stays 1.5x the others' is named (warn); replace: at the next checkpoint its"
         " host is treated as failed (a spare takes over, or the job shrinks; without spares the job stops).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 SaveSignal = Annotated[
@@ -368,7 +376,7 @@ SaveSignal = Annotated[
         help="This signal to distlaunch asks every rank to save a checkpoint at its next step, then stops the job with"
         " exit 75 (saved: requeue it and it resumes there). Slurm sends it ahead of a time limit with"
         " #SBATCH --signal=B:USR1@LEAD. none: not trapped.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 ForwardSignals = Annotated[
@@ -378,7 +386,7 @@ ForwardSignals = Annotated[
         metavar="SIG,SIG",
         parser=parse_forward_signals,
         help="Signals passed on to every rank when distlaunch gets them, e.g. USR2 (INT, TERM and HUP stop the job).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.RUN,
         show_default=False,
     ),
 ]
@@ -388,7 +396,7 @@ DryRun = Annotated[
         "--dry-run",
         help="Print the plan and start nothing. It contacts no host: what the hosts decide (backend, -n auto|gpu) "
         "is said as decided at start, unless their facts were read in the last 10 minutes (--probe reads them).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.RUN,
     ),
 ]
 Probe = Annotated[
@@ -397,7 +405,7 @@ Probe = Annotated[
         "--probe",
         help="With --dry-run: run the launch's preflight (every host contacted, its inventory read) and show what "
         "the hosts decide. No rank starts.",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.RUN,
     ),
 ]
 Json = Annotated[
@@ -405,7 +413,7 @@ Json = Annotated[
     typer.Option(
         "--json",
         help="Machine-readable output: the plan with --dry-run, else the run report (rank output goes to stderr).",
-        rich_help_panel=LAUNCH,
+        rich_help_panel=h.OUTPUT,
     ),
 ]
 Launcher = Annotated[
@@ -413,19 +421,22 @@ Launcher = Annotated[
     typer.Option(
         "--launcher",
         metavar="auto|slurm|agent",
-        help="auto | slurm | agent. slurm: this srun task is one rank (RANK, WORLD_SIZE, MASTER_ADDR … from SLURM_*); agent: distlaunch starts the ranks itself (here, or over SSH); auto: slurm inside an srun task, else agent.",
-        rich_help_panel=LAUNCH,
+        help="slurm: this srun task is one rank (RANK, WORLD_SIZE, MASTER_ADDR … from SLURM_*); agent: distlaunch"
+        " starts the ranks itself (here, or over SSH); auto: slurm inside an srun task, else agent.",
+        rich_help_panel=h.RUN,
     ),
 ]
 
-NODE = "Per-node options (one distlaunch run per node, as torchrun)"
 NNodes = Annotated[
     str | None,
     typer.Option(
         "--nnodes",
         metavar="N|MIN:MAX",
-        help="With -H: run on up to MAX hosts of the hostfile, in order; the rest are spares that replace a failed host, and the job shrinks while MIN remain (N is N:N; --max-restarts defaults to 3). Per-node mode: the job's node count; run distlaunch once on each node with --node-rank or --rdzv-endpoint (ranks: node_rank * n + local_rank).",
-        rich_help_panel=NODE,
+        help="With -H: run on up to MAX hosts of the hostfile, in order; the rest are spares that replace a failed"
+        " host, and the job shrinks while MIN remain (N is N:N; --max-restarts defaults to 3). Without -H, per-node"
+        " mode: the job's node count; start distlaunch on each node with --node-rank or --rdzv-endpoint (ranks:"
+        " node_rank * n + local_rank).",
+        rich_help_panel=h.HOSTS,
     ),
 ]
 NodeRank = Annotated[
@@ -434,7 +445,7 @@ NodeRank = Annotated[
         "--node-rank",
         metavar="N",
         help="This node's rank, 0 to NNODES-1 (needs --master-addr, --master-port).",
-        rich_help_panel=NODE,
+        rich_help_panel=h.PER_NODE,
     ),
 ]
 NodeRankAlias = Annotated[int | None, typer.Option("--node_rank", hidden=True)]
@@ -443,15 +454,19 @@ RdzvEndpoint = Annotated[
     typer.Option(
         "--rdzv-endpoint",
         metavar="HOST:PORT",
-        help="HOST:PORT where the nodes meet (served by the first node there); without --node-rank, ranks go by arrival. Default: master address, master port + 1.",
-        rich_help_panel=NODE,
+        help="Where the nodes meet (served by the first node there); without --node-rank, ranks go by arrival."
+        " Default: the master address, the master port + 1.",
+        rich_help_panel=h.PER_NODE,
     ),
 ]
 RdzvEndpointAlias = Annotated[str | None, typer.Option("--rdzv_endpoint", hidden=True)]
 RdzvTimeout = Annotated[
     float,
     typer.Option(
-        "--rdzv-timeout", metavar="SECONDS", help="Seconds to wait for every node to arrive.", rich_help_panel=NODE
+        "--rdzv-timeout",
+        metavar="SECONDS",
+        help="Seconds to wait for every node to arrive.",
+        rich_help_panel=h.PER_NODE,
     ),
 ]
 

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from distlaunch.agent.rankenv import FLIGHT_RECORDER_VARS
-from distlaunch.cli.lines import print_command, print_indented, print_value
+from distlaunch.cli.lines import print_clauses, print_command, print_indented, print_value
 from distlaunch.contract.hostname import host_port
 from distlaunch.contract.plan import Plan, View
 from distlaunch.contract.report import REQUEUE_CODE, AttemptReport, FaultCost, Goodput, RankExit, RunReport
@@ -77,11 +76,9 @@ def render_hosts(plan: Plan, console: Console) -> None:
     p = plan.parallel
     hosts = plural(plan.nnodes, "host")
     pending = plan.backend == "auto"  # a dry run that contacted no host: they decide at start
-    console.print(
-        f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}, "
-        f"master {escape(host_port(plan.master_addr, plan.master_port))}"  # [v6] is no markup
-        + ("" if pending else f", backend {plan.backend}")
-    )
+    head = f"[bold]Plan[/bold] {plan.job_id}: world size [bold]{plan.world_size}[/bold] on {hosts}"
+    master = Text(f"master {host_port(plan.master_addr, plan.master_port)}")  # Text: [v6] is no markup
+    print_clauses(console, [Text.from_markup(head), master, *([] if pending else [Text(f"backend {plan.backend}")])])
     if pending:
         print_indented(console, f"backend: from the hosts at start ({PENDING_BACKEND})")
     console.print("  parallel " + str(p).replace(",", " "))

@@ -14,6 +14,7 @@ import typer
 
 from distlaunch.backends.registry import named
 from distlaunch.cli import groups as g
+from distlaunch.cli import panels as h
 from distlaunch.cli.options import given_flags
 from distlaunch.cli.render import print_json, print_submission
 from distlaunch.slurm.lead import parse_signal_lead
@@ -21,24 +22,22 @@ from distlaunch.slurm.lead import parse_signal_lead
 if TYPE_CHECKING:
     from distlaunch.slurm.srun import SrunResult
 
-SLURM = "Slurm options"
-
 Nodes = Annotated[
     int | None,
-    typer.Option("-N", "--nodes", help="Nodes (default: the allocation's, else 1).", rich_help_panel=SLURM),
+    typer.Option("-N", "--nodes", help="Nodes (default: the allocation's, else 1).", rich_help_panel=h.HOSTS),
 ]
 NtasksPerNode = Annotated[
     int | None,
     typer.Option(
         "--ntasks-per-node",
         help="Tasks = ranks per node (same as -n; default: the allocation's, else one per GPU, else 1).",
-        rich_help_panel=SLURM,
+        rich_help_panel=h.HOSTS,
     ),
 ]
 Ntasks = Annotated[
     int | None,
     typer.Option(
-        "--ntasks", help="Total tasks = world size (must equal nodes × ntasks-per-node).", rich_help_panel=SLURM
+        "--ntasks", help="Total tasks = world size (must equal nodes × ntasks-per-node).", rich_help_panel=h.HOSTS
     ),
 ]
 GpusPerNode = Annotated[
@@ -46,21 +45,29 @@ GpusPerNode = Annotated[
     typer.Option(
         "--gpus-per-node",
         help="GPUs per node, one per rank (default: the allocation's, else none).",
-        rich_help_panel=SLURM,
+        rich_help_panel=h.HOSTS,
     ),
 ]
 CpusPerTask = Annotated[
     int | None,
     typer.Option(
-        "--cpus-per-task", help="CPU cores per rank (default: the allocation's, else Slurm's).", rich_help_panel=SLURM
+        "--cpus-per-task", help="CPU cores per rank (default: the allocation's, else Slurm's).", rich_help_panel=h.HOSTS
     ),
 ]
-Partition = Annotated[str | None, typer.Option("-p", "--partition", help="Slurm partition.", rich_help_panel=SLURM)]
-Account = Annotated[str | None, typer.Option("-A", "--account", help="Slurm account to charge.", rich_help_panel=SLURM)]
-Time = Annotated[str | None, typer.Option("-t", "--time", help="Time limit, e.g. 1:00:00.", rich_help_panel=SLURM)]
+Partition = Annotated[
+    str | None, typer.Option("-p", "--partition", metavar="NAME", help="Slurm partition.", rich_help_panel=h.HOSTS)
+]
+Account = Annotated[
+    str | None, typer.Option("-A", "--account", metavar="NAME", help="Slurm account to charge.", rich_help_panel=h.RUN)
+]
+Time = Annotated[
+    str | None, typer.Option("-t", "--time", metavar="TIME", help="Time limit, e.g. 1:00:00.", rich_help_panel=h.RUN)
+]
 JobName = Annotated[
     str | None,
-    typer.Option("-J", "--job-name", help="Job name (sbatch default: the script's name).", rich_help_panel=SLURM),
+    typer.Option(
+        "-J", "--job-name", metavar="NAME", help="Job name (sbatch default: the script's name).", rich_help_panel=h.RUN
+    ),
 ]
 Requeue = Annotated[
     bool,
@@ -68,7 +75,7 @@ Requeue = Annotated[
         "--requeue",
         help="Once every rank saved a checkpoint on the save signal, requeue this batch job (scontrol requeue "
         "$SLURM_JOB_ID), which resumes there; exit 75.",
-        rich_help_panel=SLURM,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 
@@ -78,7 +85,7 @@ NoRequeue = Annotated[
     typer.Option(
         "--no-requeue",
         help="Leave out the warning ahead of the time limit and the requeue: the job ends at its time limit.",
-        rich_help_panel=SLURM,
+        rich_help_panel=h.FAULTS,
     ),
 ]
 SignalLeadOpt = Annotated[
@@ -87,9 +94,10 @@ SignalLeadOpt = Annotated[
         "--signal-lead",
         metavar="SECONDS",
         parser=parse_signal_lead,
-        help="Warn the job this many seconds before its time limit (#SBATCH --signal=B:USR1@SECONDS). Default: "
-        "computed, for the bundled engine from its config (docs/slurm.md).",
-        rich_help_panel=SLURM,
+        help="Send the job the save signal this many seconds before its time limit (#SBATCH"
+        " --signal=B:USR1@SECONDS), so that every rank saves in time. Default: computed, for the bundled engine"
+        " from its config (docs/slurm.md).",
+        rich_help_panel=h.FAULTS,
         show_default=False,
     ),
 ]
@@ -142,23 +150,33 @@ def slurm_args(values: dict[str, Any], ctx: typer.Context) -> SlurmArgs:
     return SlurmArgs({**options, "save_signal_given": bool(given_flags(ctx, ("save_signal",)))}, values["json_output"])
 
 
-def slurm_options(*launch: str) -> Callable[[Callable], Callable]:
-    """The program, the Slurm options and these launch options, handed to the command as ``launch: SlurmArgs``."""
-    return g.with_options(g.PROGRAM, SLURM_OPTIONS, g.pick(g.LAUNCH_OPTIONS, *LAUNCH, *launch), build=slurm_args)
+def slurm_options(*launch: str, json_help: str) -> Callable[[Callable], Callable]:
+    """The program, the Slurm options and these launch options, handed to the command as ``launch: SlurmArgs``;
+    ``json_help`` says what this command's --json prints."""
+    shared = g.retold(g.pick(g.LAUNCH_OPTIONS, *LAUNCH, *launch), json_output=json_help)
+    return g.with_options(g.PROGRAM, SLURM_OPTIONS, shared, build=slurm_args)
 
 
 @slurm_app.command("run", context_settings=_SCRIPT_CONTEXT)
-@slurm_options("grace_period")
+@slurm_options(
+    "grace_period",
+    json_help="Machine-readable output: the srun job with --dry-run (its srun command and every rank's command),"
+    " else how the step ended (rank output goes to stderr).",
+)
 def slurm_run(
     launch: SlurmArgs,
     requeue: Requeue = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the srun command and start nothing.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the srun command and start nothing.", rich_help_panel=h.RUN)
+    ] = False,
 ) -> int:
     """Run SCRIPT with srun, one task per rank, inside this allocation or asking for one.
 
-    One failing rank stops the step (--kill-on-bad-exit=1). Ctrl-C or SIGTERM sends every rank SIGTERM, waits
-    --grace-period, then SIGKILL (a second Ctrl-C: SIGKILL at once). The save signal (--save-signal, USR1) is passed
-    on to every rank, which saves a checkpoint and stops; a SIGTERM passes it on first to ranks that save on it.
+    One failing rank stops the step (srun --kill-on-bad-exit=1). Ctrl-C or SIGTERM sends every rank SIGTERM, waits
+    the --grace-period, then sends SIGKILL (a second Ctrl-C: SIGKILL at once). The save signal (--save-signal, USR1)
+    is passed on to every rank, which saves a checkpoint and stops; a SIGTERM passes it on first to ranks that save
+    on it.
+
     Exit code: the first failing rank's (128+N if killed by signal N), 2 for bad options, 75 when every rank saved as
     asked (--requeue: and the job was requeued), 130/143 after Ctrl-C / SIGTERM.
     """
@@ -221,7 +239,11 @@ def _ended_words(result: SrunResult) -> str:
 
 
 @slurm_app.command("sbatch", context_settings=_SCRIPT_CONTEXT)
-@slurm_options("grace_period")
+@slurm_options(
+    "grace_period",
+    json_help="Machine-readable output: with --dry-run the job, its batch script and the signal lead; else the"
+    " submitted job's id and output file (with --wait: its exit code; the job's output goes to stderr).",
+)
 def slurm_sbatch(
     launch: SlurmArgs,
     no_requeue: NoRequeue = False,
@@ -231,25 +253,37 @@ def slurm_sbatch(
         typer.Option(
             "-o",
             "--output",
+            metavar="FILE",
             help="Job output file (sbatch patterns such as %j; default slurm-%j.out).",
-            rich_help_panel=SLURM,
+            rich_help_panel=h.OUTPUT,
         ),
     ] = None,
     template: Annotated[
         Path | None,
         typer.Option(
-            "--template", help="Your own copy of the sbatch template (default: the one shipped with distlaunch)."
+            "--template",
+            metavar="FILE",
+            help="Your own copy of the sbatch template (default: the one shipped with distlaunch).",
+            rich_help_panel=h.RUN,
         ),
     ] = None,
     wait: Annotated[
-        bool, typer.Option("--wait", help="Follow the job's output until it ends; exit with the job's exit code.")
+        bool,
+        typer.Option(
+            "--wait",
+            help="Follow the job's output until it ends; exit with the job's exit code.",
+            rich_help_panel=h.RUN,
+        ),
     ] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script and submit nothing.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the batch script and submit nothing.", rich_help_panel=h.RUN)
+    ] = False,
 ) -> int:
     """Write a batch script from the sbatch template, submit it, and print the job id (--wait: follow it to the end).
 
-    By default the job outlives its time limit: Slurm warns it LEAD seconds ahead (--signal-lead; computed), every
-    rank saves a checkpoint, and the job requeues itself and resumes there (--no-requeue: it just ends)."""
+    By default the job outlives its time limit: Slurm sends it the save signal LEAD seconds ahead (--signal-lead;
+    computed), every rank saves a checkpoint, and the job requeues itself and resumes there (--no-requeue: it just
+    ends)."""
     slurm = named("slurm")
     asked = {"no_requeue": no_requeue, "signal_lead": signal_lead, "output": output, "template": template, "wait": wait}
     submission = slurm.submission({**launch.options, **asked})

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from distlaunch.cli import groups as g
 from distlaunch.cli import options as o
+from distlaunch.cli import panels as h
 from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
 from distlaunch.contract.plan import Plan
@@ -40,17 +41,27 @@ Config = Annotated[
     Path | None,
     typer.Argument(
         parser=o.user_path("CONFIG", "a TOML file"),
-        help="TOML training config (default: the embedded one: the tiny GPT on the bundled corpus, 4 CPU processes, dp=2 x pp=2).",
+        help="TOML training config (default: the embedded one: the tiny GPT on the bundled corpus, 4 CPU processes,"
+        " dp=2 x pp=2).",
         show_default=False,
     ),
 ]
 Set = Annotated[
-    list[str] | None, typer.Option("--set", help="Override one config key, e.g. --set train.steps=50 (repeatable).")
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override one config key, e.g. --set train.steps=50 (repeatable).",
+        rich_help_panel=h.RUN,
+    ),
 ]
 GpuMemory = Annotated[
     str | None,
     typer.Option(
-        "--gpu-memory", help="Memory of one GPU for the planner, e.g. 80GiB (default: nvidia-smi here, if present)."
+        "--gpu-memory",
+        metavar="SIZE",
+        help="Memory of one GPU for the planner, e.g. 80GiB (default: nvidia-smi here, if present).",
+        rich_help_panel=h.LAYOUT,
     ),
 ]
 Resume = Annotated[
@@ -58,20 +69,32 @@ Resume = Annotated[
     typer.Option(
         "--resume",
         metavar="latest|auto|never|PATH",
-        help="Resume from a checkpoint: 'latest' in checkpoint.dir, a checkpoint.dir or step_N directory (any layout), 'never' (a fresh run, in a checkpoint.dir without checkpoints); the same as --set checkpoint.resume (default auto: the latest one if there is one, docs/checkpointing.md).",
+        help="Resume from a checkpoint: 'latest' in checkpoint.dir, a checkpoint.dir or step_N directory (any"
+        " layout), 'never' (a fresh run, in a checkpoint.dir without checkpoints); the same as --set"
+        " checkpoint.resume (default auto: the latest one if there is one, docs/checkpointing.md).",
+        rich_help_panel=h.FAULTS,
     ),
 ]
 MetricsFile = Annotated[
     Path | None,
     typer.Option(
         "--metrics-file",
-        help="Rank 0's metrics.jsonl (default: LOG_DIR/metrics.jsonl with --log-dir).",
+        metavar="FILE",
+        help="Rank 0's metrics.jsonl (default: DIR/metrics.jsonl with --log-dir DIR).",
+        rich_help_panel=h.OUTPUT,
         parser=o.user_path("--metrics-file", "a file, e.g. --metrics-file metrics.jsonl"),
     ),
 ]
 
 
-@g.launch_options(g.LAUNCH_OPTIONS, g.pick(g.NODE_OPTIONS, "nnodes"), hang_timeout=600.0)
+# train has no per-node mode: --nnodes is only a hostfile's spares
+NNODES = (
+    "Run on up to MAX hosts of the hostfile (-H), in order; the rest are spares that replace a failed host, and the"
+    " job shrinks while MIN remain (N is N:N; --max-restarts defaults to 3)."
+)
+
+
+@g.launch_options(g.LAUNCH_OPTIONS, g.retold(g.pick(g.NODE_OPTIONS, "nnodes"), nnodes=NNODES), hang_timeout=600.0)
 def train(
     config: Config = None,
     set_: Set = None,
@@ -81,7 +104,7 @@ def train(
     *,
     launch: g.LaunchArgs,
 ) -> int:
-    """Train the bundled GPT on every rank: config validated first, then the same launch as `run`.
+    """Train the bundled GPT on every rank: config checked first, then run's launch.
 
     With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state kept between steps; a step's activations, buffers and peak) against the GPU's memory; exit 2 when a rank's step peak does not fit.
 

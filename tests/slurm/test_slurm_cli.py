@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from distlaunch.cli.commands import load
 from distlaunch.slurm.sbatch import make_output_dir, packaged_template
 from tests.helpers import invoke
 from tests.slurm.test_slurm_env import task_env
@@ -98,6 +99,13 @@ def test_slurm_run_dry_run_json_is_the_job(in_tmp):
     job = json.loads(r.stdout)
     assert (job["world_size"], job["parallel"]) == (8, {"dp": 2, "tp": 2, "pp": 2, "zero": 0})
     assert job["srun"][0] == "srun" and job["rank_command"][-3:] == ["train.py", "--config", "my cfg.toml"]
+
+
+def test_sbatch_dry_run_json_is_what_its_help_says(in_tmp):
+    r = invoke(["slurm", "sbatch", "--dry-run", "--json", "train.py"])
+    assert r.exit_code == 0, r.stderr
+    said = next(p.help for p in load("slurm").commands["sbatch"].params if p.name == "json_output")
+    assert all(key.replace("_", " ") in said for key in json.loads(r.stdout)), said
 
 
 def test_tasks_times_processes_is_one_error_line(in_tmp):
