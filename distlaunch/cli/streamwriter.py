@@ -176,7 +176,7 @@ class StreamWriter:
                 self.stream.flush()
             except (OSError, ValueError) as exc:
                 return self._fail(os_error_words(exc))
-            self._taken(_size(text))
+            self._taken(0, whole=True)
             return True
         data = memoryview(text.encode("utf-8", "replace"))
         while data:
@@ -192,7 +192,7 @@ class StreamWriter:
                 except OSError as exc:
                     return self._fail(os_error_words(exc))
             data = data[n:]
-            self._taken(n)
+            self._taken(n, whole=not data)
             self.written_at = time.monotonic()
         return True
 
@@ -203,9 +203,12 @@ class StreamWriter:
                 return True  # room, or an error that the write will name
         return False
 
-    def _taken(self, n: int) -> None:
-        """The stream took ``n`` more bytes of the piece: the items it took whole are done."""
+    def _taken(self, n: int, whole: bool) -> None:
+        """The stream took ``n`` more bytes of the piece (``whole``: all of it): the items it took whole are done."""
         with self.cond:
+            if whole:  # as a pipe takes a piece
+                self.sending.clear()
+                return
             n += self.sent_into
             while self.sending and n >= (size := _size(self.sending[0][0])):
                 n -= size
