@@ -83,5 +83,5 @@ def test_a_slow_stdout_gets_a_count_of_every_line_it_missed_per_rank_and_stream(
     assert announced == {name: +lines for name, lines in missing.items()}, streams["err"][-3000:]
     for rank in range(RANKS):  # the rank logs keep every line, whatever the terminal missed
         (log,) = (tmp_path / "logs").glob(f"*/rank{rank}.log")
-        logged = Counter(parsed[1] for raw in log.open("rb") if (parsed := parse_line(raw)))
+        logged = Counter(parsed[1] for raw in log.read_bytes().splitlines() if (parsed := parse_line(raw)))
         assert logged == {"out": LINES, "err": LINES}, (rank, logged)
