@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel
 
-from distlaunch.contract.layout import Layout, rank_of, spelling, tp_group_across_nodes
+from distlaunch.contract.layout import rank_of, spelling, tp_group_across_nodes
 from distlaunch.errors import UsageError
 from distlaunch.training.config import ParallelSection, TrainingConfig
 from distlaunch.training.dims import ParallelDims, resolve_parallel_dims
@@ -123,17 +123,17 @@ def search_layouts(
     backend: str,
     capacity: int | None,
     rates: Rates,
-    keep: Layout | None = None,
+    keep: tuple[int, int, int, int] | None = None,
 ) -> LayoutSearch:
     """The fastest layouts that fit ``capacity`` bytes per rank (None: unknown, every one counts as fitting),
-    from the cost model; ``keep``: only layouts of these degrees and ZeRO stage (a resumed job's)."""
+    from the cost model; ``keep``: only layouts of these (dp, tp, pp, zero) (a resumed job's)."""
     world_size = len(host_of_rank)
     ranks_per_host = min(host_of_rank.count(h) for h in set(host_of_rank))
     found: list[tuple[LayoutCost, ParallelDims, TrainingConfig]] = []
     links: dict[tuple[int, int, int], dict[str, Link] | None] = {}  # per degrees: the groups' links
     for candidate in candidates(model, cfg, world_size, ranks_per_host):
         p = candidate.parallel
-        if keep is not None and (p.dp, p.tp, p.pp, p.zero) != (keep.dp, keep.tp, keep.pp, keep.zero):
+        if keep is not None and (p.dp, p.tp, p.pp, p.zero) != keep:
             continue
         dims = valid_dims(candidate, model, world_size)
         if dims is None:
@@ -156,3 +156,25 @@ def search_layouts(
         elif nearest is None or entry.missing_bytes < nearest.missing_bytes:
             nearest = entry
     return LayoutSearch(considered=len(found), best=best, nearest=None if best else nearest)
+
+
+class LayoutAdvice(BaseModel):
+    """What a training plan says of its layout: the rates the prediction used (and where each came from), the
+    layout's own predicted step, and the fastest layouts that fit. ``auto``: the planner chose the layout (the
+    first of ``best``); else ``faster`` names another layout predicted at least ``FASTER`` times as fast."""
+
+    auto: bool
+    rates: Rates
+    sources: dict[str, str]
+    layout: LayoutCost
+    considered: int
+    best: list[LayoutCost]
+    faster: LayoutCost | None = None
+    kept: str | None = None  # a resumed job's degrees, kept: why
+
+
+def faster_layout(layout: LayoutCost, search: LayoutSearch) -> LayoutCost | None:
+    """The fastest layout that fits, where it is predicted at least ``FASTER`` times as fast as ``layout``."""
+    if not search.best or search.best[0].cost.step_s * FASTER > layout.cost.step_s:
+        return None
+    return search.best[0]
