@@ -77,3 +77,23 @@ def test_auto_trains_the_layout_it_chose(tmp_path):
     summary = [json.loads(line) for line in metrics.read_text().splitlines() if '"summary"' in line][-1]
     chosen = layout_spec(plan["layouts"]["best"][0]["parallel"])
     assert summary["layout"] == spelling(chosen, pipeline=False)
+
+
+def test_a_resumed_auto_job_keeps_its_checkpoints_degrees(tmp_path, monkeypatch):
+    from distlaunch.training.checkpoint.manifest import CheckpointMeta, Layout
+
+    step = tmp_path / "ckpt" / "step_000001"
+    step.mkdir(parents=True)
+    meta = CheckpointMeta(
+        step=1, preset="tiny", layout=Layout(dp=1, tp=2, pp=1, zero=0, world_size=2), components={},
+        files_bytes=0, extras=[], job="dl-0123456789ab", saved_at="2024-01-01T00:00:00+00:00",
+        torch_version="2.4", save_seconds=0,
+    )  # fmt: skip
+    (step / "meta.json").write_text(meta.model_dump_json())
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "-n", "2", "--parallel", "auto", "--dry-run", "--json", "--set", "checkpoint.dir=ckpt"]
+    plan = json.loads(invoke(args).stdout)
+    assert (plan["parallel"]["dp"], plan["parallel"]["tp"], plan["parallel"]["zero"]) == (1, 2, 0)
+    assert "resuming step_000001: keeping its dp=1,tp=2,pp=1,zero=0" in plan["layouts"]["kept"]
+    fresh = json.loads(invoke([*args[:-2], "--set", "checkpoint.dir=elsewhere"]).stdout)
+    assert fresh["parallel"]["tp"] == 1  # a fresh job: the planner's choice (tp only costs here)
