@@ -19,6 +19,7 @@ from distlaunch.cli import options as o
 from distlaunch.cli.layouts_render import render_layouts
 from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
+from distlaunch.contract.options import LaunchOptions
 from distlaunch.contract.plan import Plan
 from distlaunch.errors import ExitCode, UsageError
 from distlaunch.launcher.planning.layouts import advise, choose_layout, is_auto, rates_for
@@ -38,6 +39,7 @@ from distlaunch.launcher.planning.train import (
     train_plan,
 )
 from distlaunch.readable import ranges
+from distlaunch.training.config import TrainingConfig
 from distlaunch.training.planner import MemoryPlan
 
 Config = Annotated[
@@ -133,13 +135,14 @@ def train(
     if why:
         sys.stderr.write(f"distlaunch: {why}\n")
     if auto:  # chosen on a plan of the hosts, then planned and checked as if the user had typed it
-        program = engine_program(config, rank_sets, metrics)
-        shape = {"nproc_per_node": nproc, "parallel": "dp=auto", "backend": backend}
-        hosts = launch.request(launch.options(program=program, module=True, **shape))
-        probe = select(hosts, launch.detach).plan(hosts)
-        if isinstance(probe, LaunchPlan):
-            rates = rates_for(probe, cfg, link, compute)
-            cfg, rank_sets, _ = choose_layout(probe, cfg, config, rank_sets, gpu_memory, rates)
+        probe = launch.options(
+            program=engine_program(config, rank_sets, metrics),
+            module=True,
+            nproc_per_node=nproc,
+            parallel="dp=auto",
+            backend=backend,
+        )
+        cfg, rank_sets = auto_layout(launch, probe, cfg, config, rank_sets, gpu_memory, link, compute)
     opts = launch.options(
         program=engine_program(config, rank_sets, metrics),
         module=True,
@@ -178,6 +181,30 @@ def train(
         describe=show_memory,
         verdict=dry_run_verdict,
     )
+
+
+def auto_layout(
+    launch: g.LaunchArgs,
+    probe: LaunchOptions,
+    cfg: TrainingConfig,
+    config: Path | None,
+    rank_sets: list[str],
+    gpu_memory: str | None,
+    link: str | None,
+    compute: str | None,
+) -> tuple[TrainingConfig, list[str]]:
+    """``--parallel auto``: the config and ``--set`` list of the fastest layout that fits the hosts of ``probe``
+    (the job with any layout), planned as the job itself will be."""
+    request = launch.request(probe)
+    plan = select(request, launch.detach).plan(request)
+    if not isinstance(plan, LaunchPlan):
+        raise UsageError(
+            "--parallel auto needs the job's hosts before it starts, and this launch plans them later",
+            "give the layout with --parallel (distlaunch train --parallel auto --dry-run on the hosts proposes one)",
+        )
+    rates = rates_for(plan, cfg, link, compute)
+    cfg, rank_sets, _ = choose_layout(plan, cfg, config, rank_sets, gpu_memory, rates)
+    return cfg, rank_sets
 
 
 def dry_run_verdict(plan: Plan) -> int:
