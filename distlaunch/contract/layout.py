@@ -109,6 +109,11 @@ def _value(text: str, key: str, value: str) -> object:
 def parse_layout(text: str | None, what: str = "--parallel") -> dict[str, object]:
     """The keys written in ``dp=2,tp=2,pp=2,zero=1,...`` (any subset; ``dp=auto`` is None), checked one by one;
     ``what`` names where the text came from in messages."""
+    if (text or "").strip().lower() == "auto":  # distlaunch train resolves it before any layout is read
+        raise UsageError(
+            f"{what} auto: only distlaunch train chooses a layout (it knows the model and predicts each one)",
+            f"give the layout, e.g. {what} {EXAMPLE}",
+        )
     values: dict[str, object] = {}
     for part in (text or "").replace(" ", "").split(","):
         if not part:

@@ -76,6 +76,16 @@ def test_the_training_dry_run_plan_and_its_memory_table(project):
     assert_readable(r.stdout, [*words, "backend gloo", "activations", "optimizer", "step peak at: "])
 
 
+def test_the_layouts_of_a_dry_run_with_parallel_auto(project):
+    hostfile = project / "cluster-hosts.txt"
+    hostfile.write_text("".join(f"{host} slots=8\n" for host in HOSTS[:2]))
+    config = str(EMBEDDED_CONFIG.with_name("train-1.3b-3d.toml"))
+    args = ["train", config, "-H", str(hostfile), "--backend", "nccl", "--gpu-memory", "80GiB", "--dry-run"]
+    r = invoke([*args, "--parallel", "auto", "--link", "inter=10Gbit"], env={"COLUMNS": str(WIDTH)})
+    assert r.exit_code == 0, r.stderr
+    assert_readable(r.stdout, ["--parallel auto: the 5 fastest layouts", "of the step: ", "predicted step: "])
+
+
 def test_the_multi_host_dry_run_plan(project):
     hostfile = project / "cluster-hosts.txt"
     hostfile.write_text("".join(f"{host} slots=8\n" for host in HOSTS[:2]))

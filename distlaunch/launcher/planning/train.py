@@ -31,6 +31,7 @@ from distlaunch.training.dims import fitted_batch, resolve_parallel_dims
 from distlaunch.training.faults import check_fault, restart_count
 from distlaunch.training.places import METRICS_FILE, check_place, metrics_path
 from distlaunch.training.planner import MemoryPlan, plan_memory
+from distlaunch.training.planner.search import LayoutAdvice
 from distlaunch.training.presets import model_config
 from distlaunch.training.resume import check_before_launch
 from distlaunch.training.tracking import check_event_folder, check_packages
@@ -44,10 +45,11 @@ class TrainPlan(LaunchPlan):
     config: str
     memory: MemoryPlan
     batch: str | None = None  # the batch distlaunch chose (the user wrote none), in words
+    layouts: LayoutAdvice | None = None  # the layout's predicted step and the fastest that fit (dry run, auto)
 
 
 def train_config(
-    config: Path | None, sets: list[str], parallel: str | None, shape_given: bool
+    config: Path | None, sets: list[str], parallel: str | None, shape_given: bool, auto: bool = False
 ) -> tuple[TrainingConfig, list[str]]:
     """The config every rank will see, and the ``--set`` list each rank is started with.
 
@@ -59,8 +61,12 @@ def train_config(
 
     The layout is resolved here, once; it reaches the ranks by one channel, DISTLAUNCH_PARALLEL (from
     ``parallel_spec``), which outranks the config file there. So the ranks' ``--set`` list carries no
-    layout key.
+    layout key. ``auto`` (``--parallel auto``): the planner chooses every layout key and the micro-batches, so
+    none may be set, and the embedded config's are dropped.
     """
+    if auto:
+        check_no_layout_sets(sets)
+        shape_given = True
     layout = parse_layout(parallel)  # the user's words, checked as --parallel before anything else reads them
     if config is not None:
         with contextlib.suppress(OSError):  # a path that is not there: load_config says so
@@ -78,12 +84,23 @@ def train_config(
         dropped += [f"parallel.{key}={getattr(unset, key) or 'auto'}" for key in DEGREES]
         if "train.global_batch_size" not in written:  # the embedded batch, made to fit the ranks given
             dropped.append("train.global_batch_size=auto")
-    if "parallel.microbatches" in written and "train.micro_batch_size" not in written:
+    if ("parallel.microbatches" in written or auto) and "train.micro_batch_size" not in written:
         dropped.append("train.micro_batch_size=auto")  # derived from the micro-batch count instead
     check_parallel_conflict(sets, parallel)
     rank_sets = [*dropped, *sets]
     layout_sets = [f"parallel.{key}={'auto' if value is None else value}" for key, value in layout.items()]
     return load_config(EMBEDDED_CONFIG, [*rank_sets, *layout_sets]), _without_layout(rank_sets)
+
+
+def check_no_layout_sets(sets: list[str]) -> None:
+    """``--parallel auto`` beside a ``--set parallel.KEY``: two answers to one question (exit 2)."""
+    layout = {f"parallel.{key}" for key in LAYOUT_KEYS}
+    given = [assignment for assignment in sets if assignment.partition("=")[0].strip() in layout]
+    if given:
+        raise UsageError(
+            f"--parallel auto chooses every parallel key, but --set {given[0]} gives one",
+            "drop that --set, or give the whole layout with --parallel instead of auto",
+        )
 
 
 def _without_layout(sets: list[str]) -> list[str]:

@@ -16,7 +16,15 @@ from distlaunch.training.planner.shapes import block_numel, rank_tensors, state_
 from distlaunch.training.planner.step import step_moments, unsharded_16bit_weights
 from distlaunch.training.presets import GPTConfig
 
-__all__ = ["MemoryPlan", "RankMemory", "block_numel", "plan_memory", "rank_memory", "unsharded_16bit_weights"]
+__all__ = [
+    "HEADROOM",
+    "MemoryPlan",
+    "RankMemory",
+    "block_numel",
+    "plan_memory",
+    "rank_memory",
+    "unsharded_16bit_weights",
+]
 
 HEADROOM = 0.9  # share of device memory the plan may use: the rest is context, allocator, fragmentation
 
