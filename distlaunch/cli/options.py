@@ -163,7 +163,7 @@ CpuBind = Annotated[
     str,
     typer.Option(
         "--cpu-bind",
-        metavar="none|numa|cores|LIST",
+        metavar="auto|none|numa|cores|LIST",
         parser=check_cpu_bind,
         help="Where each rank runs on its host's CPUs. Default: its GPU's NUMA node, without GPUs an equal share"
         " of the host's CPUs. none: all CPUs; numa: a NUMA node (by GPU, else by local rank); cores: an equal"

@@ -66,7 +66,7 @@ GpuMemory = Annotated[
     typer.Option(
         "--gpu-memory",
         metavar="SIZE",
-        help="Memory of one GPU for the planner, e.g. 80GiB (default: nvidia-smi here, if present).",
+        help="Memory of one GPU for the planner, e.g. 80GiB (default: the smallest GPU the hosts report).",
         rich_help_panel=h.LAYOUT,
     ),
 ]
@@ -95,7 +95,7 @@ Compute = Annotated[
     typer.Option(
         "--compute",
         metavar="GPU|RATE",
-        help="One device's sustained compute for the layout cost model: a GPU model (A100, H100, ...) or a rate, e.g. 150TFLOPS (default: the GPU nvidia-smi names here, else a table default).",
+        help="One device's sustained compute for the layout cost model: a GPU model (A100, H100, ...) or a rate, e.g. 150TFLOPS (default: the GPU the hosts report, else a table default).",
         rich_help_panel=h.LAYOUT,
     ),
 ]
@@ -118,7 +118,18 @@ NNODES = (
 )
 
 
-@g.launch_options(g.LAUNCH_OPTIONS, g.retold(g.pick(g.NODE_OPTIONS, "nnodes"), nnodes=NNODES), hang_timeout=600.0)
+PARALLEL = (
+    "Parallel layout, e.g. 'dp=2,tp=2,pp=2,zero=1' (dp may be 'auto'); dp*tp*pp must equal the world size. "
+    "'auto': distlaunch chooses the layout from the model and the hosts, shows the five fastest it predicts, and "
+    "trains the first (docs/choosing-a-layout.md)."
+)
+
+
+@g.launch_options(
+    g.retold(g.LAUNCH_OPTIONS, parallel=PARALLEL),
+    g.retold(g.pick(g.NODE_OPTIONS, "nnodes"), nnodes=NNODES),
+    hang_timeout=600.0,
+)
 def train(
     config: Config = None,
     set_: Set = None,

@@ -116,7 +116,7 @@ def test_a_dump_by_py_spy_and_one_by_faulthandler_of_the_same_place_are_one_grou
             [pyspy, "dump", "--full-filenames", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
         ).stdout
         proc.send_signal(signal.SIGUSR1)
-        assert wait_until(lambda: "in wait" in dump_file.read_text(), 10)
+        assert wait_until(lambda: "waiter.py" in dump_file.read_text(), 10)  # the whole stack, down to the script
     finally:
         proc.kill()  # our own child
         proc.wait()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.plan import LaunchPlan
-from distlaunch.launcher.planning.rates import JobRates, job_rates, nvidia_smi_name
+from distlaunch.launcher.planning.rates import JobRates, job_rates
 from distlaunch.launcher.planning.train import EMBEDDED_CONFIG, TrainPlan, device_capacity
 from distlaunch.training.checkpoint.manifest import read_manifest
 from distlaunch.training.config import TrainingConfig, load_config, ranks_path
@@ -46,7 +46,9 @@ def plan_model(plan: LaunchPlan, cfg: TrainingConfig) -> GPTConfig:
 
 
 def rates_for(plan: LaunchPlan, cfg: TrainingConfig, link: str | None, compute: str | None) -> JobRates:
-    gpu = nvidia_smi_name() if plan.backend == "nccl" and compute is None else None
+    # the GPU of the hosts that run the ranks, as they reported it (never this machine's): known once they were read
+    decided = plan.decisions
+    gpu = decided.gpu_model if decided is not None and plan.backend == "nccl" and compute is None else None
     return job_rates(plan.backend, cfg.train.precision, link, compute, gpu)
 
 

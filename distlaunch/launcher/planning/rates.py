@@ -9,8 +9,6 @@ same fields: ``job_rates`` takes plain numbers, nothing here imports torch.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 from pydantic import BaseModel
 
@@ -93,20 +91,6 @@ def parse_compute(text: str) -> tuple[float | None, str | None]:
     if not match or (unit and unit not in FLOPS_UNITS) or float(match.group(1)) <= 0:
         raise UsageError(f"--compute {text!r} is neither a GPU model nor a rate", COMPUTE_HINT)
     return float(match.group(1)) * FLOPS_UNITS.get(unit, 1.0), None
-
-
-def nvidia_smi_name() -> str | None:
-    """The first GPU's name on this machine (``NVIDIA A100-SXM4-80GB``), or None without nvidia-smi."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.splitlines()[0].strip() if out.strip() else None
 
 
 def compute_rate(backend: str, precision: str, compute: str | None, gpu_name: str | None) -> tuple[float, str]:
