@@ -72,9 +72,8 @@ NprocPerNode = Annotated[
         "--nproc-per-node",
         parser=parse_nproc,
         metavar="N|auto|gpu",
-        help="Processes per host (default: the host's slots; without a hostfile, this machine's GPUs or 1). "
-        "auto: each host's GPUs or 1; gpu: each host's GPUs, the same on every host (counted by the hosts at "
-        "start). Under Slurm: the same as --ntasks-per-node.",
+        help="Ranks per host: N; auto: each host's GPUs, or 1; gpu: each host's GPUs, the same on every host "
+        "(the hosts count them at start). Default: the host's slots, else auto.",
         rich_help_panel=h.HOSTS,
     ),
 ]
@@ -146,8 +145,8 @@ Backend = Annotated[
         "--backend",
         parser=parse_backend,
         metavar="auto|nccl|gloo",
-        help="auto | nccl | gloo (auto: nccl where every host has GPUs, gloo where none has, as the hosts report "
-        "at start; hosts that disagree are refused; `train` on this machine with fewer GPUs than ranks: gloo).",
+        help="auto: nccl where every host has GPUs, gloo where none has (the hosts tell at start; hosts that "
+        "disagree are refused).",
         rich_help_panel=h.LAYOUT,
     ),
 ]
@@ -165,10 +164,9 @@ CpuBind = Annotated[
         "--cpu-bind",
         metavar="auto|none|numa|cores|LIST",
         parser=check_cpu_bind,
-        help="Where each rank runs on its host's CPUs. Default: its GPU's NUMA node, without GPUs an equal share"
-        " of the host's CPUs. none: all CPUs; numa: a NUMA node (by GPU, else by local rank); cores: an equal"
-        " share; LIST: each local rank's CPUs, ':' between ranks (0-3:4-7). A Slurm binding is kept.",
-        rich_help_panel=h.HOSTS,
+        help="Each rank's CPUs on its host: auto (its GPU's NUMA node, else an equal share), none, numa, cores, or"
+        " LIST (0-3:4-7: one set per local rank). A binding Slurm made is kept.",
+        rich_help_panel=h.RUN,
     ),
 ]
 MaxRestarts = Annotated[

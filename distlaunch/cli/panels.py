@@ -9,13 +9,14 @@ ARGUMENTS = "Arguments"
 HOSTS = "Hosts and ranks"
 LAYOUT = "Layout"
 RUN = "The run"
+PLANNER = "The planner's inputs"
 FAULTS = "Faults and restarts"
 OUTPUT = "Output"
 CONNECT = "Reaching the hosts"
 PER_NODE = "Per-node mode (one distlaunch run per node, as torchrun)"
 COMMANDS = "Commands"
 OTHER = "Options"
-PANELS = (ARGUMENTS, COMMANDS, HOSTS, LAYOUT, RUN, FAULTS, OUTPUT, CONNECT, PER_NODE)
+PANELS = (ARGUMENTS, COMMANDS, HOSTS, LAYOUT, RUN, PLANNER, FAULTS, OUTPUT, CONNECT, PER_NODE)
 # the options people reach for most: first in their panel, so that they are on a command's first screen
 MOST_USED = ("--hostfile", "--nproc-per-node", "--parallel", "--set", "--dry-run")
 

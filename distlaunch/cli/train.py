@@ -67,7 +67,7 @@ GpuMemory = Annotated[
         "--gpu-memory",
         metavar="SIZE",
         help="Memory of one GPU for the planner, e.g. 80GiB (default: the smallest GPU the hosts report).",
-        rich_help_panel=h.LAYOUT,
+        rich_help_panel=h.PLANNER,
     ),
 ]
 Resume = Annotated[
@@ -87,7 +87,7 @@ Link = Annotated[
         "--link",
         metavar="intra=BW,inter=BW",
         help="Link bandwidths for the layout cost model, e.g. --link inter=10Gbit or intra=150GB/s (units: Gbit, Mbit, GB/s, MB/s, GiB/s, MiB/s; default: per backend, docs/choosing-a-layout.md).",
-        rich_help_panel=h.LAYOUT,
+        rich_help_panel=h.PLANNER,
     ),
 ]
 Compute = Annotated[
@@ -96,7 +96,7 @@ Compute = Annotated[
         "--compute",
         metavar="GPU|RATE",
         help="One device's sustained compute for the layout cost model: a GPU model (A100, H100, ...) or a rate, e.g. 150TFLOPS (default: the GPU the hosts report, else a table default).",
-        rich_help_panel=h.LAYOUT,
+        rich_help_panel=h.PLANNER,
     ),
 ]
 MetricsFile = Annotated[
@@ -119,9 +119,8 @@ NNODES = (
 
 
 PARALLEL = (
-    "Parallel layout, e.g. 'dp=2,tp=2,pp=2,zero=1' (dp may be 'auto'); dp*tp*pp must equal the world size. "
-    "'auto': distlaunch chooses the layout from the model and the hosts, shows the five fastest it predicts, and "
-    "trains the first (docs/choosing-a-layout.md)."
+    "Parallel layout, e.g. 'dp=2,tp=2,pp=2,zero=1' (dp may be 'auto'), or 'auto': the fastest one predicted "
+    "for the model and the hosts (docs/choosing-a-layout.md)."
 )
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from distlaunch.contract.endpoint import free_port
@@ -139,6 +139,7 @@ def test_a_peer_that_sends_garbage_is_told_and_hung_up_on_and_the_others_are_sti
 
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=4), JSON), st.sampled_from(sorted(REQUESTS)))
+@example({"keys": None}, "hello")  # a field another op has, on an op without it
 def test_any_json_request_is_answered_or_refused_in_words_never_raised_on(request, op):
     """Whatever object a peer sends, the server checks it and answers it, or says what is wrong: no request
     makes a connection's thread raise anything else (a traceback in the serving launcher's output)."""

@@ -93,7 +93,7 @@ def bad_request(request: dict) -> str | None:
             continue
         if not isinstance(value, kind) or isinstance(value, bool):
             return f"{name} must be {_WORDS[kind]}"
-    keys = [request["key"]] if "key" in fields else request.get("keys", [])
+    keys = [request["key"]] if "key" in fields else request["keys"] if "keys" in fields else []  # the op's own
     if len(keys) > MAX_KEYS or not all(isinstance(key, str) and len(key) <= MAX_KEY_CHARS for key in keys):
         return f"keys are at most {MAX_KEYS} strings of at most {MAX_KEY_CHARS} characters"
     return None

@@ -93,7 +93,7 @@ def search_plan(
 ) -> tuple[LayoutSearch, int | None]:
     """The search for this plan's hosts and devices (``keep``: a resumed job's degrees)."""
     ranks_per_node = max(len(node.ranks) for node in plan.nodes)
-    _, capacity, _ = device_capacity(plan.backend, gpu_memory, ranks_per_node)
+    _, capacity, _ = device_capacity(plan, gpu_memory, ranks_per_node)
     model = plan_model(plan, cfg)
     search = search_layouts(model, cfg, host_of_rank(plan), plan.backend, capacity, rates.rates, keep)
     return search, capacity
