@@ -16,7 +16,9 @@ from distlaunch.backends.base import LastKnown
 from distlaunch.backends.output import Note
 from distlaunch.backends.recorded import find_job, list_jobs, read_lines, stop_job
 from distlaunch.backends.registry import of_record
+from distlaunch.cli.hosts_render import gpus_line
 from distlaunch.cli.render import print_json, render_recovery, render_report
+from distlaunch.contract.inventory import HostInventory
 from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import FINAL_STATES, RECORD, JobRecord, Unreadable, dumps, jobs_dir
 from distlaunch.readable import plural, ranges
@@ -230,20 +232,29 @@ def render_status(r: JobRecord, console: Console) -> None:
         if value:
             console.print(f"  {key:<10} {value}", highlight=False, soft_wrap=True, markup=False)
     table = Table(box=None, pad_edge=False)
-    for col in ("HOST", "NODE", "RANKS", "STATE"):
+    reported = (r.plan.get("decisions") or {}).get("inventories") or {}  # what each host said of itself at start
+    for col in ("HOST", "NODE", "RANKS", "STATE", *(["GPUS", "CPUS"] if reported else [])):
         table.add_column(col)
     failed = {f["rank"]: f for f in (r.report or {}).get("failures", [])}
     for node in r.plan.get("nodes", []):
         ranks = [rank["rank"] for rank in node["ranks"]]
         bad = [f"rank {k} exit {failed[k]['exit_code']}" for k in ranks if k in failed]
         shown = ", ".join(bad) or node.get("state") or _node_state(r.state, bool(failed))  # a pod's own, for k8s
-        table.add_row(Text(node["host"]), str(node["node_rank"]), ranges(ranks) if ranks else "-", shown)
+        facts = HostInventory.of(reported.get(node["host"])) if reported else None
+        hardware = [gpus_line(facts), _cpus(facts)] if facts else ["?", "?"] if reported else []
+        table.add_row(Text(node["host"]), str(node["node_rank"]), ranges(ranks) if ranks else "-", shown, *hardware)
     if table.row_count:  # none while a Slurm or Kubernetes job waits for its nodes or pods
         console.print(table)
     if r.report is not None and r.state in FINAL_STATES and r.state != "succeeded":
         render_report(RunReport.model_validate(r.report), console)  # its attempts and goodput included
     elif r.attempts:
         render_recovery(r.attempts, r.goodput, console)
+
+
+def _cpus(facts: HostInventory) -> str:
+    """'64 in 2 NUMA nodes': a host's CPUs, short, for a table of hosts (``distlaunch hosts`` lists them)."""
+    nodes = f" in {plural(len(facts.numa_nodes), 'NUMA node')}" if len(facts.numa_nodes) > 1 else ""
+    return f"{facts.cpus if facts.cpus is not None else '?'}{nodes}"
 
 
 def _places(r: JobRecord) -> str:

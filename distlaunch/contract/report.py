@@ -8,6 +8,7 @@ import time
 from pydantic import BaseModel, Field, computed_field
 
 from distlaunch.contract.causes import explain
+from distlaunch.contract.inventory import HostInventory
 from distlaunch.errors import ExitCode
 from distlaunch.readable import plural
 
@@ -174,6 +175,8 @@ class RunReport(BaseModel):
     goodput: Goodput | None = None
     saved_on_request: list[SavedOnRequest] = Field(default_factory=list)
     lost_work: str | None = None  # a stop that could not save first: the work since the last checkpoint, in words
+    # what each host that ran ranks reported of itself before they started (hostprobe.py), where it was read
+    hosts: dict[str, HostInventory] = Field(default_factory=dict)
 
 
 def exit_code_of(returncode: int) -> tuple[int, str | None]:

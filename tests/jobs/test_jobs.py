@@ -466,3 +466,20 @@ def test_logs_follow_waits_for_the_supervisor_to_write_its_report_after_the_end(
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_the_record_the_status_and_the_report_keep_what_each_host_reported_of_itself(state, tmp_path):
+    """The inventory the hosts gave before their ranks started (this machine's, for a local job): in the job's
+    record, as two columns of ``status``, and in the report of ``run --json``."""
+    done = cli("run", "-n", "2", "--json", "ticker.py", "1", "0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    here = report["hosts"]["localhost"]
+    assert here["cpus"] == os.cpu_count() and here["gpus"] == [], here
+    (record,) = [j for j in jobs_json(tmp_path) if j["job_id"] == report["job_id"]]
+    assert record["plan"]["decisions"]["inventories"]["localhost"]["cpus"] == os.cpu_count()
+    status = cli("status", report["job_id"], cwd=tmp_path).stdout
+    header = next(line for line in status.splitlines() if line.startswith("HOST"))
+    assert header.split() == ["HOST", "NODE", "RANKS", "STATE", "GPUS", "CPUS"], status
+    row = next(line for line in status.splitlines() if line.startswith("localhost"))
+    assert row.split()[-2:] == ["none", str(os.cpu_count())], status

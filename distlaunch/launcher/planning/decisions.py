@@ -32,6 +32,7 @@ class Decisions(BaseModel):
     gpu_memory_mib: int | None = None  # the smallest GPU of the hosts, where every GPU's memory is known
     gpu_memory_host: str | None = None  # the host that has it
     gpu_model: str | None = None  # the first GPU's model on the first host that names one (the cost model's rate)
+    inventories: dict[str, HostInventory] = {}  # what each host reported: the job record and its report keep it
     source: str = "the hosts"  # this machine; the hosts; the hosts, read N min ago
 
 
@@ -120,6 +121,7 @@ def decide(inventories: Mapping[str, HostInventory | None], backend: str, nproc:
         gpu_memory_mib=known[smallest] if smallest else None,
         gpu_memory_host=smallest,
         gpu_model=next((g.model for inv in inventories.values() if inv for g in inv.gpus if g.model), None),
+        inventories={host: found for host, found in inventories.items() if found is not None},
         source=source,
     )
 

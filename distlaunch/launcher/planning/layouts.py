@@ -46,10 +46,20 @@ def plan_model(plan: LaunchPlan, cfg: TrainingConfig) -> GPTConfig:
 
 
 def rates_for(plan: LaunchPlan, cfg: TrainingConfig, link: str | None, compute: str | None) -> JobRates:
+    """The cost model's rates for this plan. Where the hosts decide the backend at start (a dry run that read
+    none), the figures are a GPU job's, as the hosts of a remote hostfile usually are: the plan says so."""
     # the GPU of the hosts that run the ranks, as they reported it (never this machine's): known once they were read
     decided = plan.decisions
-    gpu = decided.gpu_model if decided is not None and plan.backend == "nccl" and compute is None else None
-    return job_rates(plan.backend, cfg.train.precision, link, compute, gpu)
+    pending = plan.backend == "auto"
+    backend = "nccl" if pending else plan.backend
+    gpu = decided.gpu_model if decided is not None and backend == "nccl" and compute is None else None
+    rates = job_rates(backend, cfg.train.precision, link, compute, gpu)
+    if pending:
+        said = {
+            key: f"{source}, if the hosts have GPUs" for key, source in rates.sources.items() if "default" in source
+        }
+        rates = rates.model_copy(update={"sources": {**rates.sources, **said}})
+    return rates
 
 
 def kept_degrees(cfg: TrainingConfig, plan: LaunchPlan) -> tuple[tuple[int, int, int, int] | None, str | None]:

@@ -110,6 +110,7 @@ def _report(
         goodput=account(times, wall_s) if len(outcomes) > 1 or last.steps.last_step is not None else None,
         saved_on_request=[s for o in outcomes for s in o.saved],
         lost_work=lost_work(last.steps) if last.stopped_unsaved else None,
+        hosts=end.plan.decisions.inventories if end.plan.decisions is not None else {},
     )
 
 
