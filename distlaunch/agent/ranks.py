@@ -63,10 +63,13 @@ def spawn(argv: list[str], env: dict, workdir: str | None, cpus: list[int] | Non
 def binding(node: dict, spec: dict, host: dict) -> list[int] | None:
     """The CPUs rank ``spec`` of the node plan ``node`` is bound to on this host (``host``: its inventory), by the
     plan's ``--cpu-bind`` (placement.py; a plan without one binds nothing); a bad list is a UsageError."""
+    policy = node.get("cpu_bind") or "none"
+    if policy == "none":  # nothing to read of the rank's place on the host
+        return None
     env = spec["env"]
     local_ranks = int(env.get("LOCAL_WORLD_SIZE") or len(node["ranks"]))
     gpu = rank_gpu(env, spec["local_rank"], host)
-    return rank_cpus(node.get("cpu_bind") or "none", host, spec["local_rank"], local_ranks, gpu)
+    return rank_cpus(policy, host, spec["local_rank"], local_ranks, gpu)
 
 
 def cpus_of(pid: int) -> str | None:

@@ -3,14 +3,18 @@ interfaces, InfiniBand, driver and NCCL); a host that did not answer is one line
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from distlaunch.contract.inventory import HostInventory, Interface
-from distlaunch.doctor.hosts import HostAnswer, HostsReport
 from distlaunch.hostprobe import format_cpulist
 from distlaunch.readable import plural
+
+if TYPE_CHECKING:  # the doctor's machinery loads for `distlaunch hosts` only, not for `status`, which draws a host too
+    from distlaunch.doctor.hosts import HostAnswer, HostsReport
 
 
 def gpus_line(inv: HostInventory) -> str:

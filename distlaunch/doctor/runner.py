@@ -41,6 +41,7 @@ from distlaunch.doctor.checks_network import (
 from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
 from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check
 from distlaunch.errors import UsageError
+from distlaunch.launcher.planning.decisions import decide_backend
 from distlaunch.launcher.planning.spec import is_local_host, resolve_hosts
 from distlaunch.launcher.running.launch import spec_for
 from distlaunch.remote.sshconfig import resolve_targets
@@ -166,6 +167,18 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
     ]
 
 
+def hosts_backend(backend: str, results: list[HostResult]) -> str:
+    """``--backend auto`` as the hosts' own facts decide it, as a launch's preflight does (one rule:
+    ``decide_backend``); still ``auto`` where some host gave no facts or the hosts disagree (their gpus checks
+    say so)."""
+    if backend != "auto" or any(r.facts is None for r in results):
+        return backend
+    try:
+        return decide_backend(backend, {r.host: r.facts.gpu_count for r in results if r.facts is not None})
+    except UsageError:
+        return backend
+
+
 def classify(
     results: list[HostResult], listener: ListenerResult, opts: DoctorOptions, backend: str = "gloo"
 ) -> list[Check]:
@@ -222,7 +235,7 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
     gathering.listener.chosen_at_launch = note
     results, listener = gathering.run()
     interrupts.check()  # a signal the gathering's threads or SSH clients swallowed ends the doctor here
-    checks = head + classify(results, listener, opts, backend)
+    checks = head + classify(results, listener, opts, hosts_backend(backend, results))
     if not opts.bench:
         return DoctorReport.of(checks)
     if any(c.status == "fail" for c in checks):

@@ -53,6 +53,12 @@ def cards(inventory: HostInventory) -> list[Interface]:
     return [i for i in inventory.interfaces if i.up and not is_loopback(i)]
 
 
+def chooses_card(inventory: HostInventory, toward: Interface | None) -> bool:
+    """Whether the launch sets a host's socket variables (the doctor predicts by it too): it has more than one
+    card, and the one toward the master is not loopback (every rank on one machine: nothing to choose)."""
+    return toward is not None and not is_loopback(toward) and len(cards(inventory)) > 1
+
+
 def matches(var: str, entry: str, name: str) -> bool:
     """Whether interface ``name`` is one ``entry`` of ``var`` selects: gloo names interfaces exactly, NCCL by
     prefix (``=eth0``: exactly)."""
@@ -94,7 +100,7 @@ def host_sockets(host: str, inventory: HostInventory, master: str, user: dict[st
         if var in user:
             line = check_user_socket(host, var, user[var], inventory, toward)
             net.lines += [line] if line else []
-        elif toward is not None and len(cards(inventory)) > 1:
+        elif chooses_card(inventory, toward):
             decided[var] = toward.name
     if decided:
         net.env.setdefault(host, {}).update(decided)
