@@ -177,11 +177,16 @@ SITE_SKIPPED = "Error processing line"
 
 
 def _before_distlaunch(outcome: Outcome) -> bool:
-    """Whether the signal met the interpreter's own start-up, before any of distlaunch ran."""
+    """Whether the signal met the interpreter's own start-up, before any of distlaunch ran: site's imports, or the
+    console script's import of the entry point, whose first line installs the handler (a KeyboardInterrupt whose
+    traceback has no frame of ``entry`` came before it)."""
     if outcome.signum != signal.SIGINT:
         return False
     err = outcome.stderr
-    return (outcome.returncode == 1 and INTERPRETER_START in err) or (SITE_SKIPPED in err and ".pth" in err)
+    importing = outcome.returncode == 1 and err.rstrip().endswith("KeyboardInterrupt") and " in entry" not in err
+    return (
+        (outcome.returncode == 1 and INTERPRETER_START in err) or (SITE_SKIPPED in err and ".pth" in err) or importing
+    )
 
 
 def _problems(command: Command, folder: Path, outcome: Outcome) -> list[str]:
