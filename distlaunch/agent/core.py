@@ -38,9 +38,10 @@ from distlaunch.agent.ranks import (
 from distlaunch.agent.requests import RankRequests
 from distlaunch.agent.scratch import make_scratch
 from distlaunch.agent.strays import end_stragglers
+from distlaunch.agent.warm import READY_TIMEOUT_S, Preloaded, WarmProc
 from distlaunch.errors import UsageError
 from distlaunch.hostprobe import inventory
-from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, start_problems
+from distlaunch.startcheck import MODULE_CHECK_TIMEOUT_S, program_index, start_problems
 
 # With the launcher gone nobody waits for a graceful end, and its ranks must be gone within 5 s
 # (a dead launcher must not leave a GPU job running): cap the grace period then.
@@ -79,6 +80,7 @@ class Agent:
         self.recorder = FlightRecorder(self.scratch, bool(hang_timeout), self.events)
         self.stacks = Stacks(self.scratch, self.events, self.recorder)
         self.requests = RankRequests(self.scratch)
+        self.preloaded: Preloaded | None = None  # the warm start's process (warm.py), from run() to start()
 
     def rank_env(self, spec: dict) -> dict:
         """A rank's environment: the node's and the plan's, then the files it and this agent talk through, and
@@ -96,8 +98,9 @@ class Agent:
         return [binding(self.node, spec, self.host) for spec in self.node["ranks"]]
 
     def start(self) -> None:
-        """Start the node's ranks, each on its CPUs; one that cannot start is reported at once, as a shell would
-        (126, 127), and a --cpu-bind this host cannot honour starts none (2)."""
+        """Start the node's ranks, each on its CPUs (forked from the preloaded process where there is one); one
+        that cannot start is reported at once, as a shell would (126, 127), and a --cpu-bind this host cannot
+        honour starts none (2)."""
         workdir = self.node.get("workdir") or None
         try:
             bound = self.bindings()
@@ -106,11 +109,17 @@ class Agent:
                 self.events.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=f"distlaunch: {exc}")
                 self.events.emit(ev=p.EXIT, rank=spec["rank"], code=2, at=time.time(), stopped=False)
             return
+        warm = self.warmed()
         for spec, cpus in zip(self.node["ranks"], bound, strict=True):
             with contextlib.suppress(OSError):  # an earlier attempt's error must not be blamed on this one
                 os.unlink(spec["env"].get("TORCHELASTIC_ERROR_FILE") or "")
+            env = self.rank_env(spec)
+            proc = None
+            if warm is not None and warm.fits(env):
+                with contextlib.suppress(OSError):  # a rank the preloaded process cannot fork starts cold
+                    proc = warm.spawn(spec["argv"][program_index(spec["argv"])[0] :], env, workdir, cpus)
             try:
-                proc = spawn(rank_argv(spec["argv"]), self.rank_env(spec), workdir, cpus)
+                proc = proc or spawn(rank_argv(spec["argv"]), env, workdir, cpus)
             except OSError as exc:
                 self.events.emit(ev=p.OUT, rank=spec["rank"], fd=2, line=start_error(spec["argv"][0], exc, workdir))
                 self.events.emit(ev=p.EXIT, rank=spec["rank"], code=start_exit_code(exc), at=time.time(), stopped=False)
@@ -118,7 +127,29 @@ class Agent:
             rank = Rank(spec, proc)
             self.processes.add(rank)
             self.output.watch(rank)
-            self.events.emit(ev=p.STARTED, rank=rank.rank, pid=proc.pid, cpus=cpus_of(proc.pid))
+            warm_start = isinstance(proc, WarmProc)
+            self.events.emit(ev=p.STARTED, rank=rank.rank, pid=proc.pid, cpus=cpus_of(proc.pid), warm=warm_start)
+        if warm is not None:
+            warm.close()
+
+    def warmed(self) -> Preloaded | None:
+        """The preloaded process once its imports are done, the launcher's commands heard meanwhile; None when the
+        ranks start cold (nothing preloaded, the imports failed: said on the first rank's stderr, or a stop came)."""
+        warm, deadline = self.preloaded, time.monotonic() + READY_TIMEOUT_S
+        while warm is not None and warm.wait_ready(0.05) is None and time.monotonic() < deadline:
+            if self.sel.select(timeout=0):
+                self.read_commands()
+            self.check_heartbeat()
+            if self.processes.stopping:
+                break
+        if warm is None or warm.ready:
+            return warm
+        if warm.ready is False:
+            why = f"distlaunch: preloading {', '.join(self.node['preload'])} failed on this host ({warm.error}); its ranks start cold"
+            self.events.emit(ev=p.OUT, rank=self.node["ranks"][0]["rank"], fd=2, line=why)
+        warm.close()
+        self.preloaded = None
+        return None
 
     def read_commands(self) -> None:
         """Take the launcher's commands; its end of the channel closing is an order to stop."""
@@ -180,8 +211,12 @@ class Agent:
         if self.events.fd is not None:
             os.set_blocking(self.events.fd, False)
         self.handle(self.commands.split())  # commands that arrived together with the node plan
+        envs = [self.rank_env(spec) for spec in self.node["ranks"]]
+        self.preloaded = Preloaded.for_node(self.node, envs, self.node.get("workdir") or None)  # imports meanwhile
         if self.cleared():
             self.start()
+        elif self.preloaded is not None:
+            self.preloaded.close()
         while not self.processes.all_reported():
             self.step()
         # Every rank leader is gone; anything still in their groups (a stray child) goes too.

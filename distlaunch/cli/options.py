@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 from distlaunch.cli import panels as h
 from distlaunch.contract.hostname import host_problem
 from distlaunch.errors import UsageError
+from distlaunch.launcher.planning.program import parse_preload
 from distlaunch.launcher.planning.spec import parse_backend, parse_log_size, parse_nproc, parse_seconds
 from distlaunch.launcher.supervising.requests import parse_forward_signals, parse_save_signal
 from distlaunch.placement import parse_cpu_bind
@@ -166,6 +167,17 @@ CpuBind = Annotated[
         parser=check_cpu_bind,
         help="Each rank's CPUs on its host: auto (its GPU's NUMA node, else an equal share), none, numa, cores, or"
         " LIST (0-3:4-7: one set per local rank). A binding Slurm made is kept.",
+        rich_help_panel=h.RUN,
+    ),
+]
+Preload = Annotated[
+    str,
+    typer.Option(
+        "--preload",
+        metavar="auto|none|MODULES",
+        parser=parse_preload,
+        help="Modules each host imports once, its ranks then forked from that process instead of each importing "
+        "them: auto (the bundled engine's, for the engine; nothing for other programs), none, or names (torch,numpy).",
         rich_help_panel=h.RUN,
     ),
 ]

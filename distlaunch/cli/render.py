@@ -91,6 +91,10 @@ def render_hosts(plan: Plan, console: Console) -> None:
         _print_per_host(console, "CUDA_VISIBLE_DEVICES", visible)
     console.print(_hosts_table(plan))
     print_indented(console, f"placement {plan.cpu_bind}: {describe(plan.cpu_bind)}")
+    if plan.preload:
+        print_indented(
+            console, f"preload (each host imports these once, then forks its ranks): {', '.join(plan.preload)}"
+        )
     if plan.nnodes > 1:  # ranks of one host talk over its loopback: no card to choose
         print_indented(console, NETWORK_PLAN_LINE)
     for axis, axis_groups in plan.groups.items():  # the contract's grid order: tp first

@@ -71,6 +71,7 @@ class LaunchOptions(ProgramOptions, HostOptions):
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
     nodes: NodeRange | None = None  # --nnodes MIN:MAX with a hostfile: spares, shrinking (launcher/elastic/healing.py)
     cpu_bind: str = "auto"  # --cpu-bind: where each rank runs on its host's CPUs (distlaunch/placement.py)
+    preload: str = "auto"  # --preload: modules each host imports once before forking its ranks (agent/warm.py)
 
     @model_validator(mode="after")
     def _interpreter(self) -> LaunchOptions:

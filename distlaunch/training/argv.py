@@ -13,6 +13,10 @@ from distlaunch.training.dims import ParallelDims, resolve_parallel_dims
 from distlaunch.training.presets import GPTConfig, model_config
 
 ENGINE_MODULE = "distlaunch.engine"
+# what a rank of the engine imports before its first step (torch, torch.distributed, DTensor, the engine's loop,
+# its checkpoints' torch.distributed.checkpoint, the summary's rich: ``python -X importtime -m distlaunch.engine``
+# lists them): a host's warm start (--preload auto) imports them once for all its ranks
+ENGINE_PRELOAD = ("distlaunch.engine.loop", "distlaunch.engine.checkpoint.store", "rich.console")
 USAGE = "Train the bundled GPT: python -m distlaunch.engine [CONFIG.toml] [--set KEY=VALUE]..."
 
 

@@ -51,6 +51,7 @@ class LaunchSpec(BaseModel):
     spares: Spares | None = None  # --nnodes MIN:MAX with a hostfile
     decisions: Decisions | None = None  # what the hosts decided; None: not known before they are contacted
     cpu_bind: str = "auto"  # --cpu-bind, applied by each host's agent from its own inventory (placement.py)
+    preload: list[str] = Field(default_factory=list)  # imported once per host, its ranks forked (agent/warm.py)
 
 
 class RankPlan(BaseModel):
@@ -88,6 +89,7 @@ class LaunchPlan(BaseModel):
     spares: Spares | None = None  # --nnodes MIN:MAX: who replaces a failed host (None: a job without spares)
     decisions: Decisions | None = None  # backend, -n auto|gpu, GPU memory; None: the hosts decide at start
     cpu_bind: str = "auto"  # each host's agent binds its ranks by it, from its own inventory (placement.py)
+    preload: list[str] = Field(default_factory=list)  # each host imports these once and forks its ranks
 
     def masked(self) -> LaunchPlan:
         """A copy safe to print: secret-looking env values are hidden (``mask_env``)."""
@@ -193,4 +195,5 @@ def build_plan(spec: LaunchSpec) -> LaunchPlan:
         spares=spec.spares,
         decisions=spec.decisions,
         cpu_bind=spec.cpu_bind,
+        preload=spec.preload,
     )

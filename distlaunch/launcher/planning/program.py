@@ -20,6 +20,7 @@ from distlaunch.contract.env import parse_env
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.startcheck import executable_problem, module_found, program_index, script_problem
+from distlaunch.training.argv import ENGINE_PRELOAD, is_engine
 
 _INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -67,6 +68,35 @@ def interpreter_script(argv: list[str]) -> str | None:
     -W error, ...), where the agent puts rankboot; None for a module, code or stdin."""
     at, kind = program_index(argv)
     return argv[at] if kind == "script" else None
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def parse_preload(text: str) -> str:
+    """``--preload``: auto, none, or module names separated by commas; anything else is a UsageError."""
+    text = text.strip()
+    if text in ("auto", "none"):
+        return text
+    names = [name.strip() for name in text.split(",")]
+    bad = [name for name in names if not _MODULE_NAME.fullmatch(name)]
+    if bad:
+        raise UsageError(
+            f"--preload {text!r}: {bad[0]!r} is not a module name",
+            "write auto, none, or module names separated by commas (--preload torch,numpy)",
+        )
+    return ",".join(names)
+
+
+def preload_modules(opts: LaunchOptions) -> list[str]:
+    """The modules each host imports once, its ranks then forked from that process (agent/warm.py): under auto,
+    the engine's for the bundled engine (train, run -m distlaunch.engine), none for any other program, whose
+    imports may depend on what it does first."""
+    if opts.preload == "none" or opts.no_python:
+        return []
+    if opts.preload == "auto":
+        return list(ENGINE_PRELOAD) if is_engine(opts.module, opts.program) else []
+    return opts.preload.split(",")
 
 
 def build_command(opts: LaunchOptions, workdir: str | None = None) -> list[str]:

@@ -29,7 +29,7 @@ from distlaunch.launcher.planning.hostfile import (
     read_hostfile,
 )
 from distlaunch.launcher.planning.plan import LaunchSpec
-from distlaunch.launcher.planning.program import build_command
+from distlaunch.launcher.planning.program import build_command, preload_modules
 from distlaunch.readable import plural
 from distlaunch.remote.env import file_env, forwarded_env
 
@@ -318,4 +318,5 @@ def make_spec(
         max_restarts=opts.max_restarts,
         decisions=decisions,
         cpu_bind=opts.cpu_bind,
+        preload=preload_modules(opts),
     )

@@ -71,6 +71,7 @@ class Attempt:
             "hang_timeout": x.hang_timeout,
             "gate": self.watches.gate.gated,
             "cpu_bind": self.plan.cpu_bind,
+            "preload": self.plan.preload,
         }
 
     def run(self) -> AttemptOutcome:

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import IO
 
+from distlaunch.agent.strays import end_stragglers
 from distlaunch.protocol import AgentConnection, encode
 
 
@@ -22,6 +23,7 @@ class LocalAgent(AgentConnection):
         super().__init__(node_rank, host, events)
         self.python = python
         self.proc: subprocess.Popen | None = None
+        self.ranks: list[dict] = []  # the plan's ranks, whose marks find what they leave behind
         self._lock = threading.Lock()
 
     def start(self, payload: dict) -> None:
@@ -37,6 +39,7 @@ class LocalAgent(AgentConnection):
             bufsize=1,
         )
         self.plan_sent = time.time()
+        self.ranks = payload["ranks"]
         self.send({**payload, "inherit_env": True})  # like torchrun: local ranks see the launcher's environment
         threading.Thread(target=self.pump, args=(self.proc.stdout,), daemon=True).start()
 
@@ -58,3 +61,5 @@ class LocalAgent(AgentConnection):
             except subprocess.TimeoutExpired:  # a frozen agent: SIGKILL takes its ranks with it (PDEATHSIG)
                 self.proc.kill()
                 self.proc.wait()
+            if self.proc.returncode:  # it died before it could end what its ranks left (their children)
+                end_stragglers(self.ranks)
