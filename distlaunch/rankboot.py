@@ -165,12 +165,36 @@ def _become(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _show_as([*sys.orig_argv[: sys.orig_argv.index("--serve")], *request["argv"]], request["env"])
     for signum in range(1, signal.NSIG):
         if signum not in (signal.SIGKILL, signal.SIGSTOP):
             with contextlib.suppress(OSError, ValueError):  # one this Python does not manage
                 signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     sys.argv = [__file__, *request["argv"]]
+
+
+def _show_as(argv: list[str], env: dict) -> None:
+    """Make /proc/PID/cmdline and /proc/PID/environ read as a cold start's would (what ps, pgrep, py-spy and a
+    search of /proc/*/environ for RANK see): both are the memory the kernel put them in at exec, which nothing
+    reads once the interpreter has copied them, and which the agent started this process with room in (its
+    environment has DISTLAUNCH_WARM_ROOM, as long as the longest rank's extra variables). The kernel's own
+    bounds of each area are in /proc/self/stat."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])  # fields 48-51 of stat(5)
+    except (OSError, ValueError):
+        return
+    for start, end, text in (
+        (arg_start, arg_end, "".join(f"{a}\0" for a in argv)),
+        (env_start, env_end, "".join(f"{k}={v}\0" for k, v in env.items())),
+    ):
+        data = text.encode("utf-8", "surrogateescape")
+        if len(data) <= end - start:  # else it stays as it was: nothing is written past the area
+            ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
 
 
 def _die_with_agent(agent: int) -> None:

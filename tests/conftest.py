@@ -109,6 +109,7 @@ QUICK = (
     "tests/launcher/test_local_launch.py::test_every_rank_gets_the_torchrun_environment",
     "tests/launcher/test_local_launch.py::test_failing_rank_stops_the_others_and_sets_the_exit_code",
     "tests/launcher/test_local_launch.py::test_torchrun_script_runs_unchanged_with_real_gloo_allreduce",
+    "tests/launcher/test_warm_start.py",
     "tests/remote/test_multihost.py::test_env_contract_forwarding_and_quoting_reach_remote_ranks",
     "tests/remote/test_multihost.py::test_ctrl_c_stops_every_rank_on_every_host",
     "tests/slurm/test_slurm_cluster.py",

@@ -30,6 +30,7 @@ IMPORT_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "PY
 # How long the imports may take before the ranks start cold instead (a first import from a cold shared filesystem
 # can take minutes; the ranks would pay it anyway)
 READY_TIMEOUT_S = 600.0
+ROOM_VAR = "DISTLAUNCH_WARM_ROOM"  # padding in the preloaded process's environment (rankboot.py _show_as)
 REPLY_TIMEOUT_S = 30.0  # a fork and a reply: milliseconds, unless the host is swapping
 
 
@@ -89,7 +90,10 @@ class Preloaded:
         if not is_python(argv) or not _adopts_orphans():
             return None
         at, _ = program_index(argv)
-        return cls(argv[:at], modules, argv[at:], shared_env(envs), workdir)
+        env = shared_env(envs)
+        # room for each rank's own environment where /proc shows it (rankboot.py _show_as)
+        room = max(len(_environ_bytes(e)) for e in envs) - len(_environ_bytes(env))
+        return cls(argv[:at], modules, argv[at:], {**env, ROOM_VAR: "." * max(room, 0)}, workdir)
 
     def wait_ready(self, timeout: float) -> bool | None:
         """Whether the imports are done (None: not yet, after waiting ``timeout`` seconds at most)."""
@@ -163,6 +167,10 @@ def shared_env(envs: list[dict]) -> dict:
     """The variables every one of ``envs`` has, with one value: what the preloaded process imports under."""
     first, *rest = envs
     return {k: v for k, v in first.items() if all(e.get(k) == v for e in rest)}
+
+
+def _environ_bytes(env: dict) -> bytes:
+    return "".join(f"{k}={v}\0" for k, v in env.items()).encode("utf-8", "surrogateescape")
 
 
 def _adopts_orphans() -> bool:

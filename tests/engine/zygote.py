@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import json
 import os
 import runpy
@@ -25,13 +26,16 @@ import sys
 import traceback
 from pathlib import Path
 
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "distlaunch.engine.trainer")
+from distlaunch.training.argv import ENGINE_PRELOAD  # what the product's warm start preloads too
+
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", *ENGINE_PRELOAD)
 
 
 def main(spec_file: str) -> None:
     spec = json.loads(Path(spec_file).read_text())
     for module in PRELOAD:
         __import__(module)
+    gc.freeze()  # the imports out of the collector's sight: the ranks' collections leave their pages shared
     pids = []
     for rank in spec["ranks"]:
         pid = os.fork()

@@ -62,6 +62,9 @@ def test_a_host_imports_once_and_each_forked_rank_starts_as_a_cold_one_would(tmp
     assert [x["cpus"] for x in ranks] == [[second], [first]], ranks
     assert all(x["argv"] == [RANK, "a", "b c"] and x["path0"] == str(SCRIPTS) for x in ranks), ranks
     assert all(x["cwd"] == str(workdir) and x["threads"] == 1 for x in ranks), ranks
+    # what ps, pgrep and a search of /proc/*/environ see: the rank's own command line and environment
+    assert all(x["cmdline"][-3:] == [RANK, "a", "b c"] and x["cmdline"][-4].endswith("rankboot.py") for x in ranks)
+    assert [x["environ_rank"] for x in ranks] == [["RANK=0"], ["RANK=1"]], ranks
     for rank in range(2):
         assert f"[rank {rank}] rank {rank} to stderr" in r.stderr
     assert not pids_with_env("WARM_MARKS", str(tmp_path / "marks"))  # the preloaded process is gone too

@@ -1,10 +1,11 @@
 """A rank that tells what it started with: whether warm_marker was imported before its first line, its session,
-CPUs, environment, argv, sys.path[0], working directory and (with torch preloaded) torch's thread count; then
+CPUs, environment (also as /proc shows them, with its command line), argv, sys.path[0], working directory and (with torch preloaded) torch's thread count; then
 exits with EXIT_CODE on rank EXIT_RANK, or 0."""
 
 import json
 import os
 import sys
+from pathlib import Path
 
 preloaded = "warm_marker" in sys.modules
 threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
@@ -19,6 +20,8 @@ report = {
     "threads": threads,
     "pid": os.getpid(),
     "stdin_empty": sys.stdin.read() == "",
+    "cmdline": Path("/proc/self/cmdline").read_bytes().rstrip(b"\0").decode().split("\0"),
+    "environ_rank": [e for e in Path("/proc/self/environ").read_bytes().decode().split("\0") if e.startswith("RANK=")],
 }
 print("REPORT " + json.dumps(report), flush=True)
 print(f"rank {report['rank']} to stderr", file=sys.stderr, flush=True)
