@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         import distlaunch
+        from distlaunch.training.config import load_config
 
+        # the configuration first, torch-free: a mistake in it is one line at once, not after seconds of imports
+        cfg = load_config(args.config, args.set, os.environ.get("DISTLAUNCH_PARALLEL"))
         distlaunch.progress(status="importing torch")  # seconds on a cold disk: the launcher's status line says so
         # imported here so that --help answers without loading torch
         import torch
@@ -37,11 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         check_torch(torch.__version__)
         from distlaunch.engine.loop import run
         from distlaunch.engine.parallel.mesh import read_env
-        from distlaunch.training.config import load_config
         from distlaunch.training.places import metrics_path
 
         env = read_env()
-        cfg = load_config(args.config, args.set, os.environ.get("DISTLAUNCH_PARALLEL"))
         run(cfg, env, metrics_path(args.metrics_file))
     except DistlaunchError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +37,19 @@ def test_user_errors_print_one_line_and_exit_2(args, env, words):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "(hint: " in lines[0], result.stderr
     for word in words:
         assert word in lines[0]
+
+
+def test_a_config_mistake_is_named_before_torch_is_imported(tmp_path):
+    """The configuration is read torch-free, first: its mistake is one line at once, not after seconds of imports
+    on every rank (a torch that cannot be imported shows whether it was)."""
+    (tmp_path / "torch.py").write_text("raise ImportError('torch was imported')\n")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])}
+    done = subprocess.run(
+        [*ENGINE, "--set", "train.stepz=3"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: unknown config key 'train.stepz'") and "torch was imported" not in done.stderr
 
 
 def test_single_process_run_writes_metrics_file(tmp_path):
