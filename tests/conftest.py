@@ -85,6 +85,8 @@ QUICK = (
     "tests/launcher/test_screens.py",
     "tests/launcher/test_program.py",
     "tests/launcher/test_closed_pipe.py",
+    "tests/launcher/test_stream_writer.py",
+    "tests/launcher/test_spellings.py",
     "tests/dropin/test_peer_habits.py",
     "tests/train/test_cli.py",
     "tests/train/test_config_values.py",

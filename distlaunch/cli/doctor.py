@@ -8,9 +8,9 @@ import typer
 from rich.console import Console
 
 from distlaunch.cli import groups as g
-from distlaunch.cli import panels as h
+from distlaunch.cli.options import StartTimeout
 from distlaunch.cli.render import print_json
-from distlaunch.contract.options import HostOptions
+from distlaunch.contract.options import SharedOptions
 from distlaunch.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -20,26 +20,6 @@ Bench = Annotated[
     bool,
     typer.Option("--bench", help="Also measure all-reduce bandwidth across the hosts (gloo on CPU, NCCL on GPUs)."),
 ]
-StartTimeout = Annotated[
-    float,
-    typer.Option(
-        "--start-timeout",
-        metavar="SECONDS",
-        min=1,
-        help="How long a host's Python may take to start and answer before it counts as hung (slow shared "
-        "filesystems, loaded hosts).",
-    ),
-]
-RemotePython = Annotated[
-    str | None,
-    typer.Option(
-        "--remote-python",
-        metavar="PYTHON",
-        help="Python to check on every host, as run's agent and ranks use it there: it runs the probe and the "
-        "master's listener (default: the launcher's own path).",
-        rich_help_panel=h.CONNECT,
-    ),
-]
 BenchMax = Annotated[
     str | None,
     typer.Option(
@@ -48,10 +28,11 @@ BenchMax = Annotated[
 ]
 
 
-# the launch options as for run (the hosts, the master, the layout, the environment), and the doctor's own
+# how to reach the hosts, as every command that does; what run would use there (the ranks per host, the layout,
+# the master, the environment, the ranks' interpreter and folder); the doctor's own
 DOCTOR_OPTIONS = (
-    *g.pick(g.LAUNCH_OPTIONS, *HostOptions.model_fields),
-    g.Opt("remote_python", RemotePython, None),
+    *g.HOST_OPTIONS,
+    *g.pick(g.LAUNCH_OPTIONS, *SharedOptions.model_fields, "python", "workdir"),
     g.Opt("start_timeout", StartTimeout, 20.0),
     g.Opt("bench", Bench, False),
     g.Opt("bench_max", BenchMax, None),
@@ -77,7 +58,8 @@ def doctor(
 ) -> int:
     """Check DNS, SSH, Python/torch/NCCL versions, GPUs, the master's port and reachability, interfaces, /dev/shm and clocks on every host; print what to fix.
 
-    --master-addr, --master-port and --backend resolve exactly as for distlaunch run.
+    --master-addr, --master-port and --backend resolve exactly as for distlaunch run; the ranks' --python and
+    --workdir (default: the launcher's own) are checked on every host.
 
     Exit code: 0 when no check failed (warnings allowed), 1 when at least one did, 2 when the hostfile or an option
     is wrong.

@@ -1,6 +1,7 @@
-"""The groups of launch options commands take (``PROGRAM``, ``LAUNCH_OPTIONS``, ``NODE_OPTIONS``), and
-``with_options``, the decorator that adds a group to a command and hands the command one object built from the
-values: each option is declared once (its annotation in options.py), whichever commands take it."""
+"""The groups of launch options commands take (``PROGRAM``, ``LAUNCH_OPTIONS``, ``HOST_OPTIONS``,
+``NODE_OPTIONS``), and ``with_options``, the decorator that adds a group to a command and hands the command one
+object built from the values: each option is declared once (its annotation in options.py), whichever commands take
+it. An option may have an alias: a hidden second spelling (another tool's word for it) whose value it takes."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from distlaunch.cli.options import (
     NprocPerNode,
     OnStraggler,
     ParallelOpt,
+    ParameterSource,
     Preload,
     Probe,
     Program,
@@ -77,6 +79,7 @@ class Opt:
     name: str
     annotation: Any
     default: Any = inspect.Parameter.empty  # empty: required (the program)
+    alias_of: str | None = None  # a hidden second spelling of the option of that name: its value goes there
 
 
 _SUPERVISION = ExecOptions()  # the supervision defaults: ExecOptions owns them, the options show them
@@ -126,32 +129,51 @@ NODE_OPTIONS = (
 )
 
 
-def pick(group: Iterable[Opt], *names: str) -> tuple[Opt, ...]:
-    """The options of ``group`` with these names, in the group's order (the order --help lists them in)."""
+def _known(group: Iterable[Opt], names: Iterable[str]) -> tuple[Opt, ...]:
     group = tuple(group)
     unknown = set(names) - {opt.name for opt in group}
     if unknown:
         raise ValueError(f"no such option: {', '.join(sorted(unknown))}")
+    return group
+
+
+def pick(group: Iterable[Opt], *names: str) -> tuple[Opt, ...]:
+    """The options of ``group`` with these names, in the group's order (the order --help lists them in)."""
+    group = _known(group, names)
     return tuple(opt for opt in group if opt.name in names)
+
+
+# How distlaunch reaches hosts: every command that talks to them takes these (run, train, doctor, hosts).
+HOST_OPTIONS = pick(
+    LAUNCH_OPTIONS, "hostfile", "include", "exclude", "ssh_config", "accept_new_host_keys", "remote_python"
+)
 
 
 def retold(group: Iterable[Opt], **helps: str) -> tuple[Opt, ...]:
     """The options of ``group``, those named in ``helps`` with that help text instead: for a command where one does
     less or prints something else (train's --nnodes has no per-node mode; slurm sbatch's --json is the job)."""
-    group = tuple(group)
-    unknown = set(helps) - {opt.name for opt in group}
-    if unknown:
-        raise ValueError(f"no such option: {', '.join(sorted(unknown))}")
+    return _changed(group, {name: {"help": text} for name, text in helps.items()})
+
+
+def hidden(group: Iterable[Opt], *names: str) -> tuple[Opt, ...]:
+    """The options of ``group``, those named taken but left out of --help: where the command shows its own word
+    for the same thing (slurm's --ntasks-per-node for -n/--nproc-per-node)."""
+    return _changed(group, {name: {"hidden": True} for name in names})
+
+
+def _changed(group: Iterable[Opt], changes: dict[str, dict[str, Any]]) -> tuple[Opt, ...]:
+    """The options of ``group``, those named in ``changes`` with these attributes of their typer.Option changed."""
     return tuple(
-        replace(opt, annotation=_with_help(opt.annotation, helps[opt.name])) if opt.name in helps else opt
-        for opt in group
+        replace(opt, annotation=_with(opt.annotation, changes[opt.name])) if opt.name in changes else opt
+        for opt in _known(group, changes)
     )
 
 
-def _with_help(annotation: Any, help_text: str) -> Any:
+def _with(annotation: Any, changes: dict[str, Any]) -> Any:
     kind, info, *rest = get_args(annotation)  # Annotated[type, typer.Option(...)]
     told = copy.copy(info)
-    told.help = help_text
+    for name, value in changes.items():
+        setattr(told, name, value)
     return Annotated[(kind, told, *rest)]
 
 
@@ -180,6 +202,7 @@ def with_options(
     if defaults:
         raise ValueError(f"no such option: {', '.join(defaults)}")
     names = [o.name for o in opts]
+    aliases = [o for o in opts if o.alias_of is not None]
     keyword = inspect.Parameter.KEYWORD_ONLY  # typer passes every parameter by name
     shared = [inspect.Parameter(o.name, keyword, default=o.default, annotation=o.annotation) for o in opts]
 
@@ -196,7 +219,7 @@ def with_options(
 
         @functools.wraps(command)
         def wrapper(ctx: typer.Context, **kwargs: Any) -> Any:
-            values = {name: kwargs.pop(name) for name in names}
+            values = with_aliases({name: kwargs.pop(name) for name in names}, aliases, ctx)
             return command(**kwargs, **{into: build(values, ctx)})
 
         returns = _evaluated(signature.return_annotation, command)
@@ -205,6 +228,25 @@ def with_options(
         return wrapper
 
     return decorate
+
+
+def with_aliases(values: dict[str, Any], aliases: Iterable[Opt], ctx: typer.Context) -> dict[str, Any]:
+    """``values`` with each alias's value moved to its option (an alias left out: None); an alias and its option
+    both typed, with two values, is one line and exit 2."""
+    values = dict(values)
+    flags = {param.name: max(param.opts, key=len) for param in ctx.command.params}
+    for alias in aliases:
+        value = values.pop(alias.name)
+        if value is None:
+            continue
+        typed = ctx.get_parameter_source(alias.alias_of) == ParameterSource.COMMANDLINE
+        if typed and values[alias.alias_of] != value:
+            own, other = flags[alias.alias_of], flags[alias.name]
+            raise UsageError(
+                f"{other} {value} and {own} {values[alias.alias_of]} are one option given twice", f"give {own} once"
+            )
+        values[alias.alias_of] = value
+    return values
 
 
 def spares_given(values: Mapping[str, Any]) -> bool:

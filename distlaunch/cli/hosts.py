@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from distlaunch.cli import groups as g
-from distlaunch.cli.doctor import RemotePython, StartTimeout
+from distlaunch.cli.options import StartTimeout
 from distlaunch.cli.render import print_json
 from distlaunch.errors import ExitCode
 
@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from distlaunch.doctor import DoctorOptions
 
 HOSTS_OPTIONS = (
-    *g.pick(g.LAUNCH_OPTIONS, "hostfile", "include", "exclude", "ssh_config"),
-    g.Opt("remote_python", RemotePython, None),
+    *g.retold(
+        g.HOST_OPTIONS, remote_python="Python on remote hosts that runs the probe (default: the launcher's own path)."
+    ),
     g.Opt("start_timeout", StartTimeout, 20.0),
 )
 

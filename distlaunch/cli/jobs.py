@@ -17,6 +17,7 @@ from distlaunch.backends.output import Note
 from distlaunch.backends.recorded import find_job, list_jobs, read_lines, stop_job
 from distlaunch.backends.registry import of_record
 from distlaunch.cli.hosts_render import gpus_line
+from distlaunch.cli.options import refused
 from distlaunch.cli.render import print_json, render_recovery, render_report
 from distlaunch.contract.inventory import HostInventory
 from distlaunch.contract.report import RunReport
@@ -95,13 +96,22 @@ def stop(
     return 0
 
 
+# -n counts the ranks per host in every command that starts ranks; here it would be another number, tail's
+TailNot = refused(
+    "-n",
+    why="-n is the ranks per host in distlaunch's other commands, not a line count",
+    fix="give --tail N for the last N lines (-r/--rank R picks ranks)",
+)
+
+
 def logs(
     job: JobId,
     rank: Annotated[
         list[int] | None, typer.Option("--rank", "-r", help="Only this rank's lines (repeat for several).")
     ] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
-    tail: Annotated[int | None, typer.Option("--tail", "-n", help="Only the last N lines.", min=0)] = None,
+    tail: Annotated[int | None, typer.Option("--tail", metavar="N", help="Only the last N lines.", min=0)] = None,
+    tail_as_n: TailNot = None,
     stderr: Annotated[
         bool, typer.Option("--stderr", help="Only the ranks' stderr lines (and distlaunch's notices).")
     ] = False,

@@ -11,6 +11,7 @@ import typer
 from distlaunch.backends.registry import named
 from distlaunch.cli import groups as g
 from distlaunch.cli import panels as h
+from distlaunch.cli.options import refused
 from distlaunch.cli.render import print_submission
 from distlaunch.launcher.planning.spec import parse_seconds
 
@@ -23,6 +24,7 @@ Program = Annotated[list[str], typer.Argument(help="-- SCRIPT [ARGS]...: what di
 Nodes = Annotated[
     int, typer.Option("-N", "--nodes", help="Pods (one per node); parallelism = completions.", rich_help_panel=h.HOSTS)
 ]
+NNodesAlias = Annotated[int | None, typer.Option("--nnodes", hidden=True)]  # run's word for -N
 Nproc = Annotated[int, typer.Option("-n", "--nproc-per-node", help="Ranks per pod.", rich_help_panel=h.HOSTS)]
 Image = Annotated[
     str,
@@ -46,10 +48,23 @@ SecretEnv = Annotated[
         help="Set NAME from key KEY of Secret SECRET, given as NAME=SECRET:KEY (by reference, repeatable).",
     ),
 ]
-MaxRestarts = Annotated[
+BackoffLimit = Annotated[
     int,
-    typer.Option("--max-restarts", help="The Job's backoffLimit: pod failures tolerated.", rich_help_panel=h.FAULTS),
+    typer.Option(
+        "--backoff-limit",
+        metavar="N",
+        help="The Job's backoffLimit: pod failures tolerated before the Job fails. A failed attempt fails every pod,"
+        " so R × nodes lets the job start again R times.",
+        rich_help_panel=h.FAULTS,
+    ),
 ]
+# run's --max-restarts restarts the whole job K times; a Job counts failed pods: another number, another word
+MaxRestarts = refused(
+    "--max-restarts",
+    why="--max-restarts is run's: it restarts the whole job; a Kubernetes Job retries failed pods",
+    fix="give --backoff-limit N, the pod failures tolerated (a failed attempt fails every pod: R × nodes for R"
+    " restarts)",
+)
 Name = Annotated[
     str,
     typer.Option(
@@ -105,11 +120,13 @@ K8S_OPTIONS = (
     g.Opt("program", Program),
     g.Opt("image", Image),
     g.Opt("nodes", Nodes, 1),
+    g.Opt("nnodes", NNodesAlias, None, alias_of="nodes"),
     g.Opt("nproc_per_node", Nproc, 1),
     g.Opt("gpus_per_node", Gpus, 0),
     g.Opt("env", Env, None),
     g.Opt("secret_env", SecretEnv, None),
-    g.Opt("max_restarts", MaxRestarts, 0),
+    g.Opt("backoff_limit", BackoffLimit, 0),
+    g.Opt("max_restarts", MaxRestarts, None),
     g.Opt("name", Name, "distlaunch"),
     g.Opt("namespace", Namespace, None),
     g.Opt("master_port", MasterPort, 29500),

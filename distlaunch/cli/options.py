@@ -1,11 +1,12 @@
-"""The launch options of ``run``, ``train``, ``doctor`` and ``slurm``, each declared once as a typer annotation
-with its parser; groups.py says which commands take which."""
+"""The launch options of ``run``, ``train``, ``doctor``, ``hosts`` and ``slurm``, each declared once as a typer
+annotation with its parser; groups.py says which commands take which (``HOST_OPTIONS``: every command that
+reaches hosts). ``refused`` is a word of another command that means something else here: one line says so."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -249,8 +250,19 @@ RemotePython = Annotated[
     typer.Option(
         "--remote-python",
         metavar="PYTHON",
-        help="Python on remote hosts that runs the agent and, unless --python is given, the ranks (default: the"
-        " launcher's own path).",
+        help="Python on remote hosts that runs distlaunch there (the agent; doctor's and hosts' probe) and, unless"
+        " --python is given, the ranks (default: the launcher's own path).",
+        rich_help_panel=h.CONNECT,
+    ),
+]
+StartTimeout = Annotated[
+    float,
+    typer.Option(
+        "--start-timeout",
+        metavar="SECONDS",
+        min=1,
+        help="How long a host's Python may take to start and answer before it counts as hung (slow shared "
+        "filesystems, loaded hosts).",
         rich_help_panel=h.CONNECT,
     ),
 ]
@@ -508,6 +520,18 @@ SUPERVISION = (
     "save_signal",
     "forward_signals",
 )
+
+
+def refused(*flags: str, why: str, fix: str) -> Any:
+    """A hidden option that only refuses itself in one line (exit 2): a word users bring from another command,
+    where it means something else."""
+
+    def refuse(value: str | None) -> str | None:
+        if value is not None:
+            raise UsageError(why, fix)
+        return value
+
+    return Annotated[str | None, typer.Option(*flags, hidden=True, callback=refuse)]
 
 
 def given_flags(ctx: typer.Context, names: tuple[str, ...] = SUPERVISION) -> list[str]:

@@ -26,18 +26,23 @@ Nodes = Annotated[
     int | None,
     typer.Option("-N", "--nodes", help="Nodes (default: the allocation's, else 1).", rich_help_panel=h.HOSTS),
 ]
+NNodesAlias = Annotated[int | None, typer.Option("--nnodes", hidden=True)]  # run's word for -N
 NtasksPerNode = Annotated[
     int | None,
     typer.Option(
         "--ntasks-per-node",
-        help="Tasks = ranks per node (same as -n; default: the allocation's, else one per GPU, else 1).",
+        help="Tasks = ranks per node, also spelled -n/--nproc-per-node as in run (default: the allocation's, else"
+        " one per GPU, else 1).",
         rich_help_panel=h.HOSTS,
     ),
 ]
 Ntasks = Annotated[
     int | None,
     typer.Option(
-        "--ntasks", help="Total tasks = world size (must equal nodes × ntasks-per-node).", rich_help_panel=h.HOSTS
+        "--ntasks",
+        help="Total tasks = world size (must equal nodes × ntasks-per-node). Slurm's -n is this one; distlaunch's -n"
+        " is ranks per node, as in run.",
+        rich_help_panel=h.HOSTS,
     ),
 ]
 GpusPerNode = Annotated[
@@ -112,6 +117,7 @@ _SCRIPT_CONTEXT = {"allow_interspersed_args": False}
 
 SLURM_OPTIONS = (
     g.Opt("nodes", Nodes, None),
+    g.Opt("nnodes", NNodesAlias, None, alias_of="nodes"),
     g.Opt("ntasks_per_node", NtasksPerNode, None),
     g.Opt("ntasks", Ntasks, None),
     g.Opt("gpus_per_node", GpusPerNode, None),
@@ -153,7 +159,8 @@ def slurm_args(values: dict[str, Any], ctx: typer.Context) -> SlurmArgs:
 def slurm_options(*launch: str, json_help: str) -> Callable[[Callable], Callable]:
     """The program, the Slurm options and these launch options, handed to the command as ``launch: SlurmArgs``;
     ``json_help`` says what this command's --json prints."""
-    shared = g.retold(g.pick(g.LAUNCH_OPTIONS, *LAUNCH, *launch), json_output=json_help)
+    # -n/--nproc-per-node is Slurm's --ntasks-per-node: taken, and shown under Slurm's own word
+    shared = g.hidden(g.retold(g.pick(g.LAUNCH_OPTIONS, *LAUNCH, *launch), json_output=json_help), "nproc_per_node")
     return g.with_options(g.PROGRAM, SLURM_OPTIONS, shared, build=slurm_args)
 
 

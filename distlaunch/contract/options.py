@@ -41,6 +41,7 @@ class HostOptions(SharedOptions):
     include: str | None = None
     exclude: str | None = None
     ssh_config: Path | None = None
+    accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
 
 
 class ProgramOptions(BaseModel):
@@ -66,7 +67,6 @@ class LaunchOptions(ProgramOptions, HostOptions):
     """The launch options shared by ``run``, ``train`` and ``slurm``, as the user typed them."""
 
     python: str = ""  # the ranks' interpreter; "": --remote-python when given, else the launcher's own
-    accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     remote_python: str | None = None  # the interpreter that runs the agent on remote hosts (default: sys.executable)
     max_restarts: int = 0  # ranks see it as TORCHELASTIC_MAX_RESTARTS
     nodes: NodeRange | None = None  # --nnodes MIN:MAX with a hostfile: spares, shrinking (launcher/elastic/healing.py)

@@ -55,8 +55,27 @@ def python_check(host: str, facts: HostFacts, reference: HostFacts | None, local
     return check("python", host, "pass", f"{py['executable']} (Python {py['version']}, distlaunch {facts.distlaunch})")
 
 
-def torch_check(host: str, facts: HostFacts, reference: HostFacts | None, is_master: bool) -> Check:
-    """torch is installed and its version and CUDA build equal the master's."""
+def workdir_check(host: str, facts: HostFacts) -> Check:
+    """The ranks' working directory (--workdir, else the launcher's current folder) is a folder there."""
+    found = facts.workdir
+    if found is None:
+        return check("workdir", host, "skip", "not asked")
+    if found["problem"] is None:
+        return check("workdir", host, "pass", f"{found['path']} (where the ranks start)")
+    return check(
+        "workdir",
+        host,
+        "fail",
+        f"{found['path']} {found['problem']} on {host}: the ranks start there",
+        f"create it on {host} (the same path on every host: a shared file system, or a copy), or pass --workdir",
+    )
+
+
+def torch_check(
+    host: str, facts: HostFacts, reference: HostFacts | None, is_master: bool, flag: str = "--remote-python"
+) -> Check:
+    """torch is installed and its version and CUDA build equal the master's (``flag``: the option that names the
+    interpreter judged)."""
     py = facts.python["executable"]
     torch = facts.torch
     ref = reference.torch if reference is not None else None
@@ -67,7 +86,7 @@ def torch_check(host: str, facts: HostFacts, reference: HostFacts | None, is_mas
             host,
             "fail",
             f"torch is not installed for {py}",
-            f"on {host}: {py} -m pip install {want}, or pass --remote-python with the interpreter that has torch",
+            f"on {host}: {py} -m pip install {want}, or pass {flag} with the interpreter that has torch",
         )
     what = f"torch {torch['version']}" + (f", CUDA {torch['cuda']}" if torch.get("cuda") else ", CPU build")
     if is_master or ref is None:

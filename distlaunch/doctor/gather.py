@@ -59,6 +59,7 @@ class HostResult:
     shell_hung: bool = False  # the login shell never got to start the interpreter: a startup file hangs
     hint: str = ""  # the fix that goes with probe_error, where it is known when the error is
     facts: HostFacts | None = None
+    ranks: HostResult | None = None  # with --python: the same probe, run by the ranks' interpreter
 
     @property
     def loopback(self) -> bool:
@@ -102,7 +103,8 @@ def open_session(
     timeout = result.target.connect_timeout or opts.connect_timeout
     for attempt in range(2):
         try:
-            return SshSession(result.host, connect(result.target, timeout=timeout), nonce, gate)
+            client = connect(result.target, timeout=timeout, accept_new_host_keys=opts.accept_new_host_keys)
+            return SshSession(result.host, client, nonce, gate)
         except SshError as exc:
             result.ssh_error = exc
             if exc.kind != "refused" or attempt:
@@ -178,9 +180,12 @@ def start_listener(session: HostSession, listener: ListenerResult, python: str, 
     return stream
 
 
-def run_probe(session: HostSession, result: HostResult, opts: DoctorOptions, probe_args: dict) -> None:
-    """Run the probe on the host and record its facts (or why there are none) in ``result``."""
-    python = opts.remote_python
+def run_probe(
+    session: HostSession, result: HostResult, opts: DoctorOptions, probe_args: dict, python: str | None = None
+) -> None:
+    """Run the probe on the host with ``python`` (default: --remote-python) and record its facts (or why there are
+    none) in ``result``."""
+    python = python or opts.remote_python
     timeout = opts.reach_timeout + opts.start_timeout
     sent = time.time()
     try:
@@ -296,15 +301,20 @@ class Gathering:
                 if session is None:
                     return
                 self._listener_ready.wait()
-                args = {
-                    "master_addr": self.listener.address,
-                    "timeout": self.opts.reach_timeout,
-                    "port": self.listener.port if self.listener.bound else None,
-                }
-                run_probe(session, result, self.opts, args if self.master else {})
+                args = {"workdir": self.opts.ranks_workdir}
+                if self.master:
+                    args.update(
+                        master_addr=self.listener.address,
+                        timeout=self.opts.reach_timeout,
+                        port=self.listener.port if self.listener.bound else None,
+                    )
+                run_probe(session, result, self.opts, args)
+                if result.facts is not None and self.opts.ranks_python:  # what the ranks run: torch is theirs
+                    result.ranks = HostResult(host=result.host, slots=result.slots, target=result.target)
+                    run_probe(session, result.ranks, self.opts, {}, python=self.opts.ranks_python)
                 if result.facts is not None and self.master:
                     measure_clock(session, result, self.opts.remote_python)
-                if result.probe_hung or result.shell_hung:
+                if any(r.probe_hung or r.shell_hung for r in (result, result.ranks) if r is not None):
                     with self._lock:
                         self._unfinished.add(id(session))
         except Exception as exc:

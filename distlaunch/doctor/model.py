@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ CHECK_IDS = (
     "ssh.auth",
     "ssh.hostkey",
     "python",
+    "workdir",
     "torch-version",
     "nccl",
     "gpus",
@@ -110,12 +112,27 @@ class DoctorOptions(HostOptions):
     NCCL_/GLOO_SOCKET_IFNAME variables are judged; --env: NCCL/GLOO_SOCKET_IFNAME are checked), and how to check."""
 
     remote_python: str = sys.executable  # as the launcher: remote ranks run the launcher's interpreter path
+    python: str | None = None  # the ranks' interpreter (run's --python); None: remote_python's
+    workdir: str | None = None  # the ranks' working directory on every host (run's --workdir); None: ours
     connect_timeout: float = 5.0  # SSH connect
     # an interpreter's start and first answer (the master's listener, each probe beyond its connect)
     start_timeout: float = 20.0
     reach_timeout: float = 2.5  # each host's TCP connect to the master; a firewall that drops packets costs this much
     bench: bool = False
     bench_max_bytes: int | None = None  # default: 256 MiB on GPUs, 16 MiB on CPU
+
+    @property
+    def ranks_workdir(self) -> str:
+        """Where the ranks start on every host, as run starts them: --workdir, else the launcher's current folder."""
+        return self.workdir or os.getcwd()
+
+    @property
+    def ranks_python(self) -> str | None:
+        """--python as the ranks' exec finds it (a relative path with a '/' from their working directory); None
+        when not given: the ranks run the probe's interpreter."""
+        if self.python and "/" in self.python and not os.path.isabs(self.python):
+            return os.path.join(self.ranks_workdir, self.python)
+        return self.python or None
 
 
 class HostFacts(BaseModel):
@@ -135,6 +152,7 @@ class HostFacts(BaseModel):
     inventory: HostInventory = Field(default_factory=HostInventory)  # GPUs, interfaces, InfiniBand: hostprobe.py
     shm_bytes: int | None = None
     memlock: int = -1  # bytes; -1 is unlimited
+    workdir: dict[str, Any] | None = None  # {"path", "problem"}: the ranks' working directory there
     master: dict[str, Any] | None = None
     time: float = 0.0
     # Filled in by the doctor, not the probe: when the question left and the answer came back (local clock).

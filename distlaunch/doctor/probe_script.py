@@ -115,6 +115,19 @@ def master_facts(args, interfaces):
     return facts
 
 
+def workdir_facts(path):
+    """Whether the ranks can start in ``path``: ``problem`` None, or what is wrong with it."""
+    if not os.path.exists(path):
+        problem = "does not exist"
+    elif not os.path.isdir(path):
+        problem = "is not a directory"
+    elif not os.access(path, os.X_OK):
+        problem = "cannot be entered (no permission)"
+    else:
+        problem = None
+    return {"path": path, "problem": problem}
+
+
 def main():
     args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     hostname = socket.gethostname()
@@ -141,6 +154,8 @@ def main():
         "shm_bytes": shm_bytes,
         "memlock": -1 if memlock == resource.RLIM_INFINITY else memlock,
     }
+    if args.get("workdir"):
+        facts["workdir"] = workdir_facts(args["workdir"])
     if args.get("master_addr"):
         facts["master"] = master_facts(args, host["interfaces"])
     facts["time"] = time.time()  # last, so it is as close as possible to the moment the answer leaves

@@ -29,6 +29,7 @@ from distlaunch.doctor.checks_host import (
     python_check,
     shm_check,
     torch_check,
+    workdir_check,
 )
 from distlaunch.doctor.checks_network import (
     dns_check,
@@ -46,7 +47,18 @@ from distlaunch.launcher.planning.spec import is_local_host, resolve_hosts
 from distlaunch.launcher.running.launch import spec_for
 from distlaunch.remote.sshconfig import resolve_targets
 
-PROBED = ("python", "torch-version", "nccl", "gpus", "loopback-hostname", "master-reachable", "nic", "shm", "memlock")
+PROBED = (
+    "python",
+    "workdir",
+    "torch-version",
+    "nccl",
+    "gpus",
+    "loopback-hostname",
+    "master-reachable",
+    "nic",
+    "shm",
+    "memlock",
+)
 
 
 def _local_version() -> str | None:
@@ -146,11 +158,11 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
                 *[check(id, host, "skip", "not probed (see python)") for id in PROBED[1:]],
             ]
         return [check(id, host, "skip", f"host not reached (see {why})") for id in PROBED]
-    ref, master = ctx["reference"], r is ctx["master"]
+    ref = ctx["reference"]
     return [
-        python_check(host, f, ref, ctx["version"]),
-        torch_check(host, f, ref, master),
-        nccl_check(host, f, ref),
+        ranks_python_check(host, r, ctx) or python_check(host, f, ref, ctx["version"]),
+        workdir_check(host, f),
+        *torch_checks(host, r, ctx),
         gpus_check(host, f, r.slots.nslots, r.slots.explicit, ctx["any_gpus"]),
         loopback_hostname_check(
             host,
@@ -165,6 +177,31 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
         shm_check(host, f),
         memlock_check(host, f),
     ]
+
+
+def torch_checks(host: str, r: HostResult, ctx: dict) -> list[Check]:
+    """torch-version and nccl, judged on the interpreter the ranks run: --python's where it is given."""
+    if r.ranks is not None and r.ranks.facts is None:
+        return [
+            check(id, host, "skip", "the ranks' interpreter did not run (see python)")
+            for id in ("torch-version", "nccl")
+        ]
+    facts, flag = (r.ranks.facts, "--python") if r.ranks is not None else (r.facts, "--remote-python")
+    ref = ctx["ranks_reference"]
+    return [torch_check(host, facts, ref, r is ctx["master"], flag), nccl_check(host, facts, ref)]
+
+
+def ranks_python_check(host: str, r: HostResult, ctx: dict) -> Check | None:
+    """With --python: the ranks' interpreter could not run on the host (None: it did, or none was given)."""
+    if r.ranks is None or r.ranks.facts is not None:
+        return None
+    return check(
+        "python",
+        host,
+        "fail",
+        f"the ranks' interpreter {ctx['ranks_python']} could not run on {host}: {r.ranks.probe_error}",
+        "give --python an interpreter that every host has (a relative path is from --workdir), or leave it out",
+    )
 
 
 def hosts_backend(backend: str, results: list[HostResult]) -> str:
@@ -188,6 +225,8 @@ def classify(
         "backend": backend,
         "suggest": ifname_suggestion([route_interface(r.facts)[0] for r in results if r.facts is not None]),
         "reference": results[0].facts,
+        "ranks_reference": (results[0].ranks and results[0].ranks.facts) or results[0].facts,
+        "ranks_python": opts.ranks_python,
         "master": results[0],
         "version": _local_version(),
         "listener": listener,

@@ -37,7 +37,7 @@ class K8sJobOptions(BaseModel):
     namespace: str | None = None
     master_port: int = 29500
     rdzv_port: int = 29400  # the nodes' store (distlaunch run --rdzv-endpoint), apart from the ranks' master port
-    max_restarts: int = 0
+    backoff_limit: int = 0  # the Job's backoffLimit: failed pods tolerated
     env: list[str] = Field(default_factory=list)  # KEY=VALUE
     secret_env: list[str] = Field(default_factory=list)  # NAME=SECRET:KEY, read from the Secret by the kubelet
     grace_period: float | None = None  # the pods' distlaunch run --grace-period; None: from the save estimate
@@ -63,8 +63,8 @@ def check_options(opts: K8sJobOptions) -> None:
     for flag, value in (("--nodes", opts.nodes), ("--nproc-per-node", opts.nproc_per_node)):
         if value < 1:
             raise UsageError(f"{flag} {value} must be at least 1", f"give e.g. {flag} 2")
-    if opts.gpus_per_node < 0 or opts.max_restarts < 0:
-        raise UsageError("--gpus-per-node and --max-restarts cannot be negative", "give 0 or more")
+    if opts.gpus_per_node < 0 or opts.backoff_limit < 0:
+        raise UsageError("--gpus-per-node and --backoff-limit cannot be negative", "give 0 or more")
     if opts.grace_period is not None and not 0 <= opts.grace_period <= 86400:
         raise UsageError(f"--grace-period {opts.grace_period:g} is out of range", "give seconds from 0 to 86400")
     if not opts.image.strip():
@@ -219,7 +219,7 @@ def job(opts: K8sJobOptions) -> dict:
             "completionMode": "Indexed",
             "completions": opts.nodes,
             "parallelism": opts.nodes,
-            "backoffLimit": opts.max_restarts,
+            "backoffLimit": opts.backoff_limit,
             "template": {
                 "metadata": {"labels": {"distlaunch/job": opts.name}},
                 "spec": {

@@ -90,6 +90,28 @@ def test_a_console_block_not_run_here_says_why():
         assert not stray, f"{name}:{stray[0].line}: 'not run' stands above a {stray[0].language or 'plain'} block"
 
 
+_NAMED_TEST = re.compile(r"\b(tests/[\w/]+\.py)::(test_\w+)")
+
+
+def test_a_console_example_not_run_here_names_the_tests_that_run_its_steps():
+    """A console example (a block of ``$ COMMAND`` lines and what they print) runs here, or its comment names
+    the test that does its steps for real, as ``tests/PATH.py::test_NAME`` (each one named must exist). A
+    block of ``$`` lines in another language is one too: it is marked ``console``, and so run or named."""
+    for name, page in PAGES.items():
+        for block in page.blocks:
+            transcript = any(line.startswith("$ ") for line in block.text.splitlines())
+            if not transcript and block.language != "console":
+                continue
+            assert block.language == "console", f"{name}:{block.line}: a block of '$ COMMAND' lines is a console block"
+            if block.not_run is None:
+                continue  # it runs: test_console_examples_print_what_the_page_shows
+            named = _NAMED_TEST.findall(block.not_run)
+            assert named, f"{name}:{block.line}: name the test that runs these steps (tests/PATH.py::test_NAME)"
+            for path, test in named:
+                source = (ROOT / path).read_text(encoding="utf-8") if (ROOT / path).is_file() else ""
+                assert re.search(rf"^def {test}\(", source, re.M), f"{name}:{block.line}: {path}::{test} does not exist"
+
+
 def _keys(data: object) -> set[str]:
     """Every key path of a JSON value (lists: their first item stands for every item)."""
     if isinstance(data, dict):

@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import invoke
@@ -19,6 +20,24 @@ def test_this_machine_only_passes():
     assert run.exit_code == 0 and run.report["ok"] is True
     assert_healthy(run, "localhost", local=True)
     assert run.status("hostfile", "(local)") == "pass"
+
+
+def test_the_ranks_workdir_and_python_are_checked_as_run_would_use_them(tmp_path):
+    """--workdir and --python change what is checked: the folder the ranks start in, the interpreter they run
+    (a relative one from that folder), whose torch is the one judged."""
+    (tmp_path / "venv").symlink_to(sys.prefix)  # this interpreter's environment, torch included
+    python = f"venv/bin/{Path(sys.executable).name}"
+    good = doctor("--master-port", str(free_port()), "--workdir", str(tmp_path), "--python", python)
+    assert good.exit_code == 0, good.report
+    assert good.get("workdir", "localhost")["detail"].startswith(f"{tmp_path} ")
+    assert good.status("python", "localhost") == "pass"
+    missing = str(tmp_path / "gone")
+    bad = doctor("--master-port", str(free_port()), "--workdir", missing, "--python", python)
+    assert bad.exit_code == 1
+    workdir, found = bad.get("workdir", "localhost"), bad.get("python", "localhost")
+    assert workdir["status"] == "fail" and f"{missing} does not exist" in workdir["detail"], workdir
+    assert found["status"] == "fail" and f"{missing}/{python} could not run" in found["detail"], found
+    assert bad.status("torch-version", "localhost") == "skip"  # the ranks' torch: their interpreter did not run
 
 
 def test_table_groups_by_host_with_fix_and_verdict(sshd_cluster, tmp_path):

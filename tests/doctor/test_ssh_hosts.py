@@ -90,6 +90,20 @@ def test_healthy_hosts_beside_broken_ones_still_pass(broken_run):
         assert_healthy(broken_run, host)
 
 
+def test_accept_new_host_keys_records_an_unknown_key_as_run_does(sshd_cluster, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("", encoding="utf-8")
+    c = sshd_cluster
+    config = write_config(tmp_path / "ssh_config", c, host_block("newkey", c.addresses[2], c.port, c.user_key, known))
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("newkey slots=1\n", encoding="utf-8")
+    run = doctor(
+        "-H", str(hostfile), "--ssh-config", str(config), "--master-port", str(free_port()), "--accept-new-host-keys"
+    )
+    assert run.status("ssh.hostkey", "newkey") == "pass", run.report
+    assert known.read_text(encoding="utf-8").strip(), "the key was not recorded"
+
+
 @pytest.fixture
 def port_holder():
     """A real listener on the master's address, in a child process of ours."""

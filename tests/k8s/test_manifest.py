@@ -28,7 +28,7 @@ def objects(*extra: str) -> list[dict]:
 
 
 def test_json_has_a_headless_service_and_an_indexed_job():
-    extra = ["--gpus-per-node", "4", "--max-restarts", "3", "--name", "gpt", "--env", "A=1 2"]
+    extra = ["--gpus-per-node", "4", "--backoff-limit", "3", "--name", "gpt", "--env", "A=1 2"]
     service, job = objects(*extra, "--secret-env", "HF_TOKEN=hf-creds:token")
     assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == job["spec"]["template"]["metadata"]["labels"]
