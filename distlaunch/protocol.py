@@ -13,8 +13,10 @@ commands (``{"cmd": ...}``); the agent writes events (``{"ev": ...}``) on its st
                                                                checked before any; then "go", or "stop";
                                                                plan_at: the agent's wall clock when the plan
                                                                came (AgentConnection.narrow_clock)
-    {"ev": "started", "rank": 3, "pid": 1234, "cpus": "0-3"}   cpus: the CPUs the rank may run on (the kernel's CPU
-                                                               list syntax), as the plan's cpu_bind placed it
+    {"ev": "started", "rank": 3, "pid": 1234, "cpus": "0-3",   cpus: the CPUs the rank may run on (the kernel's CPU
+     "warm": true}                                             list syntax), as the plan's cpu_bind placed it;
+                                                               warm: forked from the host's preloaded process
+                                                               (the plan's "preload", agent/warm.py)
     {"ev": "out", "rank": 3, "fd": 1, "line": "loss 2.31"}     a line, a \\r-redraw, or a piece of a long line
     {"ev": "progress", "ranks": {"3": {"step": 120,            ranks called distlaunch.progress() (at most one
      "compute_s": 0.21, "n": 50, "saved_step": 100,            event a second, but at once for a new saved_step);
