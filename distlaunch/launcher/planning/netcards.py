@@ -20,6 +20,7 @@ from distlaunch.errors import UsageError
 
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 IB_VAR = "NCCL_IB_HCA"
+NETWORK_VARS = (*SOCKET_VARS, IB_VAR)
 
 
 @dataclass
