@@ -303,11 +303,12 @@ def decided_plan(
     plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, hosts: RemoteHosts | None
 ) -> LaunchPlan:
     """The plan as the hosts decide it (``hosts_decide``), made once here, before any rank starts: the same plan
-    where it was decided already, else rebuilt with its job id and port."""
+    where it was decided already (with the facts as read now), else rebuilt with its job id and port."""
     decisions = hosts_decide(plan, opts, hosts)
     before = plan.decisions
-    if before is not None and before.model_dump(exclude={"source"}) == decisions.model_dump(exclude={"source"}):
-        return plan
+    facts = {"source", "inventories"}  # what the decisions came from; a host's free memory changes by the second
+    if before is not None and before.model_dump(exclude=facts) == decisions.model_dump(exclude=facts):
+        return plan.model_copy(update={"decisions": decisions})
     spec = spec_for(opts, exec_opts.workdir, exec_opts.flight_recorder, decisions)
     return build_plan(spec.model_copy(update={"job_id": plan.job_id, "master_port": plan.master_port}))
 
