@@ -1,5 +1,5 @@
-"""The host inventory's probe: what this host has (GPUs, CPUs and NUMA nodes, network interfaces, InfiniBand,
-the NVIDIA driver and NCCL), read from the kernel's and the driver's files, as one JSON-able dict.
+"""The host inventory's probe: what this host has (GPUs, CPUs and NUMA nodes, memory, network interfaces,
+InfiniBand, the NVIDIA driver and NCCL), read from the kernel's and the driver's files, as one JSON-able dict.
 
 Standard library only, and nothing else of distlaunch: the agent imports it on every host for its hello, and the
 doctor sends this file's source to bare interpreters (gather.py). It must take milliseconds: only files are read,
@@ -12,6 +12,7 @@ The shape (``distlaunch.contract.inventory.HostInventory`` parses it)::
                "uuid": "GPU-…", "numa_node": 0}],
      "gpu_source": "nvidia-smi" | "driver" | null,
      "cpus": 64, "affinity": "0-63",                     os.cpu_count(); the CPUs this process may run on
+     "memory_mib": 515697, "memory_available_mib": 498012,  /proc/meminfo's MemTotal and MemAvailable
      "numa_nodes": [{"id": 0, "cpus": "0-31"}],          CPU lists in the kernel's own syntax
      "interfaces": [{"name": "eth0", "up": true, "state": "up", "speed_mbps": 25000,
                      "addresses": ["10.0.0.5/24", "fe80::1/64"]}],
@@ -32,6 +33,7 @@ import sys
 DRIVER = "/proc/driver/nvidia"
 NODES = "/sys/devices/system/node"
 PCI_DEVICES = "/sys/bus/pci/devices"
+MEMINFO = "/proc/meminfo"
 NET = "/sys/class/net"
 INFINIBAND = "/sys/class/infiniband"
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")  # the wheels torch's CUDA builds bring
@@ -113,7 +115,7 @@ def bus_id(text):
 
 
 def driver_fields(text):
-    """The ``Key: value`` lines of one of the driver's ``information`` files."""
+    """The ``Key: value`` lines of a file: one of the driver's ``information`` files, or /proc/meminfo."""
     fields = {}
     for line in (text or "").splitlines():
         key, sep, value = line.partition(":")
@@ -187,6 +189,14 @@ def affinity():
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return list(range(os.cpu_count() or 0))
+
+
+def meminfo():
+    """/proc/meminfo's MemTotal and MemAvailable in MiB (each None where absent or garbled; MemAvailable is
+    missing before Linux 3.14)."""
+    fields = driver_fields(read(MEMINFO))
+    kib = [number((fields.get(key) or "").removesuffix("kB").strip()) for key in ("MemTotal", "MemAvailable")]
+    return [None if k is None or k < 0 else k >> 10 for k in kib]
 
 
 def numa_nodes():
@@ -337,11 +347,14 @@ def guarded(reader, empty):
 def inventory():
     """This host's inventory, as a dict of JSON types (the shape in this module's docstring)."""
     found_gpus, source, smi_driver = guarded(gpus, ([], None, None))
+    memory = guarded(meminfo, [None, None])
     return {
         "gpus": found_gpus,
         "gpu_source": source,
         "cpus": os.cpu_count(),
         "affinity": format_cpulist(guarded(affinity, [])),
+        "memory_mib": memory[0],
+        "memory_available_mib": memory[1],
         "numa_nodes": guarded(numa_nodes, []),
         "interfaces": guarded(interfaces, []),
         "default_interface": guarded(default_interface, None),

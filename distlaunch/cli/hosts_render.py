@@ -1,5 +1,5 @@
 """The hosts' inventory for people: under each host's name, a table of what it has (GPUs, CPUs and NUMA nodes,
-interfaces, InfiniBand, driver and NCCL); a host that did not answer is one line saying why."""
+memory, interfaces, InfiniBand, driver and NCCL); a host that did not answer is one line saying why."""
 
 from __future__ import annotations
 
@@ -45,6 +45,14 @@ def cpus_line(inv: HostInventory) -> str:
     return f"{head}; NUMA " + ", ".join(f"{n.id}: {format_cpulist(n.cpus) or 'no CPUs'}" for n in inv.numa_nodes)
 
 
+def memory_line(inv: HostInventory) -> str:
+    """'503.6 GiB (486.3 GiB available)': MemTotal and MemAvailable, or '?'."""
+    if inv.memory_mib is None:
+        return "?"
+    free = f" ({inv.memory_available_mib / 1024:.1f} GiB available)" if inv.memory_available_mib is not None else ""
+    return f"{inv.memory_mib / 1024:.1f} GiB{free}"
+
+
 def interface_line(interface: Interface) -> str:
     """'eth0 up 25 Gb/s 10.0.0.5/24' (IPv6 link-local addresses left out: every interface has one)."""
     speed = f" {interface.speed_mbps / 1000:g} Gb/s" if interface.speed_mbps else ""
@@ -71,6 +79,7 @@ def inventory_table(inv: HostInventory) -> Table:
     table.add_column()
     table.add_row("GPUs", gpus_line(inv))
     table.add_row("CPUs", cpus_line(inv))
+    table.add_row("memory", memory_line(inv))
     shown = [i for i in inv.interfaces if i.name != "lo"] or inv.interfaces
     table.add_row("network", "\n".join(map(interface_line, shown)) or "none found")
     table.add_row("InfiniBand", "\n".join(ib_lines(inv)) or "none")

@@ -134,6 +134,7 @@ LAUNCH = (
     "master_addr",
     "master_port",
     "backend",
+    "cpu_bind",
     "env",
     "python",
     "save_signal",

@@ -28,6 +28,7 @@ from distlaunch.launcher.planning.layouts import advise, choose_layout, is_auto,
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.planning.rates import job_rates
 from distlaunch.launcher.planning.train import (
+    HOST_MEMORY,
     TrainPlan,
     check_tracking,
     check_training_files,
@@ -246,11 +247,11 @@ def dry_run_verdict(plan: Plan) -> int:
     """A training plan that does not fit its devices is a dry run that failed: one line, exit 2."""
     if not isinstance(plan, TrainPlan) or plan.memory.fits is not False:
         return 0
-    worst = max(plan.memory.ranks, key=lambda r: r.peak)
+    worst, memory = max(plan.memory.ranks, key=lambda r: r.peak), plan.memory
     sys.stderr.write(
         f"error: the plan does not fit: rank {worst.rank}'s step peak of {_gib(worst.peak)} is over 90% of "
-        f"{_gib(plan.memory.capacity_bytes or 0)} per rank (hint: shard more (parallel.zero, tp, pp), turn on "
-        "train.activation_checkpointing, or lower train.micro_batch_size)\n"
+        f"{_gib(memory.capacity_bytes or 0)} per rank ({memory.capacity_source}) (hint: shard more (parallel.zero, "
+        "tp, pp), turn on train.activation_checkpointing, or lower train.micro_batch_size)\n"
     )
     return ExitCode.USAGE
 
@@ -290,10 +291,13 @@ def render_memory(memory: MemoryPlan, console: Console) -> None:
     at = [f"{moment} (ranks {ranges(ranks)})" for moment, ranks in moments.items()] if len(moments) > 1 else moments
     print_indented(console, f"step peak at: {', '.join(at)}")
     if memory.capacity_bytes is None:
+        known = (
+            memory.capacity_source
+            if memory.device == HOST_MEMORY
+            else "unknown (pass --gpu-memory, e.g. --gpu-memory 80GiB)"
+        )
         print_indented(
-            console,
-            f"device: {memory.device}, memory per rank unknown (pass --gpu-memory, e.g. --gpu-memory 80GiB); "
-            "cannot tell whether the step peak fits",
+            console, f"device: {memory.device}, memory per rank {known}; cannot tell whether the step peak fits"
         )
         return
     verdict = "[green]fits[/green]" if memory.fits else "[red]does not fit[/red]"

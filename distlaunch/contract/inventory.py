@@ -93,14 +93,16 @@ class IbDevice(BaseModel):
 
 
 class HostInventory(BaseModel):
-    """What one host has: GPUs, CPUs and NUMA nodes, network interfaces, InfiniBand, the NVIDIA driver and NCCL.
-    Unknown keys (a newer probe's) are ignored."""
+    """What one host has: GPUs, CPUs and NUMA nodes, memory, network interfaces, InfiniBand, the NVIDIA driver and
+    NCCL. Unknown keys (a newer probe's) are ignored; a key an older probe did not send is None."""
 
     gpus: list[Gpu] = Field(default_factory=list)
     gpu_source: str | None = None  # nvidia-smi, driver (/proc/driver/nvidia only), None: no GPU found
     cpus: int | None = None  # the host's CPUs (os.cpu_count)
     affinity: CpuList = ()  # the CPUs the probing process may run on (a Slurm step's or taskset's share)
     numa_nodes: list[NumaNode] = Field(default_factory=list)
+    memory_mib: int | None = None  # /proc/meminfo's MemTotal
+    memory_available_mib: int | None = None  # MemAvailable, when the probe ran
     interfaces: list[Interface] = Field(default_factory=list)
     default_interface: str | None = None  # the IPv4 default route's device
     ib_devices: list[IbDevice] = Field(default_factory=list)

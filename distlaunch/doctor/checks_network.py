@@ -187,11 +187,18 @@ def nic_check(
 
 
 def loopback_hostname_check(
-    host: str, facts: HostFacts, single_machine: bool, ifnames_set: bool, backend: str = "gloo", gloo_set: bool = False
+    host: str,
+    facts: HostFacts,
+    single_machine: bool,
+    ifnames_set: bool,
+    backend: str = "gloo",
+    gloo_set: bool = False,
+    named: str | None = None,
 ) -> Check:
     """The host's own name resolves to 127.x (Ubuntu's '127.0.1.1 NAME' line). Gloo without GLOO_SOCKET_IFNAME
     binds and advertises the address of the hostname, so ranks on other hosts cannot reach it: a gloo job
-    fails. NCCL picks a non-loopback interface itself (and the rendezvous uses MASTER_ADDR): only a warning."""
+    fails. Where the launch names the host's card itself (``named``: planning/netcards.py's rule), or NCCL picks
+    a non-loopback interface itself (the rendezvous uses MASTER_ADDR), this job runs: only a warning."""
     bad = {}
     for name, addrs in ((facts.hostname, facts.hostname_addrs), (facts.fqdn, facts.fqdn_addrs)):
         if isinstance(addrs, list) and any(is_loopback(a) for a in addrs):
@@ -210,7 +217,7 @@ def loopback_hostname_check(
         f"{next(iter(bad.values()))[0]} (like Ubuntu's '127.0.1.1 {facts.hostname}' line), or pass "
         f"--env GLOO_SOCKET_IFNAME={dev} --env NCCL_SOCKET_IFNAME={dev}"
     )
-    if backend == "gloo" and not (gloo_set or ifnames_set):
+    if backend == "gloo" and not (gloo_set or ifnames_set or named):
         return check(
             "loopback-hostname",
             host,
@@ -219,15 +226,30 @@ def loopback_hostname_check(
             "(Gloo connectFullMesh failed ... Connection refused)",
             fix,
         )
-    why = (
-        "GLOO_SOCKET_IFNAME is set, so gloo uses that interface"
-        if backend == "gloo"
-        else (
-            f"NCCL picks a non-loopback interface itself (toward the master: {dev}), so this {backend} job runs; "
-            "a gloo group (or job) on these hosts would fail"
-        )
+    return check(
+        "loopback-hostname",
+        host,
+        "warn",
+        f"{seen}; {_why_it_runs(host, dev, backend, gloo_set or ifnames_set, named)}",
+        fix,
     )
-    return check("loopback-hostname", host, "warn", f"{seen}; {why}", fix)
+
+
+def _why_it_runs(host: str, dev: str, backend: str, users: bool, named: str | None) -> str:
+    """Why a job runs on a host whose name resolves to loopback: the user's GLOO_SOCKET_IFNAME, the card the
+    launch names, or NCCL's own pick."""
+    if backend == "gloo" and users:
+        return "GLOO_SOCKET_IFNAME is set, so gloo uses that interface"
+    if backend == "gloo":
+        return (
+            f"distlaunch sets GLOO_SOCKET_IFNAME={named} on {host} (its card toward the master), so this gloo job "
+            "runs; gloo started without it (another launcher) would fail"
+        )
+    return (
+        f"NCCL picks a non-loopback interface itself (toward the master: {dev}), so this {backend} job runs; "
+        "a gloo group (or job) on these hosts would fail"
+        + (f" without the GLOO_SOCKET_IFNAME={named} distlaunch sets" if named else "")
+    )
 
 
 def _addrs(addrs) -> str:

@@ -40,9 +40,10 @@ from distlaunch.doctor.checks_network import (
     route_interface,
 )
 from distlaunch.doctor.gather import Gathering, HostResult, ListenerResult, is_loopback_name
-from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, check
+from distlaunch.doctor.model import CHECK_IDS, LOCAL, Check, DoctorOptions, DoctorReport, HostFacts, check
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.decisions import decide_backend
+from distlaunch.launcher.planning.netcards import launch_card, master_ip
 from distlaunch.launcher.planning.spec import is_local_host, resolve_hosts
 from distlaunch.launcher.running.launch import spec_for
 from distlaunch.remote.sshconfig import resolve_targets
@@ -171,6 +172,7 @@ def host_checks(r: HostResult, ctx: dict) -> list[Check]:
             ctx["ifnames_set"],
             ctx["backend"],
             bool(ctx["env"].get("GLOO_SOCKET_IFNAME")),
+            launch_card_name(f, ctx["master_ip"]),
         ),
         reachable_check(host, f, ctx["listener"]),
         nic_check(host, f, ctx["env"], ctx["single_machine"], ctx["backend"], ctx["suggest"]),
@@ -204,6 +206,13 @@ def ranks_python_check(host: str, r: HostResult, ctx: dict) -> Check | None:
     )
 
 
+def launch_card_name(facts: HostFacts, master: str | None) -> str | None:
+    """The card the launch will name for this host's ranks (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), by its own
+    rule (planning/netcards.py), where the user names none; None where it names none."""
+    card = launch_card(facts.inventory, master) if master is not None else None
+    return card.name if card is not None else None
+
+
 def hosts_backend(backend: str, results: list[HostResult]) -> str:
     """``--backend auto`` as the hosts' own facts decide it, as a launch's preflight does (one rule:
     ``decide_backend``); still ``auto`` where some host gave no facts or the hosts disagree (their gpus checks
@@ -223,6 +232,7 @@ def classify(
     env = user_env(opts)
     ctx = {
         "backend": backend,
+        "master_ip": master_ip(listener.address),
         "suggest": ifname_suggestion([route_interface(r.facts)[0] for r in results if r.facts is not None]),
         "reference": results[0].facts,
         "ranks_reference": (results[0].ranks and results[0].ranks.facts) or results[0].facts,

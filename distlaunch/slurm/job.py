@@ -19,6 +19,7 @@ from distlaunch.contract.layout import Layout, layout_spec, resolve_layout, tp_g
 from distlaunch.contract.options import DEFAULT_SAVE_SIGNAL, LaunchOptions, ProgramOptions, SharedOptions
 from distlaunch.errors import UsageError
 from distlaunch.launcher.planning.program import build_command, check_script
+from distlaunch.placement import check_sets
 from distlaunch.protocol import GRACE_PERIOD_S
 from distlaunch.readable import plural
 from distlaunch.slurm.lead import is_engine
@@ -54,6 +55,7 @@ class SlurmJobOptions(ProgramOptions, SharedOptions):
     requeue: bool = False  # run: requeue the batch job once its ranks saved on request; sbatch: write it so
     signal_lead: int | None = None  # sbatch --signal-lead: seconds; None: computed (slurm/lead.py)
     grace_period: float = GRACE_PERIOD_S  # run: from SIGTERM (or the save signal it passes on first) to the next
+    cpu_bind: str = "auto"  # --cpu-bind: each task applies it to itself unless Slurm bound it (slurm/task.py)
 
 
 def job_options(values: Mapping[str, Any]) -> SlurmJobOptions:
@@ -194,6 +196,8 @@ def forwarded_options(opts: SlurmJobOptions) -> list[str]:
         argv += ["--master-port", opts.master_port]
     if opts.backend != "auto":
         argv += ["--backend", opts.backend]
+    if opts.cpu_bind != "auto":  # each task binds itself by it, as a host's agent binds its ranks
+        argv += ["--cpu-bind", opts.cpu_bind]
     # --env values never go on a command line (ps shows it to every user of the node): they travel
     # in srun's / sbatch's environment, and --export names them (export_option)
     return argv + (["-m"] if opts.module else []) + (["--no-python"] if opts.no_python else [])
@@ -308,6 +312,7 @@ def resolve_job(opts: SlurmJobOptions, environ: Mapping[str, str]) -> SlurmJob:
         )
     gpus = opts.gpus_per_node if opts.gpus_per_node is not None else (_count(environ, "SLURM_GPUS_PER_NODE") or 0)
     check_gpus(gpus, per_node)
+    check_sets(opts.cpu_bind, per_node, None)  # a list: one set per task of a node (their CPUs: on the node)
     cpus = opts.cpus_per_task or _count(environ, "SLURM_CPUS_PER_TASK")  # srun >= 22.05 no longer inherits it
     shape = JobShape(
         nodes=nodes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 from distlaunch.contract.endpoint import parse_port
@@ -14,7 +14,8 @@ from distlaunch.contract.layout import layout_spec
 from distlaunch.contract.options import LaunchOptions
 from distlaunch.errors import UsageError
 from distlaunch.hostprobe import inventory
-from distlaunch.launcher.planning.decisions import local_gpu_count, local_nproc
+from distlaunch.launcher.planning.decisions import local_gpu_count, local_inventory, local_nproc
+from distlaunch.launcher.planning.netcards import NETWORK_VARS, decide
 from distlaunch.launcher.planning.program import build_command, check_script
 from distlaunch.placement import rank_cpus, rank_gpu, slurm_bound
 from distlaunch.saverequest import rank_signals
@@ -64,15 +65,30 @@ def rank_for_task(opts: LaunchOptions, environ: Mapping[str, str]) -> SlurmRank:
     return rank.model_copy(update={"argv": build_command(opts), "cpu_bind": opts.cpu_bind})
 
 
-def task_env(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
+def task_env(
+    rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str], notice: Callable[[str], None] | None = None
+) -> dict[str, str]:
     """The task's environment, plus --env, plus the rank contract (which wins), plus where the rank records its
-    saved checkpoints for ``distlaunch checkpoint slurm-N`` (slurm/saves.py)."""
+    saved checkpoints for ``distlaunch checkpoint slurm-N`` (slurm/saves.py), plus its network cards (each
+    choice said through ``notice``)."""
     env = dict(environ)
     env.update(parse_env(opts.env))
+    users = {name: env[name] for name in NETWORK_VARS if name in env}  # before distlaunch adds any
     env.update(launcher_defaults(rank.backend, rank.local_world_size, env))
     env.update(rank.env)
     env.update(saved_file_env(rank))
+    env.update(task_network(rank, users, notice or (lambda line: None)))
     return env
+
+
+def task_network(rank: SlurmRank, users: dict[str, str], notice: Callable[[str], None]) -> dict[str, str]:
+    """The network variables of this task's rank, by the launch's rule (planning/netcards.py) from its own host's
+    inventory, as a per-node launch decides: every task of a node decides alike. The user's own (``users``: the
+    task's environment and --env) win; one naming an interface this host does not have is a UsageError."""
+    net = decide(rank.master_addr, {rank.node: local_inventory()}, {rank.node: users})
+    for line in net.lines:
+        notice(line)
+    return net.env.get(rank.node, {})
 
 
 def ignore_save_signal(environ: Mapping[str, str]) -> None:
@@ -102,6 +118,11 @@ def bind_task(rank: SlurmRank, opts: LaunchOptions, env: Mapping[str, str]) -> N
         os.sched_setaffinity(0, cpus)
 
 
+def say(line: str) -> None:
+    """A notice of distlaunch's own in the task's stderr, as a launch prints them."""
+    sys.stderr.write(f"distlaunch: {line}\n")
+
+
 def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) -> NoReturn:
     """Replace this process by the rank's program: no extra process sits between srun and the script."""
     command = rank.argv
@@ -110,7 +131,7 @@ def exec_rank(rank: SlurmRank, opts: LaunchOptions, environ: Mapping[str, str]) 
         f" on {rank.node} (cwd {os.getcwd()})",
         "use a path every node can see (a shared filesystem), or -m MODULE",
     )
-    env = task_env(rank, opts, environ)
+    env = task_env(rank, opts, environ, say if rank.local_rank == 0 else None)  # a node's choice, said once
     bind_task(rank, opts, env)
     ignore_save_signal(env)
     sys.stdout.flush()

@@ -30,6 +30,7 @@ EIGHT_GPUS = Hardware(
     nodes={"node0": "0-27,56-83", "node1": "28-55,84-111"},
     driver_version=DRIVER,
     ib={"mlx5_0": {"1": IB_PORT}, "mlx5_1": {"1": {**IB_PORT, "state": "1: DOWN"}}},
+    meminfo="MemTotal:       528074752 kB\nMemFree:        10240000 kB\nMemAvailable:   509964288 kB\n",
 )
 
 
@@ -54,6 +55,7 @@ def test_the_probe_reports_what_the_driver_and_sysfs_files_say(tmp_path):
     assert found.cuda_driver == "550.54.15"
     assert [d.name for d in found.ib_devices] == ["mlx5_0", "mlx5_1"] and found.ib_hcas() == ["mlx5_0:1"]
     assert found.ib_devices[0].ports[0].rate_gbps == 200.0
+    assert (found.memory_mib, found.memory_available_mib) == (515698, 498012)  # /proc/meminfo's kB, in MiB
     assert found.interface("lo") is not None  # the host's own interfaces stay: /sys/class/net is the real one
     usable = set(found.affinity)
     assert found.gpu_cpus(5) == tuple(c for c in parse_cpulist("28-55,84-111") if c in usable)
@@ -68,6 +70,7 @@ def test_garbled_files_give_empty_facts_never_a_traceback(tmp_path):
         nodes={"node0": "3-1", "node1": "x,y", "nodeX": "0-1", "node2": "0-1,,4"},
         driver_version="NVRM version: nothing like a version",
         ib={"mlx5_0": {"1": {"state": "", "rate": "fast", "link_layer": ""}, "p": {"state": "x"}}},
+        meminfo="MemTotal: lots kB\nMemAvailable:\n",
     )
     found = HostInventory.model_validate(probed(garbled, tmp_path / "hw"))
     assert [(g.bus_id, g.model, g.numa_node) for g in found.gpus] == [
@@ -75,7 +78,7 @@ def test_garbled_files_give_empty_facts_never_a_traceback(tmp_path):
         ("0000:2a:00.0", "NVIDIA H100 80GB HBM3", None),
     ]
     assert [(n.id, n.cpus) for n in found.numa_nodes] == [(2, (0, 1, 4))]  # the others' lists are garbled
-    assert found.cuda_driver is None
+    assert found.cuda_driver is None and (found.memory_mib, found.memory_available_mib) == (None, None)
     assert [p.model_dump() for p in found.ib_devices[0].ports] == [
         {"port": 1, "state": None, "rate_gbps": None, "link_layer": None}
     ]

@@ -167,6 +167,17 @@ def test_loopback_hostname_fails_a_gloo_job_and_warns_an_nccl_one():
     assert loopback_hostname_check("gpu1", facts(), False, False).status == "pass"
 
 
+def test_loopback_hostname_only_warns_where_the_launch_names_the_hosts_card():
+    """The launch's own rule (planning/netcards.py) names the card toward the master: gloo binds that, not the
+    hostname's address, and the job runs; another launcher's would not."""
+    f = facts(hostname_addrs=["127.0.1.1"], fqdn_addrs=["127.0.1.1"])
+    c = loopback_hostname_check("gpu1", f, single_machine=False, ifnames_set=False, named="eth0")
+    assert c.status == "warn" and "distlaunch sets GLOO_SOCKET_IFNAME=eth0 on gpu1" in c.detail
+    assert "map gpu1 to 10.0.0.5" in c.hint  # the fix, for the other launchers
+    nccl = loopback_hostname_check("gpu1", f, False, False, "nccl", named="eth0")
+    assert nccl.status == "warn" and "without the GLOO_SOCKET_IFNAME=eth0 distlaunch sets" in nccl.detail
+
+
 def test_torch_mismatch_with_master_fails():
     master = facts()
     assert torch_check("gpu1", facts(), master, is_master=False).status == "pass"

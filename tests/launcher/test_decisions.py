@@ -52,3 +52,36 @@ def test_the_planner_counts_on_the_smallest_gpu_of_the_hosts():
 def test_a_host_without_an_inventory_is_one_line_only_where_it_matters():
     assert "b did not report its GPUs" in refused({"a": host(2), "b": None})
     assert decide({"a": host(2), "b": None}, "gloo", 2, "x").backend == "gloo"
+
+
+def with_memory(mib: int | None) -> HostInventory:
+    return HostInventory.model_validate({"memory_mib": mib})
+
+
+def test_a_cpu_rank_counts_on_the_smallest_share_of_a_hosts_memory_naming_the_host():
+    decided = decide({"a": with_memory(65536), "b": with_memory(8192)}, "gloo", 2, "the hosts")
+    assert decided.host_memory_per_rank({"a": 2, "b": 2}) == (4 << 30, "MemTotal of b / 2 ranks")
+    # per rank, not per host: 64 GiB over 16 ranks is less than 8 GiB over 1
+    assert decided.host_memory_per_rank({"a": 16, "b": 1}) == (4 << 30, "MemTotal of a / 16 ranks")
+    unknown = decide({"a": with_memory(65536), "b": with_memory(None)}, "gloo", 2, "the hosts")
+    assert unknown.host_memory_per_rank({"a": 2, "b": 2}) == (None, "unknown: b did not report its memory")
+    assert decided.host_memory_per_rank({"a": 2, "c": 2})[0] is None  # a host the decisions never heard of
+
+
+def test_a_plan_the_hosts_decide_alike_is_kept_with_their_facts_as_read_now():
+    """A host's free memory changes by the second, its decisions do not: the plan stays the one it was (a
+    per-node plan, rebuilt from the options, would lose its node), with the facts read at start."""
+    from pathlib import Path
+
+    from distlaunch.contract.options import ExecOptions, LaunchOptions
+    from distlaunch.launcher.running.launch import decided_plan, plan_for
+
+    opts = LaunchOptions(program=[str(Path(__file__).parents[1] / "remote" / "ok_rank.py")], nproc_per_node=1)
+    plan = plan_for(opts)
+    host = plan.nodes[0].host
+    stale = plan.decisions.inventories[host].model_copy(update={"memory_available_mib": 1})
+    plan = plan.model_copy(update={"decisions": plan.decisions.model_copy(update={"inventories": {host: stale}})})
+    plan.nodes[0].ranks[0].env["MARK"] = "this plan"
+    decided = decided_plan(plan, opts, ExecOptions(), None)
+    assert decided.nodes[0].ranks[0].env["MARK"] == "this plan"
+    assert decided.decisions.inventories[host].memory_available_mib != 1

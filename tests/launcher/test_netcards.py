@@ -18,6 +18,11 @@ def host(*cards: tuple[str, str], ib: tuple[str, ...] = ()) -> HostInventory:
     return HostInventory.model_validate({"interfaces": interfaces, "ib_devices": devices})
 
 
+def hcas(net) -> dict[str, str]:
+    """The NCCL_IB_HCA each host's ranks get."""
+    return {h: env["NCCL_IB_HCA"] for h, env in net.env.items() if "NCCL_IB_HCA" in env}
+
+
 TWO_CARDS = host(("eth0", "192.168.1.5/24"), ("ib0", "10.1.0.5/16"))
 
 
@@ -27,8 +32,10 @@ def test_a_host_with_two_cards_gets_the_one_toward_the_master():
     assert net.lines == ["network: GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME=ib0 on node2 (reaches 10.1.0.1)"]
 
 
-def test_one_card_or_a_master_on_loopback_leaves_the_libraries_their_pick():
-    assert decide("192.168.1.1", {"node2": host(("eth0", "192.168.1.5/24"))}, {}).env == {}
+def test_a_host_with_one_card_gets_it_too_and_a_master_on_loopback_leaves_the_libraries_their_pick():
+    """gloo would take the address the host's name resolves to (127.0.1.1 on a stock Ubuntu host)."""
+    one = decide("192.168.1.1", {"node2": host(("eth0", "192.168.1.5/24"))}, {}).env
+    assert one == {"node2": {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}}
     assert decide("127.0.0.1", {"localhost": TWO_CARDS}, {}).env == {}
     down = TWO_CARDS.model_copy(deep=True)
     down.interfaces[2].up = False
@@ -52,10 +59,10 @@ def test_infiniband_hosts_get_the_hcas_they_all_have():
     a = host(("eth0", "10.0.0.1/24"), ib=("mlx5_0", "mlx5_1"))
     b = host(("eth0", "10.0.0.2/24"), ib=("mlx5_1", "mlx5_2"))
     net = decide("10.0.0.1", {"node1": a, "node2": b, "cpu": host(("eth0", "10.0.0.3/24"))}, {})
-    assert net.env == {"node1": {"NCCL_IB_HCA": "mlx5_1:1"}, "node2": {"NCCL_IB_HCA": "mlx5_1:1"}}
+    assert hcas(net) == {"node1": "mlx5_1:1", "node2": "mlx5_1:1"}
     assert "network: NCCL_IB_HCA=mlx5_1:1 on node1, node2 (the active HCAs every host has)" in net.lines
     with pytest.raises(UsageError, match="no active InfiniBand HCA in common"):
         decide("10.0.0.1", {"node1": a, "node2": host(("eth0", "10.0.0.2/24"), ib=("mlx5_3",))}, {})
     users = {"node1": {"NCCL_IB_HCA": "mlx5_9"}, "node2": {"NCCL_IB_HCA": "mlx5_9"}}
     net = decide("10.0.0.1", {"node1": a, "node2": b}, users)
-    assert net.env == {} and "network: NCCL_IB_HCA=mlx5_9 (yours, kept) names no active HCA of node1" in net.lines
+    assert hcas(net) == {} and "network: NCCL_IB_HCA=mlx5_9 (yours, kept) names no active HCA of node1" in net.lines

@@ -1,6 +1,7 @@
-"""The hosts decide, against real sshd daemons whose sessions see simulated GPUs (tests/fixtures/hardware.py):
-typed on this machine, which has none, a job to GPU hosts plans nccl on cuda devices; hosts that disagree are
-refused before any rank starts; what the hosts reported is kept a while, and forgotten after a failed preflight."""
+"""The hosts decide, against real sshd daemons whose sessions see simulated GPUs and memory
+(tests/fixtures/hardware.py): typed on this machine, which has none, a job to GPU hosts plans nccl on cuda devices;
+hosts that disagree are refused before any rank starts; CPU ranks count on the memory of their hosts; what the hosts
+reported is kept a while, and forgotten after a failed preflight."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from helpers import invoke
 
 from distlaunch.contract.inventory import HostInventory
 from distlaunch.jobs.inventories import cache_key, remember
+from distlaunch.launcher.planning.decisions import PENDING_HOST_MEMORY
 from tests.doctor.conftest import host_block, write_config
 from tests.fixtures.hardware import FakeGpu, Hardware
 
 TWO_GPUS = Hardware(gpus=[FakeGpu("0000:18:00.0"), FakeGpu("0000:9a:00.0", numa="1")], nodes={"node0": "0-1"})
+SMALL = Hardware(meminfo="MemTotal:          16384 kB\nMemAvailable:      12288 kB\n")  # 16 MiB: no rank fits
 OK = Path(__file__).parent / "ok_rank.py"  # a rank that does nothing
 MARK = "import os, pathlib; pathlib.Path({path!r}, os.environ['RANK']).write_text(os.environ['DISTLAUNCH_BACKEND'])\n"
 
@@ -29,6 +32,15 @@ def gpu_hosts(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-hosts")
     prefix = tuple(TWO_GPUS.prefix(root / "hw"))
     cluster = start_sshd(root / "sshd", addresses=["127.0.0.11", "127.0.0.12"], prefix=prefix)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def small_host(tmp_path_factory):
+    """small: an sshd whose sessions see a host of 16 MiB."""
+    root = tmp_path_factory.mktemp("small-host")
+    cluster = start_sshd(root / "sshd", addresses=["127.0.0.14"], prefix=tuple(SMALL.prefix(root / "hw")))
     yield cluster
     cluster.stop()
 
@@ -90,6 +102,24 @@ def test_hosts_that_disagree_are_refused_before_any_rank_starts(gpu_hosts, sshd_
     gloo = launch(tmp_path / "hosts", config, "--backend", "gloo", str(script))
     assert gloo.exit_code == 0, gloo.stderr
     assert sorted(p.read_text() for p in tmp_path.glob("[0-9]")) == ["gloo", "gloo"]
+
+
+def test_cpu_ranks_count_on_the_memory_of_their_hosts_and_the_smallest_is_named(sshd_cluster, small_host, tmp_path):
+    """This machine has memory enough; small, one of the hosts, has 16 MiB: its share decides, never ours."""
+    s = small_host
+    config = write_config(
+        tmp_path / "ssh_config", sshd_cluster, host_block("small", "127.0.0.14", s.port, s.user_key, s.known_hosts)
+    )
+    (tmp_path / "hosts").write_text("node1 slots=1\nsmall slots=1\n")
+    train = ["train", "-H", str(tmp_path / "hosts"), "--ssh-config", str(config), "--backend", "gloo", "--dry-run"]
+    pending = invoke(train)  # contacts no host: says where the figure will come from
+    assert pending.exit_code == 0, pending.stdout + pending.stderr
+    assert f"memory per rank {PENDING_HOST_MEMORY}" in " ".join(pending.stdout.split())
+    probed = invoke([*train, "--probe"])
+    assert probed.exit_code == 2, probed.stdout + probed.stderr
+    errors = [line for line in probed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the plan does not fit" in errors[0], probed.stderr
+    assert "of 16.0 MiB per rank (MemTotal of small / 1 rank)" in errors[0]
 
 
 def test_what_the_hosts_reported_is_not_trusted_past_a_failed_preflight(sshd_cluster, tmp_path):

@@ -6,19 +6,23 @@ node3 takes its place, the job finishes, and nothing of node2's is left behind o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
+from tests.doctor.conftest import host_block, write_config
 from tests.fixtures import require
-from tests.helpers import descendants, distlaunch_cmd, pids_with_env, wait_until
+from tests.helpers import descendants, distlaunch_cmd, pids_with_env, run_cli, wait_until
 from tests.remote.test_heartbeat import NODE2, frozen, sshd_sessions_serving
 from tests.remote.test_multihost import cli_env
 
+OK_RANK = Path(__file__).parent / "ok_rank.py"  # a rank that does nothing
 # Holds on the first try (until the job stops it), finishes at once on the next.
 RANK = """import os, time
 print(f"ready rank={os.environ['RANK']} try={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
@@ -94,3 +98,19 @@ def test_a_lost_host_is_replaced_by_the_spare_and_the_job_finishes(sshd_cluster,
     assert any("[node3 rank 1] ready rank=1 try=1" in line for line in job.out), job.out
     # node2's agent, thawed, reads EOF and stops its rank; killed, it left nothing
     assert wait_until(lambda: not pids_with_env("DLTEST_MARK", job.mark), 60), pids_with_env("DLTEST_MARK", job.mark)
+
+
+def test_a_host_that_fails_the_first_preflight_is_replaced_and_the_hosts_that_start_decide(sshd_cluster, tmp_path):
+    """node1, nolisten (nothing answers there) and node2, ``--nnodes 2:2``: nolisten is quarantined at the first
+    preflight, node2 takes its place, and node1 and node2 decide the backend, as any launch's hosts do."""
+    c = sshd_cluster
+    nolisten = host_block("nolisten", "127.0.0.99", c.port, c.user_key, c.known_hosts)
+    config = write_config(tmp_path / "ssh_config", c, nolisten)
+    (tmp_path / "hosts").write_text("node1 slots=1\nnolisten slots=1\nnode2 slots=1\n", encoding="utf-8")
+    argv = ["run", "--json", "-H", str(tmp_path / "hosts"), "--ssh-config", str(config), "--nnodes", "2:2"]
+    done = run_cli(*argv, str(OK_RANK), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "preflight: nolisten: connection refused" in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    assert report["attempts"][0]["hosts"] == ["node1", "node2"]
+    assert sorted(report["hosts"]) == ["node1", "node2"]  # what the hosts that ran the ranks reported

@@ -4,6 +4,7 @@ across nodes through ``distlaunch slurm run`` and ``sbatch``, and a failing rank
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,39 @@ def test_launcher_slurm_is_pure_python_without_torch():
     # Every task imports this path before exec: it must stay light (torch would cost seconds per rank).
     code = "import sys, distlaunch.cli.app, distlaunch.slurm.task; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+AFFINITY = "import os\nprint('CPUS', os.environ['RANK'], sorted(os.sched_getaffinity(0)), flush=True)\n"
+
+
+def rank_cpus(stdout: str) -> dict[int, list[int]]:
+    """Each rank's CPUs as it printed them (srun --label puts 'N: ' in front)."""
+    rows = [line.split("CPUS ", 1)[1].split(" ", 1) for line in stdout.splitlines() if "CPUS " in line]
+    return {int(rank): json.loads(cpus) for rank, cpus in rows}
+
+
+def test_cpu_bind_reaches_every_task_and_a_binding_slurm_made_is_kept(slurm_cluster, tmp_path):
+    """slurm run --cpu-bind: every task binds itself by it, among its node's tasks; with srun's own binding asked
+    (SLURM_CPU_BIND, what srun --cpu-bind sets), the tasks keep what Slurm gave them."""
+    (tmp_path / "cpus.py").write_text(AFFINITY, encoding="utf-8")
+    usable = sorted(os.sched_getaffinity(0))  # what slurmd, started by this suite, gives its tasks
+    first, second = usable[0], usable[-1]
+    argv = distlaunch_cmd("slurm", "run", "-N", "2", "--ntasks-per-node", "2", "--cpu-bind", f"{second}:{first}")
+    result = run(slurm_cluster, [*argv, "cpus.py"], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rank_cpus(result.stdout) == {0: [second], 1: [first], 2: [second], 3: [first]}
+    env = {**slurm_cluster.env, "SLURM_CPU_BIND": f"map_cpu:{first},{first}"}
+    kept = subprocess.run([*argv, "cpus.py"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp_path)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert rank_cpus(kept.stdout) == {rank: usable for rank in range(4)}  # task/none: Slurm bound nothing
+
+
+def test_a_cpu_bind_list_short_of_a_nodes_tasks_is_one_line_before_srun(tmp_path):
+    (tmp_path / "cpus.py").write_text(AFFINITY, encoding="utf-8")
+    argv = distlaunch_cmd("slurm", "run", "-N", "2", "--ntasks-per-node", "2", "--cpu-bind", "0", "cpus.py")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2 and "--cpu-bind 0 gives 1 CPU set for 2 ranks" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    sbatch = distlaunch_cmd("slurm", "sbatch", "-N", "2", "--ntasks-per-node", "2", "--cpu-bind", "cores")
+    script = subprocess.run([*sbatch, "--dry-run", "cpus.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert "slurm run --requeue --cpu-bind cores -- cpus.py" in script.stdout, script.stdout + script.stderr

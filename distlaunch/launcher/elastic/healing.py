@@ -173,14 +173,15 @@ def _trimmed(hosts: list[HostSlots], ranks: int) -> list[HostSlots]:
 class Healing:
     """The recovery policy of a job with spares (``supervising/recovery.py``'s ``Recovery``): after an attempt that did not finish,
     quarantine the hosts its end points at, take spares or shrink, check the next attempt's hosts, and go on
-    while restarts and hosts last. It owns the SSH connections of the attempt it starts."""
+    while restarts and hosts last. It owns the SSH connections of the attempt it starts: ``connect`` opens them
+    (the preflight) and gives the plan back as its hosts decide it (their network cards)."""
 
     def __init__(
         self,
         first: LaunchPlan,
         pool: Pool,
         replan: Callable[[list[HostSlots], LayoutSpec], LaunchPlan],
-        connect: Callable[[LaunchPlan], tuple[Connect, RemoteHosts | None]],
+        connect: Callable[[LaunchPlan], tuple[LaunchPlan, Connect, RemoteHosts | None]],
         max_restarts: int,
         notice: Callable[[str], None],
         valid: Callable[[Layout], str | None] = lambda layout: None,
@@ -210,7 +211,7 @@ class Healing:
         self.close()
         try:
             return self._checked(plan, bad, added)
-        except HostError as exc:
+        except (HostError, UsageError) as exc:  # UsageError: a spare without the network card the job names
             self.notice(f"cannot go on: {exc}")
             return None
 
@@ -229,7 +230,7 @@ class Healing:
 
         while True:
             try:
-                connect, self.remote = self.open_connections(plan)
+                plan, connect, self.remote = self.open_connections(plan)
                 return NextAttempt(plan, connect, dropped=dropped, added=added)
             except HostsFailed as exc:
                 failed = {e.host: e.message.removeprefix(f"{e.host}: ") for e in exc.errors if e.host}

@@ -1,5 +1,5 @@
 """What the hosts that run the ranks decide for a job, from the inventories they report: the backend under
-``--backend auto``, the ranks per host under ``-n auto|gpu``, and the GPU memory the planner counts on.
+``--backend auto``, the ranks per host under ``-n auto|gpu``, and the GPU or host memory the planner counts on.
 
 Never the machine that typed the command (a login node, a laptop): where that machine runs ranks itself, it is one
 of the hosts and its own inventory speaks for it. One owner for every backend: a launch's preflight, a per-node
@@ -21,6 +21,8 @@ from distlaunch.hostprobe import inventory
 from distlaunch.readable import plural
 
 PENDING_BACKEND = "nccl where every host has GPUs, else gloo"  # what --backend auto will decide
+# what a CPU rank's memory will be counted from, where the hosts are not read yet (a dry run without --probe)
+PENDING_HOST_MEMORY = "from the hosts at start: the smallest MemTotal / ranks of a host (--probe reads it now)"
 
 
 class Decisions(BaseModel):
@@ -34,6 +36,21 @@ class Decisions(BaseModel):
     gpu_model: str | None = None  # the first GPU's model on the first host that names one (the cost model's rate)
     inventories: dict[str, HostInventory] = {}  # what each host reported: the job record and its report keep it
     source: str = "the hosts"  # this machine; the hosts; the hosts, read N min ago
+
+    def host_memory_per_rank(self, ranks: Mapping[str, int]) -> tuple[int | None, str]:
+        """The host memory (bytes) each CPU rank may count on: the smallest MemTotal / ranks among the hosts that
+        run them (``ranks``: host -> its ranks), and where that figure came from, naming the host; None (and
+        which host did not say) where a host's memory is unknown."""
+        shares = {}
+        for host, count in ranks.items():
+            found = self.inventories.get(host)
+            if found is None or found.memory_mib is None:
+                return None, f"unknown: {host} did not report its memory"
+            shares[host] = (found.memory_mib << 20) // max(count, 1)
+        if not shares:
+            return None, "unknown: no host runs a rank"
+        host = min(shares, key=shares.__getitem__)
+        return shares[host], f"MemTotal of {host} / {plural(ranks[host], 'rank')}"
 
 
 def local_inventory() -> HostInventory:

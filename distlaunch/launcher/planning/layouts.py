@@ -102,8 +102,7 @@ def search_plan(
     plan: LaunchPlan, cfg: TrainingConfig, gpu_memory: str | None, rates: JobRates, keep=None
 ) -> tuple[LayoutSearch, int | None]:
     """The search for this plan's hosts and devices (``keep``: a resumed job's degrees)."""
-    ranks_per_node = max(len(node.ranks) for node in plan.nodes)
-    _, capacity, _ = device_capacity(plan, gpu_memory, ranks_per_node)
+    _, capacity, _ = device_capacity(plan, gpu_memory)
     model = plan_model(plan, cfg)
     search = search_layouts(model, cfg, host_of_rank(plan), plan.backend, capacity, rates.rates, keep)
     return search, capacity

@@ -1,8 +1,10 @@
 """Which network cards a job's ranks talk over, from the inventories the hosts reported (their agents' hellos, or
 this machine's probe): the one rule for GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and NCCL_IB_HCA.
 
-- A host with more than one interface (loopback and down ones aside) gets the socket variables set to the one
-  its kernel reaches the master through. With one, or with a master on loopback, the libraries' own pick is right.
+- Every host of a job that spans machines gets the socket variables set to the card its kernel reaches the
+  master through, even where it has one card besides loopback: gloo's own pick is the address the host's name
+  resolves to, which on a stock Ubuntu host is 127.0.1.1, reached by no other host. With the master on loopback
+  (every rank on one machine) nothing is set: there is nothing to choose.
 - Every host that has InfiniBand gets NCCL_IB_HCA, the same set on all of them (NCCL needs it to agree across
   ranks): the active HCAs they all have; hosts with none in common are refused.
 - A variable the user set always wins. One naming an interface the host does not have is refused (the ranks could
@@ -20,6 +22,7 @@ from distlaunch.errors import UsageError
 
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 IB_VAR = "NCCL_IB_HCA"
+NETWORK_VARS = (*SOCKET_VARS, IB_VAR)
 
 
 @dataclass
@@ -48,15 +51,12 @@ def is_loopback(interface: Interface) -> bool:
     return interface.name == "lo" or (bool(networks) and all(n.ip.is_loopback for n in networks))
 
 
-def cards(inventory: HostInventory) -> list[Interface]:
-    """The interfaces a rank could talk over: up, and not loopback."""
-    return [i for i in inventory.interfaces if i.up and not is_loopback(i)]
-
-
-def chooses_card(inventory: HostInventory, toward: Interface | None) -> bool:
-    """Whether the launch sets a host's socket variables (the doctor predicts by it too): it has more than one
-    card, and the one toward the master is not loopback (every rank on one machine: nothing to choose)."""
-    return toward is not None and not is_loopback(toward) and len(cards(inventory)) > 1
+def launch_card(inventory: HostInventory, master: str) -> Interface | None:
+    """The card the launch names for a host's ranks where its user named none (the doctor predicts the launch by
+    it): the one the host reaches ``master`` (an IP address) through; None where that is loopback (every rank on
+    one machine: nothing to choose) or the host knows no route to it."""
+    toward = inventory.interface_toward(master)
+    return None if toward is None or is_loopback(toward) else toward
 
 
 def matches(var: str, entry: str, name: str) -> bool:
@@ -92,15 +92,13 @@ def check_user_socket(host: str, var: str, value: str, inventory: HostInventory,
 
 def host_sockets(host: str, inventory: HostInventory, master: str, user: dict[str, str], net: Network) -> None:
     """The socket variables of one host's ranks, and why; the user's own ones checked."""
-    toward = inventory.interface_toward(master)
-    if toward is not None and is_loopback(toward):
-        toward = None  # every rank is on this machine's loopback: nothing to choose
+    toward = launch_card(inventory, master)
     decided = {}
     for var in SOCKET_VARS:
         if var in user:
             line = check_user_socket(host, var, user[var], inventory, toward)
             net.lines += [line] if line else []
-        elif chooses_card(inventory, toward):
+        elif toward is not None:
             decided[var] = toward.name
     if decided:
         net.env.setdefault(host, {}).update(decided)
@@ -147,5 +145,5 @@ def decide(master_addr: str, inventories: dict[str, HostInventory], user: dict[s
 
 
 # the dry run's line: no host is contacted, so it says what each host will decide (GLOO_SOCKET_IFNAME,
-# NCCL_SOCKET_IFNAME where a host has several cards; NCCL_IB_HCA where hosts have InfiniBand)
+# NCCL_SOCKET_IFNAME: its card toward the master; NCCL_IB_HCA where hosts have InfiniBand)
 PLAN_LINE = "network: at start, each host's card toward the master and the common HCAs"

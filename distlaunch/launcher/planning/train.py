@@ -15,7 +15,7 @@ from distlaunch.contract.env import parse_env
 from distlaunch.contract.layout import DEGREES, LAYOUT_KEYS, Layout, LayoutSpec, parse_layout
 from distlaunch.contract.options import LaunchOptions, Nproc
 from distlaunch.errors import UsageError
-from distlaunch.launcher.planning.decisions import local_gpu_count, local_nproc
+from distlaunch.launcher.planning.decisions import PENDING_HOST_MEMORY, local_gpu_count, local_nproc
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.planning.spec import size_in_bytes
 from distlaunch.readable import plural
@@ -37,6 +37,7 @@ from distlaunch.training.resume import check_before_launch
 from distlaunch.training.tracking import check_event_folder, check_packages
 
 EMBEDDED_CONFIG = Path(__file__).resolve().parents[2] / "templates" / "train-tiny-cpu.toml"
+HOST_MEMORY = "no GPU: host memory"  # the device of a plan's CPU ranks
 
 
 class TrainPlan(LaunchPlan):
@@ -218,21 +219,10 @@ def parse_size(text: str) -> int:
     return size
 
 
-def host_memory() -> int | None:
-    """MemTotal from /proc/meminfo, or None where there is none."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def device_capacity(plan: LaunchPlan, gpu_memory: str | None, ranks_per_node: int) -> tuple[str, int | None, str]:
+def device_capacity(plan: LaunchPlan, gpu_memory: str | None) -> tuple[str, int | None, str]:
     """(device, bytes per rank, where that number came from): --gpu-memory, else the smallest GPU the hosts
-    reported (``Decisions``), never the GPUs of the machine that plans."""
+    reported (``Decisions``); without GPUs the smallest share of a host's memory among its ranks. Never the
+    memory of the machine that plans, unless it runs ranks itself."""
     if gpu_memory is not None:
         return "gpu", parse_size(gpu_memory), "--gpu-memory"
     decided = plan.decisions
@@ -242,9 +232,10 @@ def device_capacity(plan: LaunchPlan, gpu_memory: str | None, ranks_per_node: in
         if decided is None or decided.gpu_memory_mib is None:
             return "gpu", None, "unknown (pass --gpu-memory)"
         return "gpu", decided.gpu_memory_mib * 2**20, f"the smallest GPU of the hosts: {decided.gpu_memory_host}"
-    total = host_memory()
-    share = total // ranks_per_node if total else None
-    return "no GPU: host memory", share, f"/proc/meminfo / {plural(ranks_per_node, 'rank')} per host"
+    if decided is None:
+        return HOST_MEMORY, None, PENDING_HOST_MEMORY
+    share, source = decided.host_memory_per_rank({node.host: len(node.ranks) for node in plan.nodes})
+    return HOST_MEMORY, share, source
 
 
 def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_memory: str | None) -> TrainPlan:
@@ -255,8 +246,7 @@ def train_plan(plan: LaunchPlan, cfg: TrainingConfig, config: Path | None, gpu_m
     dims = resolve_parallel_dims(cfg, model, plan.world_size)
     batch = fitted_batch(cfg.train.global_batch_size, dims) if chosen else None
     check_fault(cfg.fault, plan.world_size, cfg.train.step_timeout)
-    ranks_per_node = max(len(node.ranks) for node in plan.nodes)
-    device, capacity, source = device_capacity(plan, gpu_memory, ranks_per_node)
+    device, capacity, source = device_capacity(plan, gpu_memory)
     memory = plan_memory(model, dims, cfg.train, plan.backend, device, capacity, source)
     config_path = str((config or EMBEDDED_CONFIG).resolve())
     return TrainPlan(**plan.model_dump(), config=config_path, memory=memory, batch=batch)

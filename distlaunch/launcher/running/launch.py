@@ -16,7 +16,7 @@ from distlaunch.contract.sink import Sink
 from distlaunch.errors import DistlaunchError, ExitCode, HostError, Interrupted, UsageError
 from distlaunch.jobs.inventories import cache_key, forget, remember
 from distlaunch.launcher.elastic.healing import PREFLIGHT_TIMEOUT_S, Healing, Pool, split_spares
-from distlaunch.launcher.planning.decisions import decide, local_inventory
+from distlaunch.launcher.planning.decisions import Decisions, decide, local_inventory
 from distlaunch.launcher.planning.hostfile import HostSlots
 from distlaunch.launcher.planning.plan import LaunchPlan, LaunchSpec, Spares, build_plan
 from distlaunch.launcher.planning.program import check_local_program, check_workdir, program_label, start_error
@@ -39,7 +39,6 @@ from distlaunch.placement import check_sets
 from distlaunch.readable import plural, ranges
 
 if TYPE_CHECKING:
-    from distlaunch.launcher.planning.decisions import Decisions
     from distlaunch.remote.session import RemoteHosts
 
 
@@ -287,22 +286,29 @@ def open_hosts(plan: LaunchPlan, opts: LaunchOptions, timeout: float | None = No
         raise
 
 
-def decided_plan(
-    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, hosts: RemoteHosts | None
-) -> LaunchPlan:
-    """The plan as the hosts decide it, from the inventories the preflight read (this machine's own for its
-    hosts), made once here, before any rank starts: the same plan where it was decided already, else rebuilt
-    with its job id and port. Hosts that disagree are refused (UsageError, exit 2)."""
+def hosts_decide(plan: LaunchPlan, opts: LaunchOptions, hosts: RemoteHosts | None) -> Decisions:
+    """What the plan's hosts decide, from the inventories the preflight read (this machine's own for its hosts);
+    what the remote ones reported is kept for the next plan of the hostfile. Hosts that disagree are refused
+    (UsageError, exit 2)."""
     local = local_inventory() if any(node.local for node in plan.nodes) else None
     found = {n.host: local if n.local else (hosts.inventories.get(n.host) if hosts else None) for n in plan.nodes}
     remote = {host: inv for host, inv in found.items() if inv is not None and inv is not local}
     if remote and opts.hostfile is not None:
         remember(cache_key(opts.hostfile, opts.ssh_config), remote)
     source = "the hosts" if remote else "this machine"
-    decisions = decide(found, opts.backend, nproc_rule(opts), source)
+    return decide(found, opts.backend, nproc_rule(opts), source)
+
+
+def decided_plan(
+    plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions, hosts: RemoteHosts | None
+) -> LaunchPlan:
+    """The plan as the hosts decide it (``hosts_decide``), made once here, before any rank starts: the same plan
+    where it was decided already (with the facts as read now), else rebuilt with its job id and port."""
+    decisions = hosts_decide(plan, opts, hosts)
     before = plan.decisions
-    if before is not None and before.model_dump(exclude={"source"}) == decisions.model_dump(exclude={"source"}):
-        return plan
+    facts = {"source", "inventories"}  # what the decisions came from; a host's free memory changes by the second
+    if before is not None and before.model_dump(exclude=facts) == decisions.model_dump(exclude=facts):
+        return plan.model_copy(update={"decisions": decisions})
     spec = spec_for(opts, exec_opts.workdir, exec_opts.flight_recorder, decisions)
     return build_plan(spec.model_copy(update={"job_id": plan.job_id, "master_port": plan.master_port}))
 
@@ -315,13 +321,27 @@ def probed_plan(plan: LaunchPlan, opts: LaunchOptions, exec_opts: ExecOptions) -
         return decided_plan(plan, opts, exec_opts, hosts)
 
 
+Build = Callable[[list[HostSlots], LayoutSpec, Decisions | None], LaunchPlan]  # a plan of these hosts
+
+
+def decided_attempt(attempt: LaunchPlan, decisions: Decisions, slots: dict[str, HostSlots], build: Build) -> LaunchPlan:
+    """The first attempt of a job with spares as its hosts decided it: the same hosts, ranks and layout on the
+    backend they chose; where they count the ranks (-n auto|gpu), each host's slots, and dp filling them."""
+    if decisions.ranks:
+        hosts = [slots[node.host] for node in attempt.nodes]
+        layout = LayoutSpec(**{**attempt.parallel.model_dump(), "dp": None})
+    else:
+        hosts = [slots[n.host].model_copy(update={"slots": slots[n.host].slots[: len(n.ranks)]}) for n in attempt.nodes]
+        layout = attempt.parallel
+    return build(hosts, layout, decisions)
+
+
 def _heal(ctx: LaunchContext) -> RunReport:
     """A job with spares: every attempt's hosts checked before it starts; a failed host replaced or the job shrunk
-    (launcher/elastic/healing.py)."""
+    (launcher/elastic/healing.py). The hosts decide once, at the first attempt whose hosts all pass the preflight
+    (a host that fails it is replaced as at any attempt); every later attempt keeps that."""
     from distlaunch.launcher.planning.train import engine_layout_problem
 
-    if ctx.plan.decisions is None:  # the hosts decide once, before the first attempt; every attempt keeps that
-        ctx.adopt(probed_plan(ctx.plan, ctx.opts, ctx.exec_opts))
     plan, opts = ctx.plan, ctx.opts
     spares = plan.spares.hosts if plan.spares is not None else []
     slots = {h.host: h for h in resolve_hosts(opts)}  # the plan keeps ranks, not slots: the hostfile has them
@@ -329,16 +349,29 @@ def _heal(ctx: LaunchContext) -> RunReport:
     addresses = host_addresses(opts, [*active, *spares])
     workdir = plan.nodes[0].workdir
 
-    def replan(hosts: list[HostSlots], layout: LayoutSpec) -> LaunchPlan:
+    def build(hosts: list[HostSlots], layout: LayoutSpec, decisions: Decisions | None) -> LaunchPlan:
         layout_opts = opts.model_copy(update={"parallel": str(layout)})
-        spec = make_spec(layout_opts, hosts, addresses, workdir, ctx.exec_opts.flight_recorder, plan.decisions)
+        spec = make_spec(layout_opts, hosts, addresses, workdir, ctx.exec_opts.flight_recorder, decisions)
         return build_plan(spec.model_copy(update={"job_id": plan.job_id, "spares": plan.spares}))
 
     def connect(attempt_plan: LaunchPlan):
         if attempt_plan.master_addr != plan.master_addr and starts_rank0_here(attempt_plan):
             check_master_port(opts, attempt_plan.master_port)  # a new master: launch() checked the first one
         hosts = open_hosts(attempt_plan, opts, PREFLIGHT_TIMEOUT_S)
-        return make_connect(opts, hosts), hosts
+        try:
+            if ctx.plan.decisions is None:
+                decisions = hosts_decide(attempt_plan, opts, hosts)
+                attempt_plan = decided_attempt(attempt_plan, decisions, slots, build)
+                ctx.adopt(attempt_plan)
+            # every attempt's hosts choose their cards, as a job without spares does: a spare has its own
+            return with_network(attempt_plan, hosts, ctx.sink.notice), make_connect(opts, hosts), hosts
+        except BaseException:
+            if hosts is not None:
+                hosts.close()
+            raise
+
+    def replan(hosts: list[HostSlots], layout: LayoutSpec) -> LaunchPlan:
+        return build(hosts, layout, ctx.plan.decisions)
 
     pool = Pool(active=active, spares=list(spares), nodes=opts.nodes)
     max_restarts = ctx.exec_opts.max_restarts
@@ -347,7 +380,7 @@ def _heal(ctx: LaunchContext) -> RunReport:
     try:
         return ctx.execute(first.plan, first.connect, healing)
     except CannotStart as exc:
-        raise cannot_start_error(exc.problems, opts, plan) from None
+        raise cannot_start_error(exc.problems, opts, ctx.plan) from None
     finally:
         healing.close()
 

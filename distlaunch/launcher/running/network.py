@@ -1,5 +1,6 @@
 """The network cards of a plan's ranks, decided once the hosts have said what they have (the remote agents'
-hellos, this machine's own probe) and before any rank starts: the rule is planning/netcards.py's."""
+hellos, this machine's own probe) and before any rank starts, for every attempt (a spare's too): the rule is
+planning/netcards.py's, which an srun task applies to itself (slurm/task.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from typing import TYPE_CHECKING
 
 from distlaunch.contract.inventory import HostInventory
 from distlaunch.hostprobe import inventory
-from distlaunch.launcher.planning.netcards import IB_VAR, SOCKET_VARS, decide
+from distlaunch.launcher.planning.netcards import NETWORK_VARS, decide
 from distlaunch.launcher.planning.plan import LaunchPlan
 
 if TYPE_CHECKING:
     from distlaunch.remote.session import RemoteHosts
-
-NETWORK_VARS = (*SOCKET_VARS, IB_VAR)
 
 
 def inventories(plan: LaunchPlan, remote: RemoteHosts | None) -> dict[str, HostInventory]:
