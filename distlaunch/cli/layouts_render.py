@@ -36,14 +36,15 @@ def _rate(n: float, unit: str) -> str:
     return f"{n:.3g}{unit if unit.startswith(' ') else ' ' + unit}"
 
 
-def _seconds(s: float) -> str:
+def seconds(s: float) -> str:
+    """``1.25 s``, ``31.2 ms``."""
     return f"{s:.3g} s" if s >= 0.1 else f"{s * 1e3:.3g} ms"
 
 
 def summary(layout: LayoutCost) -> str:
     """Its predicted step in one line: time, tokens/s, peak memory per rank."""
     cost = layout.cost
-    return f"{_seconds(cost.step_s)} a step, {_rate(cost.tokens_per_s, ' tokens/s')}, peak {_size(layout.peak_bytes)}"
+    return f"{seconds(cost.step_s)} a step, {_rate(cost.tokens_per_s, ' tokens/s')}, peak {_size(layout.peak_bytes)}"
 
 
 def render_rates(rates: Rates, sources: dict[str, str], console: Console) -> None:
@@ -60,7 +61,7 @@ def render_terms(layout: LayoutCost, console: Console) -> None:
     step = layout.cost.step_s
     for term in sorted(layout.cost.terms, key=lambda t: -t.seconds):
         name = f"{term.name} {term.link}" if term.link else term.name
-        console.print(Text(f"    {name:<44} {_seconds(term.seconds):>9} {term.seconds / step:>5.0%}"))
+        console.print(Text(f"    {name:<44} {seconds(term.seconds):>9} {term.seconds / step:>5.0%}"))
 
 
 def render_layouts(advice: LayoutAdvice, console: Console) -> None:

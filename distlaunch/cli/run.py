@@ -15,6 +15,7 @@ from distlaunch.cli.output import RankPrinter
 from distlaunch.cli.pipes import drop_unread_output, reader_gone
 from distlaunch.cli.render import print_json, render_plan, render_report
 from distlaunch.contract.plan import Plan
+from distlaunch.contract.report import RunReport
 from distlaunch.jobs.store import JobRecord
 from distlaunch.readable import plural
 
@@ -40,11 +41,12 @@ def start(
     refine: Callable[[Plan], Plan] = lambda plan: plan,
     describe: Callable[[Plan, Console], None] = lambda plan, console: None,
     verdict: Callable[[Plan], int] = lambda plan: 0,
+    amend: Callable[[RunReport], RunReport] = lambda report: report,
 ) -> int:
     """The one path of ``run`` and ``train``: pick the backend, plan, then show the plan (--dry-run), hand it to
     a supervisor (--detach), or run it with live rank output and the root-cause table. ``refine`` adds to the
     plan (train: the memory estimate) and ``describe`` shows what it added; ``verdict`` is a dry run's exit code
-    (train: 2 when the plan does not fit its devices)."""
+    (train: 2 when the plan does not fit its devices); ``amend`` adds to the report (train: its --tune trials)."""
     backend = select(request, detach)
     plan = refine(backend.plan(request))
     interrupts.check()  # a signal the planning swallowed (ssh_config, a hostfile's names) ends it here
@@ -64,6 +66,7 @@ def start(
         report = backend.run(request, plan, sink)
     finally:
         sink.close()  # what the terminal still takes, never waiting on a stalled one
+    report = amend(report)
     try:
         render_report(report, Console(stderr=True))
         if json_output:

@@ -13,18 +13,18 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from distlaunch.backends.registry import select
 from distlaunch.cli import groups as g
 from distlaunch.cli import options as o
 from distlaunch.cli import panels as h
+from distlaunch.cli.auto_layout import auto_config, tuned_report
 from distlaunch.cli.layouts_render import render_layouts
 from distlaunch.cli.lines import print_indented
 from distlaunch.cli.run import start
-from distlaunch.contract.options import LaunchOptions
+from distlaunch.cli.train_job import TrainJob
 from distlaunch.contract.plan import Plan
 from distlaunch.errors import ExitCode, UsageError
 from distlaunch.launcher.planning.decisions import local_gpu_count
-from distlaunch.launcher.planning.layouts import advise, choose_layout, is_auto, rates_for
+from distlaunch.launcher.planning.layouts import advise, is_auto, rates_for
 from distlaunch.launcher.planning.plan import LaunchPlan
 from distlaunch.launcher.planning.rates import job_rates
 from distlaunch.launcher.planning.train import (
@@ -33,15 +33,14 @@ from distlaunch.launcher.planning.train import (
     check_tracking,
     check_training_files,
     default_nproc,
-    engine_program,
     parallel_spec,
     parse_size,
     train_backend,
     train_config,
     train_plan,
 )
+from distlaunch.launcher.planning.tune import check_tune
 from distlaunch.readable import ranges
-from distlaunch.training.config import TrainingConfig
 from distlaunch.training.planner import MemoryPlan
 
 Config = Annotated[
@@ -100,6 +99,17 @@ Compute = Annotated[
         rich_help_panel=h.PLANNER,
     ),
 ]
+Tune = Annotated[
+    int | None,
+    typer.Option(
+        "--tune",
+        metavar="K",
+        help="With --parallel auto: train each of the K fastest predicted layouts for 10 steps, print predicted"
+        " against measured step time, then train the measured best (docs/choosing-a-layout.md).",
+        rich_help_panel=h.PLANNER,
+        show_default=False,
+    ),
+]
 MetricsFile = Annotated[
     Path | None,
     typer.Option(
@@ -138,6 +148,7 @@ def train(
     resume: Resume = None,
     link: Link = None,
     compute: Compute = None,
+    tune: Tune = None,
     *,
     launch: g.LaunchArgs,
 ) -> int:
@@ -145,7 +156,7 @@ def train(
 
     With --dry-run: the plan and every rank's memory estimate (parameters, gradients, optimizer state kept between steps; a step's activations, buffers and peak) against the GPU's memory; exit 2 when a rank's step peak does not fit; and the layout's predicted step, term by term, naming a layout predicted at least 1.2x faster.
 
-    --parallel auto: every valid layout is predicted (docs/choosing-a-layout.md); the five fastest that fit are shown and the first one trains.
+    --parallel auto: every valid layout is predicted (docs/choosing-a-layout.md); the five fastest that fit are shown and the first one trains. With --tune K, the K fastest each train 10 steps first, in a folder of their own, and the measured best trains.
 
     Exit code: 0 on success (also when a resumed checkpoint already reaches train.steps), 1 for an internal error, 2 for a bad config or option (before any process starts), 3 when a host cannot be reached, 124 when the job hung, the first failing rank's code otherwise, 130/143/129 after Ctrl-C / SIGTERM / a closed terminal (SIGHUP).
     """
@@ -155,6 +166,7 @@ def train(
     if resume is not None:  # a JSON string is a valid TOML basic string, whatever the path holds
         overrides.append(f"checkpoint.resume={json.dumps(resume)}")
     auto = is_auto(launch.parallel)
+    check_tune(tune, auto, launch.dry_run, launch.detach)
     job_rates(launch.backend, "fp32", link, compute)  # a bad --link or --compute: one line, before anything else
     cfg, rank_sets = train_config(
         config,
@@ -170,23 +182,11 @@ def train(
     backend, why = train_backend(launch.backend, launch.hostfile, nproc, local_gpu_count())
     if why:
         sys.stderr.write(f"distlaunch: {why}\n")
+    job = TrainJob(launch, config, nproc, backend, gpu_memory)
+    tuned = None
     if auto:  # chosen on a plan of the hosts, then planned and checked as if the user had typed it
-        probe = launch.options(
-            program=engine_program(config, rank_sets, metrics),
-            module=True,
-            nproc_per_node=nproc,
-            parallel="dp=auto",
-            backend=backend,
-        )
-        cfg, rank_sets = auto_layout(launch, probe, cfg, config, rank_sets, gpu_memory, link, compute)
-    opts = launch.options(
-        program=engine_program(config, rank_sets, metrics),
-        module=True,
-        nproc_per_node=nproc,
-        parallel=parallel_spec(cfg),
-        backend=backend,
-    )
-    request = launch.request(opts)
+        cfg, rank_sets, tuned = auto_config(job, cfg, rank_sets, metrics, link, compute, tune)
+    request = job.request(rank_sets, metrics, parallel_spec(cfg))
 
     def with_memory(plan: Plan) -> Plan:  # every rank's memory, where the plan knows the hosts
         if not isinstance(plan, LaunchPlan):
@@ -216,31 +216,8 @@ def train(
         refine=with_memory,
         describe=show_memory,
         verdict=dry_run_verdict,
+        amend=lambda report: report if tuned is None else tuned_report(report, tuned),
     )
-
-
-def auto_layout(
-    launch: g.LaunchArgs,
-    probe: LaunchOptions,
-    cfg: TrainingConfig,
-    config: Path | None,
-    rank_sets: list[str],
-    gpu_memory: str | None,
-    link: str | None,
-    compute: str | None,
-) -> tuple[TrainingConfig, list[str]]:
-    """``--parallel auto``: the config and ``--set`` list of the fastest layout that fits the hosts of ``probe``
-    (the job with any layout), planned as the job itself will be."""
-    request = launch.request(probe)
-    plan = select(request, launch.detach).plan(request)
-    if not isinstance(plan, LaunchPlan):
-        raise UsageError(
-            "--parallel auto needs the job's hosts before it starts, and this launch plans them later",
-            "give the layout with --parallel (distlaunch train --parallel auto --dry-run on the hosts proposes one)",
-        )
-    rates = rates_for(plan, cfg, link, compute)
-    cfg, rank_sets, _ = choose_layout(plan, cfg, config, rank_sets, gpu_memory, rates)
-    return cfg, rank_sets
 
 
 def dry_run_verdict(plan: Plan) -> int:

@@ -94,6 +94,7 @@ class AttemptReport(BaseModel):
     ended: str = ""  # "finished", or what stopped it: the root cause in a few words
     first_step: int | None = None  # the first training step it completed (progress reports with a step)
     last_step: int | None = None
+    step_s: float | None = None  # seconds a step between the first and the last step reported (None: under two)
     cpus: dict[int, str] = Field(default_factory=dict)  # rank -> the CPUs it ran on (its agent's "started")
 
 

@@ -17,6 +17,7 @@ from distlaunch.training.planner.cost import (
     forward_flops,
     pp_link,
     pp_term,
+    reduce_scatter_s,
     shard_collective_s,
     stage_compute_s,
     step_cost,
@@ -74,12 +75,15 @@ def test_pipeline_neighbours_on_two_hosts_share_the_link_of_the_stage_that_sends
     assert pp_link(d, [0, 1, 0, 1], RATES).where == "inside a host"  # each pipeline inside one host
 
 
-def test_tp_all_reduces_four_per_block_and_one_for_the_embedding():
+def test_tp_all_reduces_four_per_block_one_for_the_embedding_and_the_heads_gradient_and_the_losss_three():
     d = dims(tp=2, m=2)
     hidden = 1 * 8 * 4 * 4  # micro-batch x seq x d x fp32
-    one = all_reduce_s(hidden, 2, 100, 1)
+    one, loss = all_reduce_s(hidden, 2, 100, 1), all_reduce_s(8 * 4, 2, 100, 1)  # the loss's: a figure a token
     link = Link(bytes_s=100, latency_s=1, where="inside a host")
-    assert tp_term(MODEL, d, 0, TRAIN, link) == pytest.approx(2 * (4 * 2 + 1) * one)
+    assert tp_term(MODEL, d, 0, TRAIN, link) == pytest.approx(2 * ((4 * 2 + 1 + 1) * one + 3 * loss))
+    staged = dims(tp=2, pp=2, m=2)  # a block a stage: the embedding on the first, the head and loss on the last
+    assert tp_term(MODEL, staged, 0, TRAIN, link) == pytest.approx(2 * (4 + 1) * one)
+    assert tp_term(MODEL, staged, 1, TRAIN, link) == pytest.approx(2 * ((4 + 1) * one + 3 * loss))
 
 
 def test_pp_sends_one_hidden_state_each_way_per_micro_batch_and_chunk():
@@ -115,6 +119,20 @@ def test_zero_stages_reduce_and_gather_what_the_engine_does():
     assert zero3["ZeRO-3 all-gathers"] == pytest.approx(2 * 2 * shard_collective_s(grads, 2, 10, 0))
     assert zero3["ZeRO-3 reduce-scatters"] == pytest.approx(2 * shard_collective_s(grads, 2, 10, 0))
     assert dp_terms(MODEL, dims(), 0, TRAIN, "nccl", link, compute_s=1.0) == []
+
+
+def test_on_gloo_every_reduce_scatter_is_an_all_reduce_as_the_engine_runs_it():
+    """gloo has no reduce-scatter of its own: ZeRO-1/2's buckets and ZeRO-3's units are all-reduced whole."""
+    link = Link(bytes_s=10, latency_s=1, where="between hosts")
+    grads = 4 * sum([8 * 4, 8 * 4, 2 * (4 * 4 + 3 * 16 + 16 + 2 * 64), 2 * 4, 8 * 4])
+    assert reduce_scatter_s(100, 4, "gloo", 10, 1) == all_reduce_s(100, 4, 10, 1)
+    assert reduce_scatter_s(100, 4, "nccl", 10, 1) == shard_collective_s(100, 4, 10, 1)
+    for zero in (1, 2):
+        terms = dict(dp_terms(MODEL, dims(dp=2, zero=zero), 0, TRAIN, "gloo", link, compute_s=0.0))
+        assert terms["gradient reduction"] == pytest.approx(all_reduce_s(grads, 2, 10, 1))  # one bucket
+    zero3 = dict(dp_terms(MODEL, dims(dp=2, zero=3, m=2), 0, TRAIN, "gloo", link, compute_s=0.0))
+    units = 2 + 2  # the blocks, the embeddings, the head: one message each
+    assert zero3["ZeRO-3 reduce-scatters"] == pytest.approx(2 * all_reduce_s(grads, 2, 10, 1 * units))
 
 
 def test_a_step_is_its_slowest_stage_and_says_its_dominant_term():

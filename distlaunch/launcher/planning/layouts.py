@@ -18,7 +18,9 @@ from distlaunch.training.checkpoint.manifest import read_manifest
 from distlaunch.training.config import TrainingConfig, load_config, ranks_path
 from distlaunch.training.dims import fit_global_batch, resolve_parallel_dims
 from distlaunch.training.planner.search import (
+    SHOWN,
     LayoutAdvice,
+    LayoutCost,
     LayoutSearch,
     faster_layout,
     layout_cost,
@@ -99,38 +101,42 @@ def no_fit(search: LayoutSearch, capacity: int | None) -> UsageError:
 
 
 def search_plan(
-    plan: LaunchPlan, cfg: TrainingConfig, gpu_memory: str | None, rates: JobRates, keep=None
+    plan: LaunchPlan, cfg: TrainingConfig, gpu_memory: str | None, rates: JobRates, keep=None, count: int = SHOWN
 ) -> tuple[LayoutSearch, int | None]:
-    """The search for this plan's hosts and devices (``keep``: a resumed job's degrees)."""
+    """The search for this plan's hosts and devices (``keep``: a resumed job's degrees; ``count``: how many of
+    the fastest that fit it keeps)."""
     _, capacity, _ = device_capacity(plan, gpu_memory)
     model = plan_model(plan, cfg)
-    search = search_layouts(model, cfg, host_of_rank(plan), plan.backend, capacity, rates.rates, keep)
+    search = search_layouts(model, cfg, host_of_rank(plan), plan.backend, capacity, rates.rates, keep, count)
     return search, capacity
 
 
-def choose_layout(
-    plan: LaunchPlan,
-    cfg: TrainingConfig,
-    config: Path | None,
-    rank_sets: list[str],
-    gpu_memory: str | None,
-    rates: JobRates,
-) -> tuple[TrainingConfig, list[str], str]:
-    """``--parallel auto`` on a plan of the hosts: the config every rank will load with the fastest layout that
-    fits, their ``--set`` list, and the layout's spelling (the job's ``--parallel``). With no batch of the
-    user's, every candidate trains the same one: the default, fitted to the world size."""
+def ranked_layouts(
+    plan: LaunchPlan, cfg: TrainingConfig, gpu_memory: str | None, rates: JobRates, count: int = SHOWN
+) -> tuple[TrainingConfig, list[LayoutCost]]:
+    """``--parallel auto`` on a plan of the hosts: the ``count`` fastest layouts that fit (fastest first), and
+    the config they all train. With no batch of the user's, every candidate trains the same one: the default,
+    fitted to the world size. No layout that fits: the line naming the nearest (exit 2)."""
     cfg = cfg.model_copy(deep=True)
     if cfg.train.global_batch_size is None:
         fit_global_batch(cfg, plan.world_size, 1)
     keep, _ = kept_degrees(cfg, plan)
-    search, capacity = search_plan(plan, cfg, gpu_memory, rates, keep)
+    search, capacity = search_plan(plan, cfg, gpu_memory, rates, keep, count)
     if not search.best:
         raise no_fit(search, capacity)
-    best = search.best[0]
-    checkpointing = "true" if best.activation_checkpointing else "false"
+    return cfg, search.best
+
+
+def layout_config(
+    layout: LayoutCost, cfg: TrainingConfig, config: Path | None, rank_sets: list[str]
+) -> tuple[TrainingConfig, list[str]]:
+    """The config every rank will load with ``layout`` (one of ``ranked_layouts``' for ``cfg``), and their
+    ``--set`` list: the layout's spelling becomes the job's ``--parallel``, its checkpointing and the batch
+    ``--set`` assignments, loaded as every rank will load them."""
+    checkpointing = "true" if layout.activation_checkpointing else "false"
     sets = [*rank_sets, f"train.activation_checkpointing={checkpointing}"]
     sets.append(f"train.global_batch_size={cfg.train.global_batch_size}")
-    return load_config(config or EMBEDDED_CONFIG, sets, best.parallel), sets, best.parallel
+    return load_config(config or EMBEDDED_CONFIG, sets, layout.parallel), sets
 
 
 def advise(plan: TrainPlan, cfg: TrainingConfig, gpu_memory: str | None, rates: JobRates, auto: bool) -> LayoutAdvice:

@@ -70,6 +70,7 @@ class AttemptOutcome:
             ended=self.ending(),
             first_step=self.steps.first_step,
             last_step=self.steps.last_step,
+            step_s=self.steps.step_s,
             cpus=self.cpus,
         )
         return AttemptTimes(report, self.steps, fault_at, self.stopped_at)

@@ -26,6 +26,7 @@ from math import ceil
 from pydantic import BaseModel, computed_field
 
 from distlaunch.contract.layout import groups
+from distlaunch.training.bucketing import ALL_REDUCE_BACKENDS
 from distlaunch.training.config import TrainSection
 from distlaunch.training.dims import ParallelDims
 from distlaunch.training.planner.shapes import FP32, block_numel, holds_last_stage, rank_layers, rank_stages
@@ -90,6 +91,15 @@ def all_reduce_s(nbytes: float, n: int, bytes_s: float, latency_s: float) -> flo
 def shard_collective_s(nbytes: float, n: int, bytes_s: float, latency_s: float) -> float:
     """A ring all-gather or reduce-scatter whose full (unsharded) buffer is ``nbytes``: (n-1)/n of them."""
     return 0.0 if n == 1 else (n - 1) / n * nbytes / bytes_s + (n - 1) * latency_s
+
+
+def reduce_scatter_s(nbytes: float, n: int, backend: str, bytes_s: float, latency_s: float) -> float:
+    """A reduce-scatter whose full buffer is ``nbytes``. A backend without one of its own (gloo,
+    ``ALL_REDUCE_BACKENDS``) gets the buffer all-reduced instead (``parallel/wire.py``, ``parallel/units.py``):
+    twice the bytes and the messages."""
+    if backend in ALL_REDUCE_BACKENDS:
+        return all_reduce_s(nbytes, n, bytes_s, latency_s)
+    return shard_collective_s(nbytes, n, bytes_s, latency_s)
 
 
 class Link(BaseModel):
@@ -169,16 +179,21 @@ def rank_numel(model: GPTConfig, dims: ParallelDims, pp_rank: int) -> int:
 
 
 def tp_term(model: GPTConfig, dims: ParallelDims, pp_rank: int, train: TrainSection, link: Link) -> float:
-    """Tensor parallel's all-reduces of one hidden state per micro-batch: two per block forward (attention's
+    """Tensor parallel's all-reduces per micro-batch, of one hidden state each: two per block forward (attention's
     and the MLP's outputs), two in its backward, two more in a recomputed forward; one for the
-    vocabulary-parallel embedding on the first stage."""
+    vocabulary-parallel embedding on the first stage, and on the last one for the head's input gradient. There
+    the vocabulary-parallel cross-entropy adds three of one figure a token (the logits' max, the sum of their
+    exponentials, the target's logit: DTensor's ``loss_parallel``)."""
     if dims.tp == 1:
         return 0.0
     per_block = 6 if train.activation_checkpointing else 4
-    count = per_block * rank_layers(model, dims, pp_rank) + (1 if pp_rank == 0 else 0)
-    hidden = dims.micro_batch_size * train.seq_len * model.d_model * ELEMENT_BYTES[train.precision]
-    rounds = dims.microbatches * dims.accum_steps
-    return rounds * count * all_reduce_s(hidden, dims.tp, link.bytes_s, link.latency_s)
+    last = holds_last_stage(dims, pp_rank)
+    count = per_block * rank_layers(model, dims, pp_rank) + (1 if pp_rank == 0 else 0) + (1 if last else 0)
+    tokens = dims.micro_batch_size * train.seq_len
+    hidden = tokens * model.d_model * ELEMENT_BYTES[train.precision]
+    one = count * all_reduce_s(hidden, dims.tp, link.bytes_s, link.latency_s)
+    loss = 3 * all_reduce_s(tokens * FP32, dims.tp, link.bytes_s, link.latency_s) if last else 0.0
+    return dims.microbatches * dims.accum_steps * (one + loss)
 
 
 def pp_term(model: GPTConfig, dims: ParallelDims, train: TrainSection, link: Link) -> float:
@@ -225,11 +240,16 @@ def dp_terms(
         units = rank_layers(model, dims, pp_rank) + 2  # a unit per block, the embeddings, the head
         gather = shard_collective_s(numel * gathered, n, link.bytes_s, link.latency_s * units)
         scatters = rounds if dims.pp == 1 else dims.accum_steps  # with pp: once per round, after its last backward
-        scatter = shard_collective_s(numel * FP32, n, link.bytes_s, link.latency_s * units)
+        scatter = reduce_scatter_s(numel * FP32, n, backend, link.bytes_s, link.latency_s * units)
         return [("ZeRO-3 all-gathers", 2 * rounds * gather), ("ZeRO-3 reduce-scatters", scatters * scatter)]
-    reduce = all_reduce_s if dims.zero == 0 or (dims.zero == 1 and backend == "gloo") else shard_collective_s
-    one = reduce(grads, n, link.bytes_s, link.latency_s * buckets)
-    last = reduce(bucket, n, link.bytes_s, link.latency_s)
+
+    def reduce(nbytes: float, latency_s: float) -> float:  # ZeRO-0 all-reduces; ZeRO-1/2 reduce-scatter
+        if dims.zero == 0:
+            return all_reduce_s(nbytes, n, link.bytes_s, latency_s)
+        return reduce_scatter_s(nbytes, n, backend, link.bytes_s, latency_s)
+
+    one = reduce(grads, link.latency_s * buckets)
+    last = reduce(bucket, link.latency_s)
     if dims.zero == 2:  # every round's backward launches its buckets
         reduction = rounds * exposed(one, last, backward / rounds)
     else:  # once per step, beside the last round's backward

@@ -124,9 +124,10 @@ def search_layouts(
     capacity: int | None,
     rates: Rates,
     keep: tuple[int, int, int, int] | None = None,
+    count: int = SHOWN,
 ) -> LayoutSearch:
-    """The fastest layouts that fit ``capacity`` bytes per rank (None: unknown, every one counts as fitting),
-    from the cost model; ``keep``: only layouts of these (dp, tp, pp, zero) (a resumed job's)."""
+    """The ``count`` fastest layouts that fit ``capacity`` bytes per rank (None: unknown, every one counts as
+    fitting), from the cost model; ``keep``: only layouts of these (dp, tp, pp, zero) (a resumed job's)."""
     world_size = len(host_of_rank)
     ranks_per_host = min(host_of_rank.count(h) for h in set(host_of_rank))
     found: list[tuple[LayoutCost, ParallelDims, TrainingConfig]] = []
@@ -151,7 +152,7 @@ def search_layouts(
         entry = fitted(entry, peak_bytes(model, dims, candidate, backend), capacity)
         if entry.missing_bytes is None:
             best.append(entry)
-            if len(best) == SHOWN:
+            if len(best) == count:
                 break
         elif nearest is None or entry.missing_bytes < nearest.missing_bytes:
             nearest = entry
