@@ -97,6 +97,8 @@ class Plan(Protocol):
     @property
     def cpu_bind(self) -> str: ...  # --cpu-bind: how each host places its ranks on its CPUs (placement.py)
     @property
+    def preload(self) -> Sequence[str]: ...  # --preload: what each host imports once before forking its ranks
+    @property
     def view(self) -> View: ...
 
     def masked(self) -> Plan:

@@ -43,6 +43,7 @@ class SlurmRank(BaseModel):
     env: dict[str, str]  # the rank contract: MASTER_ADDR ... DISTLAUNCH_RESTART_COUNT
     argv: list[str] = []  # the program the task execs into
     cpu_bind: str = "auto"  # --cpu-bind, which the task applies to itself unless Slurm bound it (slurm/task.py)
+    preload: list[str] = []  # the Plan protocol's --preload: under srun each task is its rank, nothing is forked
 
     def masked(self) -> SlurmRank:
         """A copy safe to print: secret-looking env values hidden."""

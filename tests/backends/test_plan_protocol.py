@@ -69,6 +69,7 @@ class OnlyTheProtocol:
     nodes: list[Node]
     spares: Spares | None
     cpu_bind: str
+    preload: list[str]
     view: View
 
     def masked(self) -> OnlyTheProtocol:
@@ -92,7 +93,7 @@ def copy_of(plan: Plan) -> OnlyTheProtocol:
     groups = {axis: [list(g) for g in found] for axis, found in plan.groups.items()}
     return OnlyTheProtocol(
         plan.job_id, plan.world_size, plan.nnodes, plan.master_addr, plan.master_port, plan.backend, plan.parallel,
-        groups, nodes, spares, plan.cpu_bind, plan.view,
+        groups, nodes, spares, plan.cpu_bind, list(plan.preload), plan.view,
     )  # fmt: skip
 
 
