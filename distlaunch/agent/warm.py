@@ -146,7 +146,9 @@ class Preloaded:
         if self.proc is None:
             return
         try:
-            self.proc.wait(2.0)  # it exits once its end of the socket reads EOF
+            # done importing, it exits once its end of the socket reads EOF; still importing (a stop came first),
+            # it would read nothing for seconds
+            self.proc.wait(2.0 if self.ready else 0)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
