@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -119,6 +120,24 @@ def test_forked_ranks_and_their_children_never_outlive_the_job(tmp_path, how):
             proc.kill()
             proc.wait()
         assert not (left := left_behind("DLTEST_MARK", mark, 5)), f"a forked rank or its child survived: {left}"
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_stop_while_the_host_still_imports_ends_the_job_at_once(tmp_path):
+    """SIGTERM while the preloaded process is a minute into its imports: no rank ever started, the job ends in
+    seconds with 143, and the preloaded process (it carries the job's mark) is gone."""
+    mark = uuid.uuid4().hex
+    argv = distlaunch_cmd("run", "-n", "2", "--preload", "slow_import", "--env", f"DLTEST_MARK={mark}", RANK)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env(tmp_path))
+    try:
+        assert wait_until(lambda: len(pids_with_env("DLTEST_MARK", mark)) >= 1, 30)  # the preloaded process
+        proc.send_signal(signal.SIGTERM)
+        began = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 143 and time.monotonic() - began < 10, err
+        assert not (left := left_behind("DLTEST_MARK", mark, 5)), f"the preloaded process survived: {left}"
     finally:
         proc.kill()
         proc.communicate()
