@@ -255,15 +255,17 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (sx * sy) if sx and sy else math.nan
 
 
-def crossing(points: list[tuple[float, float]]) -> float | None:
-    """The bandwidth at which ZeRO-3's step over the pipeline's (``points``: (bandwidth, ratio), any order) passes
-    1, interpolated in log-log between the two speeds around it; None where it never does."""
+def crossings(points: list[tuple[float, float]]) -> list[float]:
+    """Every bandwidth at which ZeRO-3's step over the pipeline's (``points``: (bandwidth, ratio), any order)
+    passes 1, each interpolated in log-log between the two speeds around it (more than one: the ratio is not
+    monotonic in the bandwidth, which is noise)."""
     points = sorted(points)
+    found = []
     for (b0, r0), (b1, r1) in itertools.pairwise(points):
         if (r0 - 1) * (r1 - 1) <= 0 and r0 != r1:  # ZeRO-3's ratio passes 1 between these speeds
             t = math.log(r0) / (math.log(r0) - math.log(r1))
-            return math.exp(math.log(b0) + t * (math.log(b1) - math.log(b0)))
-    return None
+            found.append(math.exp(math.log(b0) + t * (math.log(b1) - math.log(b0))))
+    return found
 
 
 def gbit(bytes_s: float) -> str:
@@ -348,6 +350,16 @@ def predicted_crossing(cluster: Cluster, cfg: TrainingConfig, rates: Rates, pair
     return math.sqrt(low * high)
 
 
+def where(found: list[float], ratios: list[float]) -> str:
+    """Where ZeRO-3 loses, in words: below the one crossing, at every speed or at none (no crossing), or at no
+    single speed (a ratio that crosses 1 more than once: noise)."""
+    if len(found) > 1:
+        return f"at no single speed: the ratio passes 1 at {', '.join(map(gbit, found))} (noise)"
+    if found:
+        return f"below {gbit(found[0])}"
+    return "at every speed" if all(r > 1 for r in ratios) else "at no speed"
+
+
 def answer(points: list[dict], pair: tuple[LayoutCost, LayoutCost], predicted: float | None) -> None:
     print(f"ZeRO-3 across the hosts ({short(pair[0])}) against pipeline stages across the hosts ({short(pair[1])}):")
     print(
@@ -357,9 +369,9 @@ def answer(points: list[dict], pair: tuple[LayoutCost, LayoutCost], predicted: f
         steps = " ".join(ms(x) for x in p["measured_s"])
         print(f"  {p['link']:>8} {gbit(p['bandwidth_bytes_s']):>12} {steps}   measured {p['measured_ratio']:.2f}, "
               f"predicted {p['predicted_ratio']:.2f}")  # fmt: skip
-    found = crossing([(p["bandwidth_bytes_s"], p["measured_ratio"]) for p in points])
-    measured = "at none of the speeds measured" if found is None else f"below {gbit(found)}"
-    model = "at no speed" if predicted is None else f"below {gbit(predicted)}"
+    found = crossings([(p["bandwidth_bytes_s"], p["measured_ratio"]) for p in points])
+    measured = where(found, [p["measured_ratio"] for p in points])
+    model = where([] if predicted is None else [predicted], [p["predicted_ratio"] for p in points])
     print(f"  ZeRO-3 loses to the pipeline: measured {measured}; predicted {model}", flush=True)
 
 

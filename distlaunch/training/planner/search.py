@@ -162,7 +162,8 @@ def search_layouts(
 class LayoutAdvice(BaseModel):
     """What a training plan says of its layout: the rates the prediction used (and where each came from), the
     layout's own predicted step, and the fastest layouts that fit. ``auto``: the planner chose the layout (the
-    first of ``best``); else ``faster`` names another layout predicted at least ``FASTER`` times as fast."""
+    first of ``best``, or with ``--tune`` the measured best of their trials); else ``faster`` names another
+    layout predicted at least ``FASTER`` times as fast."""
 
     auto: bool
     rates: Rates
