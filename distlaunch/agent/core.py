@@ -110,6 +110,8 @@ class Agent:
                 self.events.emit(ev=p.EXIT, rank=spec["rank"], code=2, at=time.time(), stopped=False)
             return
         warm = self.warmed()
+        if self.processes.stopping:  # a stop came while the host imported: no rank starts, warm or cold
+            return
         for spec, cpus in zip(self.node["ranks"], bound, strict=True):
             with contextlib.suppress(OSError):  # an earlier attempt's error must not be blamed on this one
                 os.unlink(spec["env"].get("TORCHELASTIC_ERROR_FILE") or "")
